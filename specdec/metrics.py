@@ -1,0 +1,81 @@
+"""SpecStats: what happened during one generation, in the project's notation.
+
+alpha = accepted / drafted; tau = tokens emitted per target forward (accepted drafts plus the
+target's own token), so plain decoding has tau = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_forwards: int = 0  # verification forwards (the prefill is not counted)
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # [i]: steps that drafted position i
+    accepted_at: list[int] = field(default_factory=list)  # [i]: steps that accepted position i
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0  # target forward + verification
+    total_seconds: float = 0.0
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """Record one speculative step."""
+        self.target_forwards += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        if num_drafted > len(self.drafted_at):
+            grow = num_drafted - len(self.drafted_at)
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for position in range(num_drafted):
+            self.drafted_at[position] += 1
+            self.accepted_at[position] += position < num_accepted
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def other_seconds(self) -> float:
+        return max(0.0, self.total_seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens over the whole wall time of the generation, prefill included."""
+        return self.generated_tokens / self.total_seconds if self.total_seconds else 0.0
+
+    def merge(self, other: SpecStats) -> SpecStats:
+        """Sum of two runs' counts and times (for benchmark aggregates)."""
+        merged = SpecStats()
+        for name, value in asdict(self).items():
+            theirs = getattr(other, name)
+            if isinstance(value, list):
+                size = max(len(value), len(theirs))
+                value = [(value + [0] * size)[i] + (theirs + [0] * size)[i] for i in range(size)]
+                setattr(merged, name, value)
+            else:
+                setattr(merged, name, value + theirs)
+        return merged
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "alpha": self.alpha,
+            "tau": self.tau,
+            "acceptance_by_position": self.acceptance_by_position,
+            "other_seconds": self.other_seconds,
+            "tokens_per_second": self.tokens_per_second,
+        }

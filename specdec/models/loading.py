@@ -1,0 +1,194 @@
+"""Load a Hugging Face-format model folder: config.json, *.safetensors (sharded too), tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from specdec.models.base import LanguageModel
+from specdec.models.transformer import (
+    LEAN_MODEL_TYPES,
+    LlamaFamilyModel,
+    TransformerConfig,
+    UnsupportedByLeanModel,
+    rope_inverse_frequencies,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+BACKENDS = ("auto", "specdec", "transformers")
+
+
+def _read_config(folder: Path) -> dict:
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder not found: {folder}")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in {folder}: is it a Hugging Face-format model folder?")
+    return json.loads(config_path.read_text())
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / shard for shard in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    return files
+
+
+def _fused_state_dict(raw: dict[str, torch.Tensor], config: TransformerConfig) -> dict[str, torch.Tensor]:
+    """Map transformers' parameter names onto the lean model, fusing q/k/v and gate/up."""
+    state = {
+        "embed_tokens.weight": raw["model.embed_tokens.weight"],
+        "norm.weight": raw["model.norm.weight"],
+    }
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = raw["lm_head.weight"]
+    for i in range(config.num_layers):
+        source, target = f"model.layers.{i}.", f"layers.{i}."
+        attention, mlp = source + "self_attn.", source + "mlp."
+        state[target + "qkv_proj.weight"] = torch.cat([raw[attention + f"{n}_proj.weight"] for n in "qkv"])
+        if config.attention_bias:
+            state[target + "qkv_proj.bias"] = torch.cat([raw[attention + f"{n}_proj.bias"] for n in "qkv"])
+        state[target + "o_proj.weight"] = raw[attention + "o_proj.weight"]
+        if config.output_bias:
+            state[target + "o_proj.bias"] = raw[attention + "o_proj.bias"]
+        state[target + "gate_up_proj.weight"] = torch.cat([raw[mlp + "gate_proj.weight"], raw[mlp + "up_proj.weight"]])
+        if config.mlp_bias:
+            state[target + "gate_up_proj.bias"] = torch.cat([raw[mlp + "gate_proj.bias"], raw[mlp + "up_proj.bias"]])
+        state[target + "down_proj.weight"] = raw[mlp + "down_proj.weight"]
+        if config.mlp_bias:
+            state[target + "down_proj.bias"] = raw[mlp + "down_proj.bias"]
+        state[target + "input_norm.weight"] = raw[source + "input_layernorm.weight"]
+        state[target + "post_attention_norm.weight"] = raw[source + "post_attention_layernorm.weight"]
+    return state
+
+
+def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> LlamaFamilyModel:
+    from safetensors.torch import load_file
+
+    config = TransformerConfig.from_hf(hf_config)
+    inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
+    raw: dict[str, torch.Tensor] = {}
+    for path in _safetensors_files(folder):
+        raw.update(load_file(str(path)))
+    try:
+        state = _fused_state_dict(raw, config)
+    except KeyError as missing:
+        raise ValueError(f"{folder}: weight {missing} is missing from the safetensors files") from None
+    with torch.device("meta"):
+        model = LlamaFamilyModel(config, inv_freq, attention_scaling)
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model = model.to(device=device, dtype=dtype).eval()
+    # Rope tables stay float32 whatever the weights' dtype, as in transformers.
+    model.set_rope_tables(inv_freq.to(device), attention_scaling)
+    return model
+
+
+def _load_tokenizer(folder: Path):
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]:
+    eos = raw_config.get("eos_token_id")
+    generation_config = folder / "generation_config.json"
+    if generation_config.is_file():
+        eos = json.loads(generation_config.read_text()).get("eos_token_id", eos)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def load(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    quantize: str | None = None,
+    backend: str = "auto",
+    trust_remote_code: bool = False,
+    max_context: int | None = None,
+) -> LanguageModel:
+    """Load a model folder.
+
+    backend: "specdec" (own Llama-family forward), "transformers" (AutoModelForCausalLM adapter,
+    for any architecture) or "auto" (own forward where the architecture is supported).
+    quantize: None or "int8" (dynamic int8 linears, CPU only).
+    max_context: cap on the context length (defaults to the config's max_position_embeddings).
+    """
+    folder = Path(path).expanduser()
+    raw_config = _read_config(folder)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if quantize not in (None, "int8"):
+        raise ValueError(f"unknown quantization {quantize!r}; the one supported is 'int8'")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
+    model_type = raw_config.get("model_type")
+    if "auto_map" in raw_config and not trust_remote_code:
+        raise ValueError(
+            f"{folder} needs custom code from its folder (config.json has auto_map); "
+            "pass trust_remote_code=True (CLI: --trust-remote-code) if you trust it"
+        )
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING and "auto_map" not in raw_config:
+        raise ValueError(
+            f"unknown model_type {model_type!r} in {folder / 'config.json'}: specdec's own forward "
+            f"supports {', '.join(LEAN_MODEL_TYPES)}, and transformers does not know it either"
+        )
+    hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    torch_dtype = DTYPES[dtype]
+    if quantize == "int8" and torch_dtype != torch.float32:
+        raise ValueError("int8 quantization starts from float32 weights; use dtype float32 with it")
+
+    network = None
+    if backend in ("auto", "specdec"):
+        try:
+            network = _load_lean(folder, hf_config, torch_dtype, device)
+            used_backend = "specdec"
+        except UnsupportedByLeanModel as reason:
+            if backend == "specdec":
+                raise ValueError(f"{folder}: specdec's own forward cannot run this model: {reason}") from None
+    if network is None:
+        from transformers import AutoModelForCausalLM
+
+        from specdec.models.hf_adapter import HFNetwork
+
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=torch_dtype, trust_remote_code=trust_remote_code
+        ).to(device)
+        network = HFNetwork(hf_model)
+        used_backend = "transformers"
+    if quantize == "int8":
+        from specdec.models.quantize import quantize_int8
+
+        quantize_int8(network if used_backend == "specdec" else network.model)
+    tokenizer = _load_tokenizer(folder)
+    context = hf_config.max_position_embeddings
+    return LanguageModel(
+        network=network,
+        tokenizer=tokenizer,
+        name=folder.name,
+        vocab_size=hf_config.vocab_size,
+        max_context=min(context, max_context) if max_context else context,
+        eos_token_ids=_eos_token_ids(folder, raw_config, tokenizer),
+        backend=used_backend,
+        dtype=torch_dtype,
+        device=torch.device(device),
+    )

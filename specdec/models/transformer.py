@@ -1,0 +1,229 @@
+"""specdec's own forward for the Llama family (llama, qwen2, mistral checkpoints).
+
+RMSNorm, RoPE (with the rope_scaling kinds these checkpoints use), grouped-query attention,
+SwiGLU, tied or untied embeddings, optional qkv bias (qwen2) and sliding-window attention
+(mistral). The q/k/v and gate/up projections are fused into one matmul each at load time: on a
+CPU most of a small model's time is per-op overhead, so fewer, larger ops are faster.
+
+``forward(tokens, cache)`` feeds a block of k tokens at absolute positions cache.length ..
+cache.length + k - 1: one token when decoding, k tokens when verifying a draft.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.models.cache import KVCache
+
+LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
+# Rope kinds whose frequencies do not depend on the sequence length; "dynamic" and "longrope"
+# change with the length, which a position-indexed cache cannot follow, so they use the adapter.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedByLeanModel(ValueError):
+    """The checkpoint is valid but uses a feature the lean forward does not implement."""
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q, k and v (qwen2 always, llama optionally)
+    output_bias: bool  # bias on o_proj (llama's attention_bias; qwen2 has none there)
+    mlp_bias: bool
+    sliding_windows: tuple[int | None, ...]  # per layer: window size, None = full attention
+
+    @classmethod
+    def from_hf(cls, hf_config) -> TransformerConfig:
+        model_type = hf_config.model_type
+        if model_type not in LEAN_MODEL_TYPES:
+            raise UnsupportedByLeanModel(f"model_type {model_type!r} is not one of {LEAN_MODEL_TYPES}")
+        if getattr(hf_config, "hidden_act", "silu") != "silu":
+            raise UnsupportedByLeanModel(f"hidden_act {hf_config.hidden_act!r} (only silu is implemented)")
+        num_heads = hf_config.num_attention_heads
+        num_layers = hf_config.num_hidden_layers
+        window = getattr(hf_config, "sliding_window", None)
+        layer_types = getattr(hf_config, "layer_types", None)
+        if model_type == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
+            window = None
+        if window is None:
+            windows = (None,) * num_layers
+        elif layer_types is not None:
+            windows = tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+        else:
+            windows = (window,) * num_layers
+        return cls(
+            model_type=model_type,
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            max_position_embeddings=hf_config.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            attention_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+            output_bias=model_type != "qwen2" and bool(getattr(hf_config, "attention_bias", False)),
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            sliding_windows=windows,
+        )
+
+
+def rope_parameters(hf_config) -> dict:
+    """The rope settings whatever transformers version wrote the config (rope_scaling + rope_theta
+    in 4.x, rope_parameters in 5.x)."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Returns (inv_freq [head_dim / 2], attention_scaling) for the config's rope kind."""
+    params = rope_parameters(hf_config)
+    rope_type = params["rope_type"]
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedByLeanModel(f"rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+    if rope_type == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        return 1.0 / (params["rope_theta"] ** exponents), 1.0
+    # The scaled kinds follow transformers' own definitions, so both forwards agree exactly.
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv_freq.float(), float(attention_scaling)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and scale in the model's dtype, as the reference does.
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig, window: int | None) -> None:
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.window = window
+        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.qkv_proj = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.output_bias)
+        self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [k, hidden]
+        cos: torch.Tensor,  # [k, head_dim]
+        sin: torch.Tensor,  # [k, head_dim]
+        mask: torch.Tensor | None,  # [k, length + k] bool, True = may attend
+        cache: KVCache,
+        layer_index: int,
+    ) -> torch.Tensor:  # [k, hidden]
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(self.input_norm(x)).view(num_tokens, -1, self.head_dim).transpose(0, 1)
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, k, d]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys, values = cache.write(layer_index, k, v)  # [kv_heads, length + k, d]
+        attended = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [heads, k, d]
+        x = x + self.o_proj(attended.transpose(0, 1).reshape(num_tokens, -1))
+        gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaFamilyModel(nn.Module):
+    """Weights plus rope tables; stateless between calls (all state lives in the KVCache), so
+    one set of weights can serve as both target and draft with two caches."""
+
+    def __init__(self, config: TransformerConfig, inv_freq: torch.Tensor, attention_scaling: float) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, window) for window in c.sliding_windows)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.set_rope_tables(inv_freq, attention_scaling)
+
+    def set_rope_tables(self, inv_freq: torch.Tensor, attention_scaling: float) -> None:
+        """cos/sin for every absolute position, kept in float32 (cast per forward) like the reference."""
+        positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32, device=inv_freq.device)
+        angles = torch.outer(positions, inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
+        self.register_buffer("rope_cos", angles.cos() * attention_scaling, persistent=False)
+        self.register_buffer("rope_sin", angles.sin() * attention_scaling, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    def new_cache(self, max_length: int | None = None) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_length or c.max_position_embeddings,
+                       self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [k] int64, at positions cache.length .. cache.length + k - 1
+        cache: KVCache,
+    ) -> torch.Tensor:  # [k, vocab] logits
+        num_tokens = tokens.shape[0]
+        positions = cache.positions(num_tokens)  # [k]
+        if cache.length + num_tokens > cache.max_length:
+            raise ValueError(f"position {cache.length + num_tokens - 1} is past the context length {cache.max_length}")
+        cache.reserve(cache.length + num_tokens)
+        cos = self.rope_cos[positions].to(self.dtype)
+        sin = self.rope_sin[positions].to(self.dtype)
+        key_positions = torch.arange(cache.length + num_tokens, device=tokens.device)
+        causal = key_positions[None, :] <= positions[:, None]  # [k, length + k]
+        masks: dict[int | None, torch.Tensor | None] = {}
+        x = self.embed_tokens(tokens)
+        for index, layer in enumerate(self.layers):
+            if layer.window not in masks:
+                mask = causal
+                if layer.window is not None:
+                    mask = mask & (positions[:, None] - key_positions[None, :] < layer.window)
+                # A single token that sees the whole cache needs no mask (a faster SDPA path).
+                masks[layer.window] = None if bool(mask.all()) else mask
+            x = layer(x, cos, sin, masks[layer.window], cache, index)
+        cache.advance(num_tokens)
+        return self.lm_head(self.norm(x))

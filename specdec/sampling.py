@@ -1,0 +1,66 @@
+"""Logits -> probabilities, identically for the target (p) and the drafter (q).
+
+Speculative sampling is lossless with respect to the *processed* target distribution, so the
+same temperature / top-k / top-p / min-p must be applied on both sides (Leviathan et al. 2023).
+Temperature 0 means greedy decoding: verification then compares argmaxes and needs no q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become a next-token distribution. temperature == 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+    min_p: float = 0.0  # 0.0 disables
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def logits_to_probs(
+    logits: torch.Tensor,  # [n, vocab]
+    params: SamplingParams,
+) -> torch.Tensor:  # [n, vocab] float32, rows sum to 1
+    """Apply temperature, top-k, top-p and min-p (in that order, as transformers does)."""
+    if params.greedy:
+        # The limit of temperature -> 0: a point mass on the argmax.
+        probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(-1)
+        # Keep the smallest set whose mass reaches top_p: drop a token when the mass strictly
+        # before it already reaches top_p. The best token is always kept.
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = scores.softmax(-1)
+    if params.min_p > 0.0:
+        threshold = params.min_p * probs.max(-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
