@@ -42,6 +42,26 @@ class StreamChunk:
     result: GenerationResult | None = None  # set on the last chunk only
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one speculative step produced."""
+
+    emitted: torch.Tensor  # [n_accepted + 1] int64: accepted drafts, then the target's token
+    num_drafted: int
+
+    @property
+    def num_accepted(self) -> int:
+        return int(self.emitted.shape[0]) - 1
+
+    def source(self, index: int) -> TokenSource:
+        """How the index-th emitted token came about."""
+        if index < self.num_accepted:
+            return TokenSource.DRAFT
+        if self.num_drafted == 0:
+            return TokenSource.TARGET
+        return TokenSource.BONUS if self.num_accepted == self.num_drafted else TokenSource.CORRECTION
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -131,7 +151,7 @@ class SpeculativeDecoder:
         sampling: SamplingParams,
         generator: torch.Generator | None,
         stats: SpecStats,
-    ) -> tuple[torch.Tensor, int]:  # emitted tokens [n_accepted + 1], n_accepted
+    ) -> StepOutcome:
         """One speculative step: draft, one target forward, verify, roll back the target cache."""
         started = time.perf_counter()
         draft = self.drafter.propose(context, gamma, sampling, generator) if gamma > 0 else Draft.empty(context.device)
@@ -151,7 +171,7 @@ class SpeculativeDecoder:
         stats.observe(draft.gamma, n_accepted)
         stats.draft_seconds += drafted_at - started
         stats.verify_seconds += time.perf_counter() - drafted_at
-        return emitted, n_accepted
+        return StepOutcome(emitted, draft.gamma)
 
     def stream(
         self,
@@ -193,13 +213,13 @@ class SpeculativeDecoder:
         finish_reason = None
         while finish_reason is None:
             remaining = len(prompt_ids) + budget - length
-            emitted, n_accepted = self.step(context[:length], min(self.gamma, remaining - 1), sampling, generator, stats)
+            outcome = self.step(context[:length], min(self.gamma, remaining - 1), sampling, generator, stats)
             chunk = StreamChunk([], [], "")
-            for index, token in enumerate(emitted.tolist()):
+            for index, token in enumerate(outcome.emitted.tolist()):
                 context[length] = token
                 length += 1
                 chunk.token_ids.append(token)
-                chunk.sources.append(self._source(index, n_accepted, emitted.shape[0] - 1))
+                chunk.sources.append(outcome.source(index))
                 text_before = len(detokenizer.text)
                 chunk.text += detokenizer.push(token)
                 finish_reason = self._finish_reason(token, detokenizer.text, text_before, stops, eos,
@@ -219,14 +239,6 @@ class SpeculativeDecoder:
                     finish_reason=finish_reason, stats=stats,
                 )
             yield chunk
-
-    @staticmethod
-    def _source(index: int, n_accepted: int, gamma: int) -> TokenSource:
-        if index < n_accepted:
-            return TokenSource.DRAFT
-        if gamma == 0:
-            return TokenSource.TARGET
-        return TokenSource.BONUS if n_accepted == gamma else TokenSource.CORRECTION
 
     @staticmethod
     def _finish_reason(token: int, text: str, text_before: int, stops: list[str], eos: set[int],

@@ -8,14 +8,16 @@ from torch import nn
 
 
 class HFCache:
-    """transformers' DynamicCache with the verbs of specdec's KVCache; rollback crops it."""
+    """transformers' DynamicCache with the verbs of specdec's KVCache; rollback crops it.
 
-    def __init__(self, model_config, max_length: int) -> None:
+    Built without the model config so every layer keeps its full history: sliding-window layers
+    that drop old states could not be rolled back. The model's masks still apply the window."""
+
+    def __init__(self, max_length: int) -> None:
         from transformers import DynamicCache
 
-        self._config = model_config
         self.max_length = max_length
-        self.inner = DynamicCache(config=model_config)
+        self.inner = DynamicCache()
         self.length = 0
 
     def reserve(self, capacity: int) -> None:
@@ -25,13 +27,13 @@ class HFCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
         if length < self.length:
-            self.inner.crop(length)
+            self.inner.crop(length - self.length)  # a negative count removes that many
         self.length = length
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
-        self.inner = DynamicCache(config=self._config)
+        self.inner = DynamicCache()
         self.length = 0
 
 
@@ -40,7 +42,7 @@ class HFNetwork:
         self.model = model.eval()
 
     def new_cache(self, max_length: int) -> HFCache:
-        return HFCache(self.model.config, max_length)
+        return HFCache(max_length)
 
     @torch.inference_mode()
     def __call__(

@@ -46,8 +46,8 @@ def _fused_state_dict(raw: dict[str, torch.Tensor], config: TransformerConfig) -
         "embed_tokens.weight": raw["model.embed_tokens.weight"],
         "norm.weight": raw["model.norm.weight"],
     }
-    if not config.tie_word_embeddings:
-        state["lm_head.weight"] = raw["lm_head.weight"]
+    # Tied checkpoints may omit lm_head.weight; the loader re-ties it to the embedding after loading.
+    state["lm_head.weight"] = state["embed_tokens.weight"] if config.tie_word_embeddings else raw["lm_head.weight"]
     for i in range(config.num_layers):
         source, target = f"model.layers.{i}.", f"layers.{i}."
         attention, mlp = source + "self_attn.", source + "mlp."

@@ -1,0 +1,25 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import save_random_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(model_dir):
+    """A float-friendly target with three drafts: itself, an independent model, a perturbed copy."""
+    target = save_random_model(model_dir / "target", "llama", seed=0, init_scale=0.3)
+    return {
+        "target": target,
+        "same": target,
+        "independent": save_random_model(model_dir / "independent", "llama", seed=1, init_scale=0.3),
+        "perturbed": save_random_model(model_dir / "perturbed", perturb_from=target, perturb_scale=0.03, seed=2),
+    }

@@ -1,0 +1,154 @@
+"""Speculative sampling keeps the target's distribution exactly (p = target, q = draft)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec import ModelDrafter, SamplingParams, SpeculativeDecoder, logits_to_probs, rejection_sample
+from specdec.verify import acceptance_probs, residual_distribution
+from table_lm import table_model
+
+
+def random_dist(generator, *shape, sharpness=2.0):
+    return (sharpness * torch.randn(*shape, generator=generator, dtype=torch.float64)).softmax(-1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_first_token_law_is_exactly_p(seed):
+    """P(first = y) = sum_x q(x) [a(x) 1{y = x} + (1 - a(x)) r(y)], computed from the sampler's
+    own acceptance and residual functions, equals p(y)."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = 7
+    q = random_dist(generator, vocab)
+    p = random_dist(generator, vocab)
+    if seed % 4 == 0:  # include zeros in both supports
+        q[:2] = 0
+        p[-2:] = 0
+        q, p = q / q.sum(), p / p.sum()
+    law = torch.zeros(vocab, dtype=torch.float64)
+    residual = residual_distribution(q[None], p[None])[0]
+    for x in range(vocab):
+        if q[x] == 0:
+            continue
+        accept = acceptance_probs(torch.tensor([x]), q[None], torch.stack([p, p]))[0]
+        law[x] += q[x] * accept
+        law += q[x] * (1 - accept) * residual
+    torch.testing.assert_close(law, p, atol=1e-12, rtol=0)
+
+
+def test_first_token_empirical_law_matches_p():
+    generator = torch.Generator().manual_seed(11)
+    vocab, gamma, samples = 6, 3, 20000
+    q = random_dist(generator, gamma, vocab)
+    p = random_dist(generator, gamma + 1, vocab)
+    counts = np.zeros(vocab)
+    for _ in range(samples):
+        draft = torch.multinomial(q, 1, generator=generator)[:, 0]
+        counts[int(rejection_sample(draft, q, p, generator)[0])] += 1
+    assert chisquare(counts, samples * p[0].numpy()).pvalue > 1e-3
+
+
+def test_equal_p_and_q_accepts_every_draft():
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        probs = random_dist(generator, 6, 9)
+        draft = torch.multinomial(probs[:5], 1, generator=generator)[:, 0]
+        emitted = rejection_sample(draft, probs[:5], probs, generator)
+        assert emitted.shape[0] == 6 and torch.equal(emitted[:5], draft)
+
+
+def test_disjoint_supports_always_reject():
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(200):
+        q = torch.zeros(4, 8, dtype=torch.float64)
+        q[:, :4] = random_dist(generator, 4, 4)
+        p = torch.zeros(5, 8, dtype=torch.float64)
+        p[:, 4:] = random_dist(generator, 5, 4)
+        draft = torch.multinomial(q, 1, generator=generator)[:, 0]
+        emitted = rejection_sample(draft, q, p, generator)
+        assert emitted.shape[0] == 1 and int(emitted[0]) >= 4
+
+
+def test_point_mass_draft_without_q():
+    """A deterministic drafter (q = None) is accepted with probability p(x)."""
+    generator = torch.Generator().manual_seed(5)
+    p = random_dist(generator, 2, 5)
+    accepted = sum(
+        rejection_sample(torch.tensor([2]), None, p, generator).shape[0] == 2 for _ in range(20000)
+    )
+    assert abs(accepted / 20000 - float(p[0, 2])) < 0.015
+
+
+def exact_sequence_law(target, prompt, length, sampling):
+    """Enumerate every continuation of the table model: P(x_1..x_n) = prod p(x_i | prefix)."""
+    vocab = target.vocab_size
+    law = {}
+    for sequence in itertools.product(range(vocab), repeat=length):
+        probability, prefix = 1.0, list(prompt)
+        for token in sequence:
+            step = logits_to_probs(target.network.logits(prefix)[None], sampling)[0]
+            probability *= float(step[token])
+            prefix.append(token)
+        law[sequence] = probability
+    return law
+
+
+SAMPLING_CASES = {
+    "plain": SamplingParams(temperature=1.0),
+    "temperature": SamplingParams(temperature=0.7),
+    "top-k": SamplingParams(temperature=1.0, top_k=3),
+    "top-p": SamplingParams(temperature=1.2, top_p=0.8),
+    "min-p": SamplingParams(temperature=1.0, min_p=0.15),
+}
+
+
+def draft_model_drafter(vocab):
+    return ModelDrafter(table_model(vocab, seed=101, sharpness=1.0))
+
+
+# Other drafters (n-gram, staged, ...) join this list and are tested by the same law.
+DRAFTERS = {"draft-model": draft_model_drafter}
+
+
+@pytest.mark.parametrize("drafter_name", list(DRAFTERS))
+@pytest.mark.parametrize("case", list(SAMPLING_CASES))
+def test_end_to_end_law_of_three_tokens(case, drafter_name):
+    """Chi-square of 20k seeded 3-token generations against the enumerated target law."""
+    vocab, length, samples, prompt = 6, 3, 20000, [1]
+    sampling = SAMPLING_CASES[case]
+    target = table_model(vocab, seed=100)
+    decoder = SpeculativeDecoder(target, DRAFTERS[drafter_name](vocab), gamma=2)
+    law = exact_sequence_law(target, prompt, length, sampling)
+    counts = dict.fromkeys(law, 0)
+    drafted = accepted = 0
+    for seed in range(samples):
+        result = decoder.generate(prompt, max_new_tokens=length, seed=seed, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p)
+        counts[tuple(result.token_ids)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+    assert 0 < accepted < drafted  # speculation really happened, with rejections
+    support = [s for s in law if law[s] > 0]
+    assert sum(counts[s] for s in law if law[s] == 0) == 0, "sampled a sequence the target cannot produce"
+    expected = np.array([law[s] for s in support])
+    expected *= samples / expected.sum()  # the float32 law sums to 1 only up to ~1e-7
+    observed = np.array([counts[s] for s in support], dtype=float)
+    # pool the rare cells so that every expected count is >= 5, as the chi-square test needs
+    rare = expected < 5
+    if rare.any():
+        expected = np.append(expected[~rare], expected[rare].sum())
+        observed = np.append(observed[~rare], observed[rare].sum())
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_greedy_table_speculation_equals_target_only():
+    target = table_model(6, seed=100)
+    baseline = SpeculativeDecoder(target)
+    for name, make in DRAFTERS.items():
+        decoder = SpeculativeDecoder(target, make(6), gamma=3)
+        for start in range(6):
+            assert decoder.generate([start], max_new_tokens=20).token_ids == \
+                baseline.generate([start], max_new_tokens=20).token_ids, name
