@@ -36,10 +36,24 @@ class TokenSource(str, enum.Enum):
 class StreamChunk:
     """The tokens one step emitted (after stop conditions), with their text."""
 
-    token_ids: list[int]
-    sources: list[TokenSource]
-    text: str
+    token_ids: list[int] = field(default_factory=list)
+    sources: list[TokenSource] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)  # the text each token added
     result: GenerationResult | None = None  # set on the last chunk only
+
+    @property
+    def text(self) -> str:
+        return "".join(self.token_texts)
+
+    def truncate_text(self, excess: int) -> None:
+        """Drop the last ``excess`` characters of this chunk (text from a stop string on)."""
+        for index in reversed(range(len(self.token_texts))):
+            if excess <= 0:
+                break
+            piece = self.token_texts[index]
+            keep = max(0, len(piece) - excess)
+            excess -= len(piece) - keep
+            self.token_texts[index] = piece[:keep]
 
 
 @dataclass(frozen=True)
@@ -214,14 +228,14 @@ class SpeculativeDecoder:
         while finish_reason is None:
             remaining = len(prompt_ids) + budget - length
             outcome = self.step(context[:length], min(self.gamma, remaining - 1), sampling, generator, stats)
-            chunk = StreamChunk([], [], "")
+            chunk = StreamChunk()
             for index, token in enumerate(outcome.emitted.tolist()):
                 context[length] = token
                 length += 1
                 chunk.token_ids.append(token)
                 chunk.sources.append(outcome.source(index))
                 text_before = len(detokenizer.text)
-                chunk.text += detokenizer.push(token)
+                chunk.token_texts.append(detokenizer.push(token))
                 finish_reason = self._finish_reason(token, detokenizer.text, text_before, stops, eos,
                                                     length - len(prompt_ids), budget, max_new_tokens)
                 if finish_reason is not None:
@@ -232,7 +246,7 @@ class SpeculativeDecoder:
                 text = detokenizer.text
                 if finish_reason == "stop":
                     cut = min(i for i in (text.find(s) for s in stops) if i >= 0)
-                    chunk.text = chunk.text[: max(0, len(chunk.text) - (len(text) - cut))]
+                    chunk.truncate_text(len(text) - cut)
                     text = text[:cut]
                 chunk.result = GenerationResult(
                     text=text, token_ids=context[len(prompt_ids) : length].tolist(), prompt_ids=prompt_ids,

@@ -1,0 +1,97 @@
+"""Bad input gets a clear error that names the problem."""
+
+import json
+
+import pytest
+
+from specdec import SpeculativeDecoder, load
+from tiny import save_random_model
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return load(tiny_pair["target"])
+
+
+def test_vocabulary_mismatch_names_both_sizes(target, model_dir):
+    other = load(save_random_model(model_dir / "vocab-64", "llama", vocab_size=64))
+    with pytest.raises(ValueError, match=r"vocabularies differ.*64.*96"):
+        SpeculativeDecoder(target, other)
+
+
+@pytest.mark.parametrize("prompt", ["", []])
+def test_empty_prompt(target, prompt):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        SpeculativeDecoder(target).generate(prompt)
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, -3])
+def test_non_positive_max_new_tokens(target, max_new_tokens):
+    with pytest.raises(ValueError, match=f"max_new_tokens must be positive, got {max_new_tokens}"):
+        SpeculativeDecoder(target).generate([1, 2], max_new_tokens=max_new_tokens)
+
+
+def test_prompt_longer_than_context(target):
+    with pytest.raises(ValueError, match=r"prompt has 200 tokens but the context holds 128"):
+        SpeculativeDecoder(target).generate([5] * 200)
+
+
+def test_generation_stops_at_the_context_length(target):
+    result = SpeculativeDecoder(target, target, gamma=8).generate([5] * 120, max_new_tokens=50)
+    assert len(result.prompt_ids) + len(result.token_ids) <= 128
+    assert result.finish_reason in ("context", "eos")
+
+
+def test_token_ids_outside_vocabulary(target):
+    with pytest.raises(ValueError, match=r"outside the vocabulary \(0..95\)"):
+        SpeculativeDecoder(target).generate([3, 500])
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        load(tmp_path / "nowhere")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load(tmp_path)
+
+
+def test_unknown_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "frobnicator", "vocab_size": 10}))
+    with pytest.raises(ValueError, match="unknown model_type 'frobnicator'"):
+        load(tmp_path)
+
+
+def test_custom_code_needs_opt_in(tmp_path):
+    config = {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        load(tmp_path)
+
+
+def test_unknown_dtype_and_quantization(tiny_pair):
+    with pytest.raises(ValueError, match="unknown dtype 'int4'"):
+        load(tiny_pair["target"], dtype="int4")
+    with pytest.raises(ValueError, match="unknown quantization 'int3'"):
+        load(tiny_pair["target"], quantize="int3")
+
+
+def test_negative_gamma(target):
+    with pytest.raises(ValueError, match="gamma must be >= 0"):
+        SpeculativeDecoder(target, target, gamma=-1)
+
+
+def test_unsupported_architecture_uses_the_adapter(model_dir):
+    """gpt2 is not in the lean forward: auto loads it through transformers, and it decodes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = model_dir / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=64)).save_pretrained(folder)
+    model = load(folder)
+    assert model.backend == "transformers"
+    with pytest.raises(ValueError, match="cannot run this model"):
+        load(folder, backend="specdec")
+    plain = SpeculativeDecoder(model).generate([1, 2, 3], max_new_tokens=10)
+    speculative = SpeculativeDecoder(model, load(folder), gamma=3).generate([1, 2, 3], max_new_tokens=10)
+    assert speculative.token_ids == plain.token_ids and len(plain.token_ids) > 0
