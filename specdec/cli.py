@@ -55,7 +55,70 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, red = target's correction, blue = bonus")
     generate.add_argument("--json", action="store_true", help="print the stats as JSON instead of a table")
+    add_train_parser(commands)
     return parser
+
+
+def add_shape_options(parser: argparse.ArgumentParser, name: str, hidden: int, layers: int, heads: int,
+                      kv_heads: int, intermediate: int) -> None:
+    parser.add_argument(f"--{name}-hidden", type=int, default=hidden)
+    parser.add_argument(f"--{name}-layers", type=int, default=layers)
+    parser.add_argument(f"--{name}-heads", type=int, default=heads)
+    parser.add_argument(f"--{name}-kv-heads", type=int, default=kv_heads)
+    parser.add_argument(f"--{name}-intermediate", type=int, default=intermediate)
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument(f"--{name}-steps", type=int, help="train for this many steps, or")
+    budget.add_argument(f"--{name}-minutes", type=float, help="train for about this many minutes")
+    parser.add_argument(f"--{name}-lr", type=float, default=2e-3 if name == "target" else 3e-3)
+
+
+def add_train_parser(commands) -> None:
+    train = commands.add_parser(
+        "train", help="train a BPE tokenizer, a target and a distilled draft on text files",
+        description="Text files -> BPE tokenizer -> Llama-style target -> draft distilled from the target "
+                    "(forward KL to its soft labels). Saves Hugging Face folders under --out.",
+    )
+    train.add_argument("--data", nargs="+", required=True, help="files or folders of training text")
+    train.add_argument("--suffix", action="append", default=None, help="file suffix to read (default .py)")
+    train.add_argument("--out", required=True, help="output folder (tokenizer/, target/, draft/, checkpoints/)")
+    train.add_argument("--vocab-size", type=int, default=4096)
+    train.add_argument("--seq-len", type=int, default=256)
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--max-positions", type=int, default=2048)
+    train.add_argument("--heldout-fraction", type=float, default=0.03)
+    train.add_argument("--eval-every", type=int, default=200)
+    train.add_argument("--checkpoint-every", type=int, default=100)
+    train.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--resume", action="store_true", help="continue from the checkpoints under --out")
+    add_shape_options(train, "target", 384, 8, 6, 2, 1024)
+    add_shape_options(train, "draft", 128, 2, 4, 2, 384)
+
+
+def run_train(args: argparse.Namespace, errors: Console) -> int:
+    from specdec.training.pipeline import TrainConfig, command_line, train_pair
+    from specdec.training.trainer import ModelShape, TrainPlan
+
+    def shape(name: str) -> ModelShape:
+        return ModelShape(*(getattr(args, f"{name}_{field}") for field in
+                            ("hidden", "layers", "heads", "kv_heads", "intermediate")))
+
+    def plan(name: str) -> TrainPlan:
+        steps, minutes = getattr(args, f"{name}_steps"), getattr(args, f"{name}_minutes")
+        if steps is None and minutes is None:
+            steps = 1000
+        return TrainPlan(name, steps=steps, minutes=minutes, learning_rate=getattr(args, f"{name}_lr"),
+                         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every)
+
+    config = TrainConfig(
+        data=args.data, out=args.out, target_shape=shape("target"), draft_shape=shape("draft"),
+        target_plan=plan("target"), draft_plan=plan("draft"), vocab_size=args.vocab_size, seq_len=args.seq_len,
+        batch_size=args.batch_size, max_positions=args.max_positions, heldout_fraction=args.heldout_fraction,
+        seed=args.seed, save_dtype=args.save_dtype, resume=args.resume, command=command_line(),
+        suffixes=tuple(args.suffix or [".py"]),
+    )
+    train_pair(config, errors)
+    return 0
 
 
 def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
@@ -128,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args, console, errors)
+        if args.command == "train":
+            return run_train(args, errors)
     except (ValueError, FileNotFoundError) as error:
         errors.print(f"[red]error:[/] {error}")
         return 2

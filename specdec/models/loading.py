@@ -75,7 +75,8 @@ def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> Llam
     inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
     raw: dict[str, torch.Tensor] = {}
     for path in _safetensors_files(folder):
-        raw.update(load_file(str(path)))
+        # Copy out of the file mapping: anonymous memory streams measurably faster in decoding.
+        raw.update((name, tensor.clone()) for name, tensor in load_file(str(path)).items())
     try:
         state = _fused_state_dict(raw, config)
     except KeyError as missing:

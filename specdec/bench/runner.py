@@ -1,0 +1,205 @@
+"""Side-by-side measurement of decoding methods on the same models and prompts.
+
+Methods run interleaved (for every prompt, every method, in a rotating order) so that all of
+them share the machine's noise, and every greedy output is checked against the reference
+method's output in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.metrics import SpecStats
+
+
+@dataclass(frozen=True)
+class Prompt:
+    category: str
+    text: str
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class MethodOutput:
+    token_ids: list[int]
+    seconds: float
+    stats: SpecStats | None = None  # None for methods that report no speculation stats
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named way to decode: prompt ids + settings -> generated ids (and stats when it has them)."""
+
+    name: str
+    run: Callable[[list[int], DecodeSettings], MethodOutput]
+    engine: str = "specdec"  # whose loop it is: "specdec" or "transformers"
+    lossless: bool = True  # a greedy output different from the reference is a failure
+
+
+@dataclass
+class Measurement:
+    method: str
+    engine: str
+    prompt: Prompt
+    token_ids: list[int]
+    seconds: float
+    stats: SpecStats | None
+    peak_memory_mb: float | None = None
+
+
+class IdentityError(AssertionError):
+    """A lossless method's greedy output differs from the reference's."""
+
+
+def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
+    """A specdec SpeculativeDecoder as a benchmark method."""
+
+    def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
+        started = time.perf_counter()
+        result = decoder.generate(prompt_ids, max_new_tokens=settings.max_new_tokens,
+                                  temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                                  seed=settings.seed)
+        return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
+
+    return Method(name, run, engine)
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_side_by_side(
+    methods: Sequence[Method],
+    prompts: Sequence[Prompt],
+    encode: Callable[[str], list[int]],
+    settings: DecodeSettings,
+    reference: str,
+    progress: Callable[[str], None] | None = None,
+    warmup: bool = True,
+) -> list[Measurement]:
+    """Every method on every prompt, in a rotating order; raises IdentityError on a greedy mismatch."""
+    if reference not in {m.name for m in methods}:
+        raise ValueError(f"the reference method {reference!r} is not among {[m.name for m in methods]}")
+    if warmup:  # first calls pay one-off costs (allocations, lazy imports) that are not decoding
+        short = DecodeSettings(max_new_tokens=4, temperature=settings.temperature, seed=settings.seed)
+        for method in methods:
+            method.run(encode(prompts[0].text), short)
+    measurements: list[Measurement] = []
+    mismatches: list[str] = []
+    for index, prompt in enumerate(prompts):
+        prompt_ids = encode(prompt.text)
+        rotation = index % len(methods)
+        outputs: dict[str, MethodOutput] = {}
+        for method in [*methods[rotation:], *methods[:rotation]]:
+            output = method.run(prompt_ids, settings)
+            outputs[method.name] = output
+            measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids, output.seconds,
+                                            output.stats, peak_rss_mb()))
+            if progress:
+                progress(f"{prompt.category}/{prompt.id or index}: {method.name}")
+        if settings.temperature == 0.0:
+            expected = outputs[reference].token_ids
+            for method in methods:
+                got = outputs[method.name].token_ids
+                if method.lossless and got != expected:
+                    where = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                    mismatches.append(f"{method.name} on prompt {prompt.id or index} ({prompt.category}): differs "
+                                      f"from {reference} at generated token {where}")
+    if mismatches:
+        raise IdentityError("greedy outputs differ from the reference:\n" + "\n".join(mismatches))
+    return measurements
+
+
+@dataclass
+class Summary:
+    method: str
+    engine: str
+    category: str
+    prompts: int
+    tokens: int
+    seconds: float
+    stats: SpecStats | None
+    speedups: dict[str, float] = field(default_factory=dict)  # over each baseline method
+    peak_memory_mb: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        stats = self.stats
+        return {
+            "method": self.method, "engine": self.engine, "category": self.category, "prompts": self.prompts,
+            "tokens": self.tokens, "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
+            "speedup": self.speedups, "peak_memory_mb": self.peak_memory_mb,
+            "alpha": stats.alpha if stats and stats.drafted else None,
+            "tau": stats.tau if stats else None,
+            "acceptance_by_position": stats.acceptance_by_position if stats else None,
+        }
+
+
+def summarize(measurements: Sequence[Measurement], baselines: Sequence[str]) -> list[Summary]:
+    """Per method, per category and overall ("all"): tokens/s over the summed time, merged stats,
+    and speedup over each baseline (ratio of tokens/s on the same prompts)."""
+    categories = sorted({m.prompt.category for m in measurements})
+    methods = list(dict.fromkeys(m.method for m in measurements))
+    summaries = []
+    for category in [*categories, "all"]:
+        selected = [m for m in measurements if category in ("all", m.prompt.category)]
+        by_method: dict[str, Summary] = {}
+        for name in methods:
+            rows = [m for m in selected if m.method == name]
+            stats = None
+            for row in rows:
+                if row.stats is not None:
+                    stats = row.stats if stats is None else stats.merge(row.stats)
+            by_method[name] = Summary(
+                name, rows[0].engine, category, len(rows), sum(len(r.token_ids) for r in rows),
+                sum(r.seconds for r in rows), stats, peak_memory_mb=max((r.peak_memory_mb or 0) for r in rows),
+            )
+        for summary in by_method.values():
+            for baseline in baselines:
+                if baseline in by_method and by_method[baseline].tokens_per_second:
+                    summary.speedups[baseline] = summary.tokens_per_second / by_method[baseline].tokens_per_second
+        summaries.extend(by_method.values())
+    return summaries
+
+
+def median_seconds(measurements: Sequence[Measurement], method: str) -> float:
+    return statistics.median(m.seconds for m in measurements if m.method == method)
+
+
+def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
+    rows = [s for s in summaries if s.category == category]
+    baselines = list(dict.fromkeys(b for s in rows for b in s.speedups))
+    header = ["method", "tokens/s", *[f"speedup vs {b}" for b in baselines], "alpha", "tau", "acceptance by position"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in rows:
+        d = s.to_dict()
+        cells = [s.method, f"{s.tokens_per_second:.1f}", *[f"{s.speedups.get(b, float('nan')):.2f}x" for b in baselines],
+                 f"{d['alpha']:.3f}" if d["alpha"] is not None else "-",
+                 f"{d['tau']:.2f}" if d["tau"] is not None else "-",
+                 " ".join(f"{a:.2f}" for a in d["acceptance_by_position"] or []) or "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))

@@ -1,0 +1,97 @@
+"""Corpus handling for `specdec train`: files -> held-out split -> BPE tokenizer -> token stream."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+
+
+def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",)) -> list[Path]:
+    """Every file under the given files/folders with one of the suffixes, in a stable order.
+    Installed packages and caches are skipped: they are not the corpus, only next to it."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"training data not found: {path}")
+        candidates = [path] if path.is_file() else path.rglob("*")
+        for file in candidates:
+            skipped = {"site-packages", "dist-packages", "__pycache__"} & set(file.parts)
+            if file.is_file() and file.suffix in suffixes and not skipped:
+                found.append(file)
+    if not found:
+        raise ValueError(f"no {'/'.join(suffixes)} files under {', '.join(map(str, paths))}")
+    return sorted(found)
+
+
+def is_heldout(path: Path, fraction: float) -> bool:
+    """A file's side of the split depends only on its name, so it is stable across runs."""
+    digest = hashlib.sha1(f"{path.parent.name}/{path.name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < fraction
+
+
+def split_files(files: Sequence[Path], heldout_fraction: float) -> tuple[list[Path], list[Path]]:
+    train = [f for f in files if not is_heldout(f, heldout_fraction)]
+    heldout = [f for f in files if is_heldout(f, heldout_fraction)]
+    if not train or not heldout:
+        raise ValueError(f"{len(files)} files give an empty train or held-out side at fraction {heldout_fraction}")
+    return train, heldout
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def train_tokenizer(files: Sequence[Path], vocab_size: int):
+    """A byte-level BPE tokenizer (tokenizers library), wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator((read_text(f) for f in files), trainer=trainer, length=len(files))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, bos_token=EOS_TOKEN,
+        model_max_length=1_000_000,
+    )
+
+
+def encode_files(tokenizer, files: Iterable[Path]) -> np.ndarray:
+    """One token stream: every document followed by the end-of-text token."""
+    eos = tokenizer.eos_token_id
+    texts = [read_text(f) for f in files]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    stream = np.fromiter((t for ids in encoded for t in (*ids, eos)), dtype=np.int32)
+    return stream
+
+
+class TokenWindows:
+    """Random (input, label) windows of seq_len + 1 tokens from a token stream."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int) -> None:
+        if tokens.shape[0] <= seq_len + 1:
+            raise ValueError(f"the corpus has {tokens.shape[0]} tokens, fewer than one window of {seq_len + 1}")
+        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next_batch(self) -> torch.Tensor:  # [batch, seq_len + 1]
+        starts = torch.randint(0, self.tokens.shape[0] - self.seq_len - 1, (self.batch_size,), generator=self.generator)
+        return torch.stack([self.tokens[s : s + self.seq_len + 1] for s in starts.tolist()])
+
+    def sequential(self, max_windows: int) -> Iterable[torch.Tensor]:  # [1, seq_len + 1] each
+        """Non-overlapping windows from the start, for a deterministic evaluation."""
+        step = self.seq_len + 1
+        for index in range(min(max_windows, self.tokens.shape[0] // step)):
+            yield self.tokens[index * step : (index + 1) * step][None]
