@@ -23,7 +23,7 @@ SOURCE_STYLES = {
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target model folder (Hugging Face format)")
+    parser.add_argument("--target", help="target model folder (Hugging Face format; default: the bundled pair)")
     parser.add_argument("--draft", help="draft model folder (same tokenizer as the target)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -56,7 +56,75 @@ def build_parser() -> argparse.ArgumentParser:
                           help="colour tokens: green = accepted draft, red = target's correction, blue = bonus")
     generate.add_argument("--json", action="store_true", help="print the stats as JSON instead of a table")
     add_train_parser(commands)
+    add_bench_parser(commands)
     return parser
+
+
+def add_bench_parser(commands) -> None:
+    bench = commands.add_parser(
+        "bench", help="measure decoding methods side by side on the same models and prompts",
+        description="Runs every method on every prompt, interleaved, checks that greedy outputs equal "
+                    "target-only output, and writes results.json and results.md under --out.",
+    )
+    add_model_options(bench)
+    bench.add_argument("--methods", nargs="+", default=["target-only", "draft-model"])
+    bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled held-out prompts)")
+    bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
+    bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--top-k", type=int, default=0)
+    bench.add_argument("--top-p", type=float, default=1.0)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default="runs/bench", help="output folder")
+
+
+def resolve_model_paths(args: argparse.Namespace, errors: Console) -> tuple[str, str | None]:
+    """--target/--draft, or the bundled pair when no --target is given."""
+    from specdec.defaults import default_model
+
+    if args.target:
+        return args.target, args.draft
+    if args.draft:
+        raise ValueError("--draft needs --target: the bundled draft only fits the bundled target")
+    errors.print("[dim]using the bundled default pair (Python code models)[/]")
+    return str(default_model("target")), str(default_model("draft"))
+
+
+def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True):
+    from specdec.models.loading import load
+
+    target_path, draft_path = resolve_model_paths(args, errors)
+    options = dict(dtype=args.dtype, device=args.device, quantize=args.quantize, backend=args.backend,
+                   trust_remote_code=args.trust_remote_code)
+    with errors.status("loading models"):
+        target = load(target_path, **options)
+        draft = load(draft_path, **options) if want_draft and draft_path else None
+    return target, draft
+
+
+def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from pathlib import Path
+
+    from rich.markdown import Markdown
+    from rich.progress import Progress
+
+    from specdec.bench.runner import DecodeSettings
+    from specdec.bench.suite import load_prompts, run_bench as bench
+    from specdec.defaults import default_prompts
+
+    target, draft = load_models(args, errors)
+    prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
+    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed)
+    methods = list(dict.fromkeys(["target-only", *args.methods]))
+    with Progress(console=errors, transient=True) as progress:
+        task = progress.add_task("bench", total=len(prompts) * len(methods))
+        payload = bench(target, draft, methods, prompts, settings, args.gamma, Path(args.out),
+                        progress=lambda label: progress.update(task, advance=1, description=label))
+    console.print(Markdown(payload["markdown"]))
+    errors.print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'}")
+    return 0
 
 
 def add_shape_options(parser: argparse.ArgumentParser, name: str, hidden: int, layers: int, heads: int,
@@ -91,8 +159,8 @@ def add_train_parser(commands) -> None:
     train.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", action="store_true", help="continue from the checkpoints under --out")
-    add_shape_options(train, "target", 384, 8, 6, 2, 1024)
-    add_shape_options(train, "draft", 128, 2, 4, 2, 384)
+    add_shape_options(train, "target", 256, 6, 4, 2, 704)
+    add_shape_options(train, "draft", 128, 1, 4, 2, 384)
 
 
 def run_train(args: argparse.Namespace, errors: Console) -> int:
@@ -142,16 +210,7 @@ def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
 
 
 def run_generate(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from specdec.models.loading import load
-
-    if not args.target:
-        errors.print("[red]error:[/] --target DIR is required (a Hugging Face-format model folder)")
-        return 2
-    options = dict(dtype=args.dtype, device=args.device, quantize=args.quantize, backend=args.backend,
-                   trust_remote_code=args.trust_remote_code)
-    with errors.status("loading models"):
-        target = load(args.target, **options)
-        draft = None if args.no_draft or not args.draft else load(args.draft, **options)
+    target, draft = load_models(args, errors, want_draft=not args.no_draft)
     if draft is None and not args.no_draft:
         errors.print("[yellow]no --draft given: running the target alone[/]")
     decoder = SpeculativeDecoder(target, draft, gamma=args.gamma)
@@ -193,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args, console, errors)
         if args.command == "train":
             return run_train(args, errors)
+        if args.command == "bench":
+            return run_bench(args, console, errors)
     except (ValueError, FileNotFoundError) as error:
         errors.print(f"[red]error:[/] {error}")
         return 2

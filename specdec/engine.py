@@ -19,6 +19,7 @@ from specdec.drafting.base import Draft, Drafter
 from specdec.drafting.model import ModelDrafter
 from specdec.metrics import SpecStats
 from specdec.models.base import LanguageModel
+from specdec.policy import DraftLengthPolicy, make_policy
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import greedy_verify, rejection_sample
 
@@ -122,9 +123,16 @@ class SpeculativeDecoder:
     plain target-only decoding through the same loop (the baseline).
     """
 
-    def __init__(self, target: LanguageModel, drafter: Drafter | LanguageModel | None = None, gamma: int = 4) -> None:
+    def __init__(
+        self,
+        target: LanguageModel,
+        drafter: Drafter | LanguageModel | None = None,
+        gamma: int = 4,
+        policy: str | DraftLengthPolicy = "fixed",
+    ) -> None:
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
+        self.policy = make_policy(policy, gamma) if isinstance(policy, str) else policy
         self.target = target
         self.drafter = as_drafter(drafter)
         draft_vocab = getattr(self.drafter, "vocab_size", None)
@@ -133,7 +141,6 @@ class SpeculativeDecoder:
                 f"draft and target vocabularies differ: the draft has {draft_vocab} tokens, "
                 f"the target {target.vocab_size}; speculative decoding needs one shared vocabulary"
             )
-        self.gamma = gamma if self.drafter is not None else 0
         self.target_cache = target.new_cache()
 
     # ----------------------------------------------------------------------------------------
@@ -168,7 +175,10 @@ class SpeculativeDecoder:
     ) -> StepOutcome:
         """One speculative step: draft, one target forward, verify, roll back the target cache."""
         started = time.perf_counter()
-        draft = self.drafter.propose(context, gamma, sampling, generator) if gamma > 0 else Draft.empty(context.device)
+        if gamma > 0:
+            draft = self.drafter.propose(context, gamma, sampling, generator, stop_early=self.policy.stop_early)
+        else:
+            draft = Draft.empty(context.device)
         drafted_at = time.perf_counter()
         block = torch.cat([context[-1:], draft.tokens])  # [gamma + 1] at positions L-1 .. L-1+gamma
         target_logits = self.target.forward(block, self.target_cache)  # [gamma + 1, vocab]
@@ -180,11 +190,13 @@ class SpeculativeDecoder:
         n_accepted = emitted.shape[0] - 1
         # Keep the cache entries of the last context token and the accepted drafts only.
         self.target_cache.crop(context.shape[0] + n_accepted)
-        if draft.gamma:
+        draft_seconds, verify_seconds = drafted_at - started, time.perf_counter() - drafted_at
+        if self.drafter is not None:
             self.drafter.observe(draft.gamma, n_accepted)
+            self.policy.update(draft.gamma, n_accepted, draft_seconds, verify_seconds)
         stats.observe(draft.gamma, n_accepted)
-        stats.draft_seconds += drafted_at - started
-        stats.verify_seconds += time.perf_counter() - drafted_at
+        stats.draft_seconds += draft_seconds
+        stats.verify_seconds += verify_seconds
         return StepOutcome(emitted, draft.gamma)
 
     def stream(
@@ -227,7 +239,8 @@ class SpeculativeDecoder:
         finish_reason = None
         while finish_reason is None:
             remaining = len(prompt_ids) + budget - length
-            outcome = self.step(context[:length], min(self.gamma, remaining - 1), sampling, generator, stats)
+            gamma = min(self.policy.next_gamma(), remaining - 1) if self.drafter is not None else 0
+            outcome = self.step(context[:length], gamma, sampling, generator, stats)
             chunk = StreamChunk()
             for index, token in enumerate(outcome.emitted.tolist()):
                 context[length] = token

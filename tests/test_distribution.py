@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec import ModelDrafter, SamplingParams, SpeculativeDecoder, logits_to_probs, rejection_sample
+from specdec import SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter, rejection_sample
+from specdec.policy import POLICIES
 from specdec.verify import acceptance_probs, residual_distribution
 from table_lm import table_model
 
@@ -105,27 +106,34 @@ SAMPLING_CASES = {
 }
 
 
-def draft_model_drafter(vocab):
-    return ModelDrafter(table_model(vocab, seed=101, sharpness=1.0))
+DRAFTERS = ("model", "ngram", "staged")
+PROMPT = [1, 2, 3, 1, 2, 3, 1]  # repeats, so that n-gram lookup proposes something
 
 
-# Other drafters (n-gram, staged, ...) join this list and are tested by the same law.
-DRAFTERS = {"draft-model": draft_model_drafter}
+def table_drafter(kind: str, vocab: int):
+    return make_drafter(kind, table_model(vocab, seed=101, sharpness=1.0), max_n=2)
 
 
-@pytest.mark.parametrize("drafter_name", list(DRAFTERS))
-@pytest.mark.parametrize("case", list(SAMPLING_CASES))
-def test_end_to_end_law_of_three_tokens(case, drafter_name):
+# Every drafter with every policy; the sampling kinds rotate over the combinations so that each
+# drafter meets four of the five and every kind is met by several drafters.
+COMBINATIONS = [
+    (drafter, policy, list(SAMPLING_CASES)[(i + j) % len(SAMPLING_CASES)])
+    for i, drafter in enumerate(DRAFTERS) for j, policy in enumerate(POLICIES)
+]
+
+
+@pytest.mark.parametrize("drafter_kind, policy, case", COMBINATIONS)
+def test_end_to_end_law_of_three_tokens(drafter_kind, policy, case):
     """Chi-square of 20k seeded 3-token generations against the enumerated target law."""
-    vocab, length, samples, prompt = 6, 3, 20000, [1]
+    vocab, length, samples = 6, 3, 20000
     sampling = SAMPLING_CASES[case]
     target = table_model(vocab, seed=100)
-    decoder = SpeculativeDecoder(target, DRAFTERS[drafter_name](vocab), gamma=2)
-    law = exact_sequence_law(target, prompt, length, sampling)
+    decoder = SpeculativeDecoder(target, table_drafter(drafter_kind, vocab), gamma=2, policy=policy)
+    law = exact_sequence_law(target, PROMPT, length, sampling)
     counts = dict.fromkeys(law, 0)
     drafted = accepted = 0
     for seed in range(samples):
-        result = decoder.generate(prompt, max_new_tokens=length, seed=seed, temperature=sampling.temperature,
+        result = decoder.generate(PROMPT, max_new_tokens=length, seed=seed, temperature=sampling.temperature,
                                   top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p)
         counts[tuple(result.token_ids)] += 1
         drafted += result.stats.drafted
@@ -144,11 +152,13 @@ def test_end_to_end_law_of_three_tokens(case, drafter_name):
     assert chisquare(observed, expected).pvalue > 1e-3
 
 
-def test_greedy_table_speculation_equals_target_only():
+@pytest.mark.parametrize("drafter_kind", DRAFTERS)
+def test_greedy_table_speculation_equals_target_only(drafter_kind):
     target = table_model(6, seed=100)
     baseline = SpeculativeDecoder(target)
-    for name, make in DRAFTERS.items():
-        decoder = SpeculativeDecoder(target, make(6), gamma=3)
+    for policy in POLICIES:
+        decoder = SpeculativeDecoder(target, table_drafter(drafter_kind, 6), gamma=3, policy=policy)
         for start in range(6):
-            assert decoder.generate([start], max_new_tokens=20).token_ids == \
-                baseline.generate([start], max_new_tokens=20).token_ids, name
+            prompt = [start, *PROMPT]
+            assert decoder.generate(prompt, max_new_tokens=20).token_ids == \
+                baseline.generate(prompt, max_new_tokens=20).token_ids, (drafter_kind, policy)

@@ -1,53 +1,84 @@
-"""Greedy speculative output is token-identical to target-only greedy decoding."""
+"""Greedy speculative output is token-identical to target-only greedy decoding, for every
+drafter and every draft-length policy."""
 
 import random
 
 import pytest
 
-from specdec import SpeculativeDecoder, load
+from specdec import SpeculativeDecoder, load, make_drafter
+from specdec.policy import POLICIES
 
 DRAFT_KINDS = ("same", "independent", "perturbed")  # always, never and partly agreeing drafts
 NUM_PROMPTS = 200
 
 
-@pytest.fixture(scope="module", params=["specdec", "transformers"])
-def loaded(request, tiny_pair):
+def load_all(tiny_pair, backend):
     # float64 so that a k-token block and k single-token forwards never flip an argmax tie.
-    load_one = lambda path: load(path, dtype="float64", backend=request.param)  # noqa: E731
+    load_one = lambda path: load(path, dtype="float64", backend=backend)  # noqa: E731
     return load_one(tiny_pair["target"]), {kind: load_one(tiny_pair[kind]) for kind in DRAFT_KINDS}
 
 
-def random_cases(seed: int, vocab_size: int):
+@pytest.fixture(scope="module")
+def lean_models(tiny_pair):
+    return load_all(tiny_pair, "specdec")
+
+
+def random_cases(seed: int, vocab_size: int, count: int = NUM_PROMPTS):
+    """Random prompts, half of them with a repeated segment (so n-gram lookup finds matches)."""
     rng = random.Random(seed)
-    for _ in range(NUM_PROMPTS):
+    for index in range(count):
         prompt = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 12))]
+        if index % 2:
+            prompt = prompt * 2 + prompt[: rng.randint(0, len(prompt))]
         yield prompt, rng.randint(1, 24), rng.randint(1, 8)
 
 
-def test_greedy_speculation_equals_target_only(loaded):
-    target, drafts = loaded
+def check_equality(target, drafters: dict, policy: str, seed: int = 7) -> dict:
+    """Runs every case through every drafter; returns accepted/drafted counts per drafter."""
     baseline = SpeculativeDecoder(target)
-    decoders = {kind: {g: SpeculativeDecoder(target, drafts[kind], gamma=g) for g in range(1, 9)} for kind in DRAFT_KINDS}
-    accepted = {kind: 0 for kind in DRAFT_KINDS}
-    drafted = {kind: 0 for kind in DRAFT_KINDS}
-    for prompt, max_new_tokens, gamma in random_cases(seed=7, vocab_size=target.vocab_size):
+    counts = {name: [0, 0] for name in drafters}
+    for prompt, max_new_tokens, gamma in random_cases(seed, target.vocab_size):
         expected = baseline.generate(prompt, max_new_tokens=max_new_tokens)
         assert expected.stats.tau == 1.0
-        for kind in DRAFT_KINDS:
-            result = decoders[kind][gamma].generate(prompt, max_new_tokens=max_new_tokens)
-            assert result.token_ids == expected.token_ids, (kind, prompt, max_new_tokens, gamma)
+        for name, drafter in drafters.items():
+            result = SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy).generate(
+                prompt, max_new_tokens=max_new_tokens)
+            assert result.token_ids == expected.token_ids, (name, policy, prompt, max_new_tokens, gamma)
             assert result.finish_reason == expected.finish_reason
-            accepted[kind] += result.stats.accepted
-            drafted[kind] += result.stats.drafted
+            counts[name][0] += result.stats.accepted
+            counts[name][1] += result.stats.drafted
+    return counts
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("drafter_kind", ["model", "staged"])
+def test_model_drafters_equal_target_only(lean_models, drafter_kind, policy):
+    target, drafts = lean_models
+    drafters = {kind: make_drafter(drafter_kind, drafts[kind]) for kind in DRAFT_KINDS}
+    counts = check_equality(target, drafters, policy)
     # The three drafts really cover always / never / partly agreeing.
-    assert accepted["same"] == drafted["same"] > 0
-    assert accepted["independent"] < 0.2 * drafted["independent"]
-    assert 0 < accepted["perturbed"] < drafted["perturbed"]
-    assert accepted["perturbed"] > accepted["independent"]
+    assert counts["same"][0] == counts["same"][1] > 0
+    assert counts["independent"][0] < 0.2 * counts["independent"][1]
+    assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
 
 
-def test_stream_chunks_add_up_to_the_result(loaded):
-    target, drafts = loaded
+@pytest.mark.parametrize("policy", POLICIES)
+def test_ngram_drafter_equals_target_only(lean_models, policy):
+    target, _ = lean_models
+    counts = check_equality(target, {"ngram": make_drafter("ngram", max_n=3)}, policy)
+    assert counts["ngram"][1] > 0  # it did draft
+
+
+def test_transformers_adapter_equals_target_only(tiny_pair):
+    target, drafts = load_all(tiny_pair, "transformers")
+    assert target.backend == "transformers"
+    counts = check_equality(target, {kind: make_drafter("model", drafts[kind]) for kind in DRAFT_KINDS}, "fixed")
+    assert counts["same"][0] == counts["same"][1] > 0
+    assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
+
+
+def test_stream_chunks_add_up_to_the_result(lean_models):
+    target, drafts = lean_models
     decoder = SpeculativeDecoder(target, drafts["perturbed"], gamma=4)
     chunks = list(decoder.stream([5, 6, 7], max_new_tokens=30))
     result = chunks[-1].result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -45,9 +46,12 @@ class Drafter(Protocol):
         gamma: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        stop_early: Callable[[int, float], bool] | None = None,
     ) -> Draft:
         """Up to gamma tokens continuing context. When sampling, tokens must be drawn from the
-        returned probs (or be deterministic with probs None), or verification is not lossless."""
+        returned probs (or be deterministic with probs None), or verification is not lossless.
+        stop_early(drafted, chain_probability) -> True lets a policy cut a draft short; drafters
+        without a probability for their guesses ignore it."""
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """Feedback after verification: how many of the proposed tokens the target kept."""

@@ -95,3 +95,28 @@ class TokenWindows:
         step = self.seq_len + 1
         for index in range(min(max_windows, self.tokens.shape[0] // step)):
             yield self.tokens[index * step : (index + 1) * step][None]
+
+
+def code_prompts(files: Sequence[Path], count: int, context_lines: int = 8, seed: int = 0) -> list[dict]:
+    """Completion prompts from held-out files: a function's signature and the lines before it,
+    ending where the model must write the body. Spread over files, deterministic."""
+    import random
+
+    candidates: list[tuple[Path, int, list[str]]] = []
+    for file in files:
+        lines = read_text(file).splitlines()
+        for number, line in enumerate(lines):
+            stripped = line.strip()
+            if stripped.startswith("def ") and stripped.endswith(":") and number >= 2:
+                candidates.append((file, number, lines))
+    random.Random(seed).shuffle(candidates)
+    prompts, per_file = [], {}
+    for file, number, lines in candidates:
+        if per_file.get(file, 0) >= 2:
+            continue
+        per_file[file] = per_file.get(file, 0) + 1
+        text = "\n".join(lines[max(0, number - context_lines) : number + 1]) + "\n"
+        prompts.append({"category": "code-completion", "id": f"{file.name}:{number + 1}", "prompt": text})
+        if len(prompts) == count:
+            break
+    return prompts

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from specdec.training.data import TokenWindows, collect_files, encode_files, split_files, train_tokenizer
+from specdec.training.data import TokenWindows, code_prompts, collect_files, encode_files, split_files, train_tokenizer
 from specdec.training.trainer import History, ModelShape, Trainer, TrainPlan, plot_losses, progress_bar
 
 
@@ -167,6 +167,7 @@ def train_pair(config: TrainConfig, console: Console | None = None) -> dict:
     plot_losses({"target": target_history, "draft": draft_history},
                 {"target": tokens_per_step, "draft": tokens_per_step}, out / "loss_curves.png")
     (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "heldout_prompts.json").write_text(json.dumps(code_prompts(heldout_files, 24), indent=1))
     console.print(f"saved {out / 'target'}, {out / 'draft'} and {out / 'loss_curves.png'}")
     return summary
 

@@ -1,0 +1,83 @@
+"""Staged drafting (Spector & Re 2023): the draft model drafts, itself sped up by an n-gram stage.
+
+The n-gram stage guesses ahead; the draft model scores the guess in one forward and verifies
+it with the same rules the target uses (greedy, or rejection sampling against its own q), then
+adds one token of its own. The tokens handed on are therefore distributed exactly as the draft
+model's own samples, and q stays the draft model's distribution, so the target's verification
+is unchanged. The gain: several draft tokens per draft forward when the text repeats itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafting.base import Draft
+from specdec.drafting.model import DraftModelState, StopRule, token_confidence
+from specdec.drafting.ngram import NGramDrafter
+from specdec.models.base import LanguageModel
+from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.verify import greedy_verify, rejection_sample
+
+
+class StagedDrafter:
+    def __init__(self, model: LanguageModel, max_n: int = 4, min_n: int = 1) -> None:
+        self.state = DraftModelState(model)
+        self.ngram = NGramDrafter(max_n, min_n)
+        self.vocab_size = model.vocab_size
+        self.stage_guessed = self.stage_accepted = 0  # how the n-gram stage fares against the draft model
+
+    def reset(self) -> None:
+        self.state.reset()
+        self.ngram.reset()
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """Both stages reconcile with the context in propose()."""
+
+    def propose(
+        self,
+        context: torch.Tensor,  # [n] int64
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        stop_early: StopRule | None = None,
+    ) -> Draft:
+        gamma = min(gamma, self.state.room(context.shape[0]))
+        if gamma <= 0:
+            return Draft.empty(context.device)
+        self.ngram.sync(context)
+        self.state.cache.reserve(context.shape[0] + gamma)
+        pending = self.state.catch_up(context)  # [m >= 1], not yet in the draft cache
+        drafted: list[int] = []
+        probs: list[torch.Tensor] = []  # q rows, [k, vocab] each
+        chain_probability = 1.0
+        while len(drafted) < gamma:
+            # Leave room for the draft model's own token after the guess.
+            guess_list = self.ngram.index.lookup(self.ngram.index.tokens + drafted, gamma - len(drafted) - 1)
+            guess = torch.tensor(guess_list, dtype=torch.long, device=context.device)  # [g]
+            logits = self.state.forward(torch.cat([pending, guess]))[-(guess.shape[0] + 1) :]  # [g + 1, vocab]
+            step_probs = logits_to_probs(logits, sampling)  # [g + 1, vocab], q
+            if sampling.greedy:
+                emitted = greedy_verify(guess, logits)
+            else:
+                emitted = rejection_sample(guess, None, step_probs, generator)
+            n_accepted = emitted.shape[0] - 1
+            self.stage_guessed += guess.shape[0]
+            self.stage_accepted += n_accepted
+            # Keep cache entries up to the last accepted guess; the new token is fed next round.
+            self.state.cache.crop(self.state.cache.length - (guess.shape[0] - n_accepted))
+            pending = emitted[-1:]
+            stop = False
+            for position, token in enumerate(emitted.tolist()):
+                drafted.append(token)
+                probs.append(step_probs[position : position + 1])
+                if stop_early is not None and len(drafted) < gamma:
+                    chain_probability *= token_confidence(logits[position : position + 1],
+                                                          step_probs[position : position + 1],
+                                                          emitted[position : position + 1], sampling)
+                    stop = stop_early(len(drafted), chain_probability)
+                    if stop:
+                        break
+            if stop:
+                break
+        tokens = torch.tensor(drafted[:gamma], dtype=torch.long, device=context.device)
+        return Draft(tokens, None if sampling.greedy else torch.cat(probs)[:gamma])

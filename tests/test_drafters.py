@@ -1,0 +1,158 @@
+"""The n-gram and staged drafters, and the draft-length policies on synthetic acceptance."""
+
+import random
+
+import pytest
+import torch
+
+from specdec import SamplingParams, SpeculativeDecoder, make_drafter
+from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter
+from specdec.policy import CostModelPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
+from table_lm import table_model
+
+GREEDY = SamplingParams()
+
+
+def propose(drafter, context, gamma):
+    return drafter.propose(torch.tensor(context), gamma, GREEDY, None).tokens.tolist()
+
+
+@pytest.mark.parametrize("context, gamma, max_n, min_n, expected", [
+    ([1, 2, 3, 4, 2, 3], 3, 2, 2, [4, 2, 3]),  # suffix [2 3] seen at 1..2: continue from 4
+    ([1, 2, 3, 4, 2, 3], 2, 2, 2, [4, 2]),  # gamma caps the proposal
+    ([1, 2, 3, 4, 2, 3], 8, 2, 2, [4, 2, 3]),  # the continuation ends at the context's end
+    ([1, 2, 3, 4, 2, 3], 3, 3, 3, []),  # no earlier [4 2 3]: nothing
+    ([5, 1, 7, 9, 1, 7, 8, 1, 7], 2, 2, 1, [8, 1]),  # the most recent earlier [1 7] (at 4) wins, not [9 1]
+    ([5, 6, 9, 6, 1, 2, 6], 2, 3, 1, [1, 2]),  # falls back to n = 1: latest earlier 6 is at 3
+    ([1, 2, 3], 4, 3, 1, []),  # nothing repeats
+])
+def test_ngram_worked_examples(context, gamma, max_n, min_n, expected):
+    assert propose(NGramDrafter(max_n, min_n), context, gamma) == expected
+
+
+def test_ngram_index_is_incremental():
+    """Feeding the context in pieces gives the same index as all at once, and only new tokens are read."""
+    rng = random.Random(0)
+    tokens = [rng.randrange(5) for _ in range(200)]
+    whole, pieces = NGramIndex(3, 1), NGramIndex(3, 1)
+    whole.extend(tokens)
+    position = 0
+    while position < len(tokens):
+        step = rng.randint(1, 6)
+        pieces.extend(tokens[position : position + step])
+        position += step
+    assert pieces._latest == whole._latest
+    drafter = NGramDrafter(3, 1)
+    drafter.propose(torch.tensor(tokens[:100]), 4, GREEDY, None)
+    drafter.index.tokens[50] = -1  # a rescan would notice and overwrite this
+    drafter.propose(torch.tensor(tokens[:110]), 4, GREEDY, None)
+    assert drafter.index.tokens[50] == -1 and len(drafter.index.tokens) == 110
+
+
+def test_ngram_sizes_are_checked():
+    with pytest.raises(ValueError, match="1 <= min_n <= max_n"):
+        NGramDrafter(max_n=2, min_n=3)
+
+
+def test_unknown_drafter_and_policy_are_named():
+    with pytest.raises(ValueError, match="unknown drafter 'tree'"):
+        make_drafter("tree")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        make_drafter("staged")
+    with pytest.raises(ValueError, match="unknown policy 'magic'"):
+        make_policy("magic", 4)
+
+
+def test_staged_drafter_proposes_the_draft_models_greedy_chain():
+    """The n-gram stage changes how many draft forwards it takes, not what the draft says."""
+    draft = table_model(6, seed=101, sharpness=1.0)
+    context = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2])
+    plain = make_drafter("model", draft).propose(context, 6, GREEDY, None).tokens.tolist()
+    staged = StagedDrafter(draft, max_n=2)
+    assert staged.propose(context, 6, GREEDY, None).tokens.tolist() == plain
+    assert staged.stage_guessed > 0  # the n-gram stage was used
+
+
+def test_staged_drafter_uses_fewer_draft_forwards_on_repetitive_text():
+    """A draft that continues a repeating pattern: the stage's guesses are accepted in bulk."""
+    target = table_model(6, seed=100)
+
+    class CountingNetwork:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def new_cache(self, max_length):
+            return self.inner.new_cache(max_length)
+
+        def __call__(self, tokens, cache):
+            self.calls += 1
+            return self.inner(tokens, cache)
+
+    forwards = {}
+    for kind in ("model", "staged"):
+        draft = table_model(6, seed=100)  # the target itself: a draft that always agrees
+        draft.network = CountingNetwork(draft.network)
+        SpeculativeDecoder(target, make_drafter(kind, draft, max_n=2), gamma=6).generate([1, 2, 3] * 4,
+                                                                                         max_new_tokens=40)
+        forwards[kind] = draft.network.calls
+    assert forwards["staged"] < forwards["model"]
+
+
+def synthetic_steps(policy, alpha, steps, rng, draft_seconds=0.1, verify_base=1.0, verify_slope=0.05):
+    """Feed a policy steps of i.i.d. acceptance with probability alpha and fixed costs."""
+    drafted_lengths = []
+    for _ in range(steps):
+        gamma = policy.next_gamma()
+        accepted = 0
+        while accepted < gamma and rng.random() < alpha:
+            accepted += 1
+        policy.update(gamma, accepted, draft_seconds * gamma, verify_base + verify_slope * (gamma + 1))
+        drafted_lengths.append(gamma)
+    return drafted_lengths
+
+
+def test_cost_model_drafts_longer_when_acceptance_is_high():
+    high = synthetic_steps(CostModelPolicy(), 0.9, 300, random.Random(0))
+    low = synthetic_steps(CostModelPolicy(), 0.3, 300, random.Random(0))
+    assert sum(high[-100:]) / 100 > sum(low[-100:]) / 100 + 2
+    # At alpha 0.3 with c = 0.1 the formula's best is a short draft; at 0.9 a long one.
+    assert sum(low[-100:]) / 100 <= 2.5 and sum(high[-100:]) / 100 >= 5
+
+
+def test_cost_model_matches_the_leviathan_formula_on_known_costs():
+    policy = CostModelPolicy(max_gamma=10, prior_weight=1e-9)
+    synthetic_steps(policy, 0.8, 2000, random.Random(1))
+    alpha, c = 0.8, 0.1
+
+    def rate(g):  # (1 - alpha^(g+1)) / (1 - alpha) tokens per (g c + T(g+1)), T(k) = 1 + 0.05 k
+        return (1 - alpha ** (g + 1)) / (1 - alpha) / (g * c + 1 + 0.05 * (g + 1))
+
+    best = max(range(1, 11), key=rate)
+    assert abs(policy.next_gamma() - best) <= 1
+
+
+def test_threshold_policy_shortens_drafts_when_acceptance_falls():
+    policy = ThresholdPolicy(max_gamma=8)
+
+    def draft_length():  # a draft whose per-token confidence is 0.9: chain probability 0.9^n
+        for n in range(1, 9):
+            if policy.stop_early(n, 0.9**n):
+                return n
+        return 8
+
+    synthetic_steps(policy, 0.95, 100, random.Random(2))
+    long_drafts = draft_length()
+    synthetic_steps(policy, 0.2, 100, random.Random(3))
+    short_drafts = draft_length()
+    assert short_drafts < long_drafts
+
+
+def test_heuristic_policy_grows_and_shrinks():
+    policy = HeuristicPolicy(4)
+    policy.update(4, 4, 0.0, 0.0)
+    assert policy.next_gamma() == 6
+    policy.update(6, 2, 0.0, 0.0)
+    assert policy.next_gamma() == 5
+    for _ in range(10):
+        policy.update(5, 0, 0.0, 0.0)
+    assert policy.next_gamma() == 1
