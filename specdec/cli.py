@@ -41,6 +41,19 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
 
 
+def add_drafting_options(parser: argparse.ArgumentParser) -> None:
+    from specdec.drafting import DRAFTERS
+    from specdec.policy import POLICIES
+
+    parser.add_argument("--gamma", type=int, default=4,
+                        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold)")
+    parser.add_argument("--drafter", default="model", choices=DRAFTERS,
+                        help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram stage")
+    parser.add_argument("--policy", default="fixed", choices=POLICIES, help="how many tokens to draft each step")
+    parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
+    parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -48,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt")
     add_model_options(generate)
     add_sampling_options(generate)
-    generate.add_argument("--gamma", type=int, default=4, help="draft tokens per step")
+    add_drafting_options(generate)
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
@@ -67,7 +80,10 @@ def add_bench_parser(commands) -> None:
                     "target-only output, and writes results.json and results.md under --out.",
     )
     add_model_options(bench)
-    bench.add_argument("--methods", nargs="+", default=["target-only", "draft-model"])
+    bench.add_argument("--methods", nargs="+", default=["model:fixed", "ngram:fixed", "staged:fixed"],
+                       help="target-only (always run), DRAFTER:POLICY such as model:cost or ngram:fixed, or all")
+    bench.add_argument("--ngram-max", type=int, default=4)
+    bench.add_argument("--ngram-min", type=int, default=1)
     bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled held-out prompts)")
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--gamma", type=int, default=4)
@@ -117,11 +133,14 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
     settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed)
-    methods = list(dict.fromkeys(["target-only", *args.methods]))
+    from specdec.bench.suite import expand_method_names
+
+    count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:
-        task = progress.add_task("bench", total=len(prompts) * len(methods))
-        payload = bench(target, draft, methods, prompts, settings, args.gamma, Path(args.out),
-                        progress=lambda label: progress.update(task, advance=1, description=label))
+        task = progress.add_task("bench", total=len(prompts) * count)
+        payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out),
+                        progress=lambda label: progress.update(task, advance=1, description=label),
+                        ngram_max=args.ngram_max, ngram_min=args.ngram_min)
     console.print(Markdown(payload["markdown"]))
     errors.print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'}")
     return 0
@@ -210,10 +229,16 @@ def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
 
 
 def run_generate(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    target, draft = load_models(args, errors, want_draft=not args.no_draft)
-    if draft is None and not args.no_draft:
+    from specdec.drafting import make_drafter
+
+    needs_model = not args.no_draft and args.drafter != "ngram"
+    target, draft = load_models(args, errors, want_draft=needs_model)
+    if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
-    decoder = SpeculativeDecoder(target, draft, gamma=args.gamma)
+    drafter = None
+    if not args.no_draft and (draft is not None or args.drafter == "ngram"):
+        drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min)
+    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
     result = None
     for chunk in decoder.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
@@ -239,7 +264,8 @@ def run_generate(args: argparse.Namespace, console: Console, errors: Console) ->
 
         errors.print_json(json.dumps({"finish_reason": result.finish_reason, **result.stats.to_dict()}))
     else:
-        title = "target only" if draft is None else f"speculative decoding, gamma={args.gamma}"
+        title = "target only" if drafter is None else \
+            f"speculative decoding: {args.drafter} drafter, {args.policy} policy, gamma {args.gamma}"
         errors.print(stats_table(result.stats, title))
     return 0
 

@@ -30,3 +30,12 @@ def test_errors_are_one_line_not_a_traceback(tmp_path, capsys):
     code = main(["generate", "--target", str(tmp_path / "missing"), "hi"])
     err = capsys.readouterr().err
     assert code == 2 and "model folder not found" in err and "Traceback" not in err
+
+
+def test_drafter_and_policy_options(tiny_pair, capsys):
+    for drafter, policy in [("ngram", "cost"), ("staged", "threshold"), ("model", "heuristic")]:
+        code = main(["generate", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
+                     "abcabcabcabc", "--max-new-tokens", "10", "--drafter", drafter, "--policy", policy,
+                     "--ngram-max", "3", "--json"])
+        stats = json.loads((err := capsys.readouterr().err)[err.index("{"):])
+        assert code == 0 and stats["generated_tokens"] >= 1, (drafter, policy)

@@ -34,21 +34,34 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
     return prompts
 
 
-MethodFactory = Callable[[LanguageModel, LanguageModel | None, int], Method]
+def all_speculative_methods() -> list[str]:
+    from specdec.drafting import DRAFTERS
+    from specdec.policy import POLICIES
 
-METHODS: dict[str, MethodFactory] = {
-    REFERENCE: lambda target, draft, gamma: speculative_method(REFERENCE, SpeculativeDecoder(target)),
-    "draft-model": lambda target, draft, gamma: speculative_method(
-        f"draft-model", SpeculativeDecoder(target, draft, gamma=gamma)),
-}
+    return [f"{drafter}:{policy}" for drafter in DRAFTERS for policy in POLICIES]
 
 
-def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int) -> list[Method]:
-    unknown = [n for n in names if n not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    names = [REFERENCE, *[n for n in names if n != REFERENCE]]
-    return [METHODS[name](target, draft, gamma) for name in names]
+def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, gamma: int,
+                ngram_max: int = 4, ngram_min: int = 1) -> Method:
+    """"target-only", or "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold")."""
+    from specdec.drafting import make_drafter
+
+    if name == REFERENCE:
+        return speculative_method(REFERENCE, SpeculativeDecoder(target))
+    drafter_kind, _, policy = name.partition(":")
+    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min)
+    return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed"))
+
+
+def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int,
+                  ngram_max: int = 4, ngram_min: int = 1) -> list[Method]:
+    return [make_method(name, target, draft, gamma, ngram_max, ngram_min) for name in expand_method_names(names)]
+
+
+def expand_method_names(names: Sequence[str]) -> list[str]:
+    """The reference first, then the rest; "all" expands to every drafter with every policy."""
+    expanded = [m for name in names for m in (all_speculative_methods() if name == "all" else [name])]
+    return list(dict.fromkeys([REFERENCE, *expanded]))
 
 
 def machine_description() -> str:
@@ -68,8 +81,10 @@ def run_bench(
     out: Path,
     progress: Callable[[str], None] | None = None,
     extra: dict | None = None,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
 ) -> dict:
-    built = build_methods(methods, target, draft, gamma)
+    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
     measurements = run_side_by_side(built, prompts, encode, settings, REFERENCE, progress)
     baselines = [REFERENCE, *(["transformers-generate"] if any(m.name == "transformers-generate" for m in built) else [])]

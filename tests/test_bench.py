@@ -1,0 +1,56 @@
+"""`specdec bench` on tiny models: JSON, markdown and the greedy identity check."""
+
+import json
+
+import pytest
+
+from specdec.bench.runner import DecodeSettings, IdentityError, Method, MethodOutput, Prompt, run_side_by_side
+from specdec.cli import main
+
+
+@pytest.fixture()
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([
+        {"category": "code", "prompt": "def f(x): return x + 1\ndef g(x): return", "id": "a"},
+        {"category": "text", "prompt": "abc abc abc abc", "id": "b"},
+    ]))
+    return path
+
+
+def test_bench_writes_json_and_markdown(tiny_pair, prompt_file, tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
+                 "--prompts", str(prompt_file), "--methods", "model:fixed", "ngram:cost", "staged:threshold",
+                 "--max-new-tokens", "12", "--out", str(out)])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["greedy_identity_checked"] is True
+    overall = {s["method"]: s for s in payload["summaries"] if s["category"] == "all"}
+    assert set(overall) == {"target-only", "model:fixed", "ngram:cost", "staged:threshold"}
+    assert overall["target-only"]["tau"] == 1.0 and overall["target-only"]["speedup"]["target-only"] == 1.0
+    assert overall["model:fixed"]["alpha"] is not None and overall["model:fixed"]["tokens"] > 0
+    assert {s["category"] for s in payload["summaries"]} == {"code", "text", "all"}
+    assert len(payload["measurements"]) == 2 * 4
+    assert "| model:fixed |" in (out / "results.md").read_text()
+
+
+def test_identity_check_fails_on_a_wrong_method(tiny_pair):
+    from specdec import SpeculativeDecoder, load
+    from specdec.bench.runner import speculative_method
+
+    target = load(tiny_pair["target"])
+    reference = speculative_method("target-only", SpeculativeDecoder(target))
+
+    def off_by_one(prompt_ids, settings):
+        output = reference.run(prompt_ids, settings)
+        return MethodOutput([t + 1 for t in output.token_ids], output.seconds)
+
+    prompts = [Prompt("code", "x"), Prompt("code", "y")]
+    settings = DecodeSettings(max_new_tokens=6)
+    encode = lambda text: [ord(text) % 90 + 3]  # noqa: E731
+    with pytest.raises(IdentityError, match="wrong on prompt"):
+        run_side_by_side([reference, Method("wrong", off_by_one)], prompts, encode, settings, "target-only")
+    # the same method marked lossy is reported, not failed
+    run_side_by_side([reference, Method("wrong", off_by_one, lossless=False)], prompts, encode, settings,
+                     "target-only")
