@@ -33,6 +33,7 @@ def test_bench_writes_json_and_markdown(tiny_pair, prompt_file, tmp_path, capsys
     assert {s["category"] for s in payload["summaries"]} == {"code", "text", "all"}
     assert len(payload["measurements"]) == 2 * 4
     assert "| model:fixed |" in (out / "results.md").read_text()
+    assert (out / "results.png").stat().st_size > 1000
 
 
 def test_identity_check_fails_on_a_wrong_method(tiny_pair):
@@ -54,3 +55,16 @@ def test_identity_check_fails_on_a_wrong_method(tiny_pair):
     # the same method marked lossy is reported, not failed
     run_side_by_side([reference, Method("wrong", off_by_one, lossless=False)], prompts, encode, settings,
                      "target-only")
+
+
+def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
+    out = tmp_path / "bench-hf"
+    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
+                 "--prompts", str(prompt_file), "--methods", "model:fixed", "transformers-generate",
+                 "transformers-assisted", "transformers-prompt-lookup", "--max-new-tokens", "10",
+                 "--out", str(out)])
+    assert code == 0  # the identity check passed for transformers' methods too
+    overall = {s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"]
+               if s["category"] == "all"}
+    assert overall["transformers-assisted"]["engine"] == "transformers"
+    assert "transformers-generate" in overall["model:fixed"]["speedup"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from specdec.bench.runner import (
-    DecodeSettings, Method, Prompt, markdown_table, run_side_by_side, speculative_method, summarize, write_json,
+    DecodeSettings, Method, MethodOutput, Prompt, markdown_table, run_side_by_side, speculative_method, summarize, write_json,
 )
 from specdec.engine import SpeculativeDecoder
 from specdec.models.base import LanguageModel
@@ -34,6 +35,47 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
     return prompts
 
 
+TRANSFORMERS_METHODS = ("transformers-generate", "transformers-assisted", "transformers-prompt-lookup")
+
+
+def transformers_method(name: str, target: LanguageModel, draft: LanguageModel | None) -> Method:
+    """transformers' own generate() on the same checkpoints: plain greedy/sampling, assisted
+    generation with the draft model (its default "heuristic" assistant schedule), and prompt
+    lookup (prompt_lookup_num_tokens=10, the value its docs suggest)."""
+    from transformers import AutoModelForCausalLM
+
+    def load_hf(model: LanguageModel):
+        if model is None or model.path is None:
+            raise ValueError(f"{name} needs a model loaded from a folder")
+        return AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype).to(model.device).eval()
+
+    hf_target = load_hf(target)
+    extra: dict = {}
+    if name == "transformers-assisted":
+        extra = {"assistant_model": load_hf(draft)}
+    elif name == "transformers-prompt-lookup":
+        extra = {"prompt_lookup_num_tokens": 10}
+    tokenizer = target.tokenizer
+
+    def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
+        sampling = {"do_sample": False} if settings.temperature == 0.0 else {
+            "do_sample": True, "temperature": settings.temperature, "top_k": settings.top_k or None,
+            "top_p": settings.top_p}
+        torch.manual_seed(settings.seed)
+        started = time.perf_counter()
+        input_ids = torch.tensor([prompt_ids], device=target.device)
+        with torch.inference_mode():
+            output = hf_target.generate(
+                # an explicit mask: otherwise prompt tokens equal to the pad id would be masked out
+                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=settings.max_new_tokens,
+                eos_token_id=list(target.eos_token_ids) or None, pad_token_id=tokenizer.pad_token_id
+                if tokenizer is not None else None, **sampling, **extra)
+        seconds = time.perf_counter() - started
+        return MethodOutput(output[0, len(prompt_ids):].tolist(), seconds)
+
+    return Method(name, run, engine="transformers")
+
+
 def all_speculative_methods() -> list[str]:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES
@@ -48,6 +90,8 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
 
     if name == REFERENCE:
         return speculative_method(REFERENCE, SpeculativeDecoder(target))
+    if name in TRANSFORMERS_METHODS:
+        return transformers_method(name, target, draft)
     drafter_kind, _, policy = name.partition(":")
     drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min)
     return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed"))
@@ -114,6 +158,35 @@ def run_bench(
         f"draft {payload['draft']}, gamma {gamma}, temperature {settings.temperature}, "
         f"max_new_tokens {settings.max_new_tokens}, {len(prompts)} prompts\n\n" + "\n\n".join(sections) + "\n"
     )
+    plot_summaries(summaries, out / "results.png", f"{target.name} / {payload['draft']}, "
+                   f"temperature {settings.temperature}, {payload['date'][:10]}")
     payload["markdown"] = (out / "results.md").read_text()
     payload["summary_objects"] = summaries
     return payload
+
+
+def plot_summaries(summaries, path: Path, subtitle: str) -> None:
+    """Tokens per second of every method (all prompts), with tau printed on each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [s for s in summaries if s.category == "all"]
+    figure, axis = plt.subplots(figsize=(max(6, 0.8 * len(rows) + 2), 4.5))
+    colours = ["#888888" if s.method == REFERENCE else "#4c72b0" if s.engine == "specdec" else "#dd8452"
+               for s in rows]
+    bars = axis.bar([s.method for s in rows], [s.tokens_per_second for s in rows], color=colours)
+    for bar, summary in zip(bars, rows):
+        tau = summary.to_dict()["tau"]
+        label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "")
+        axis.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                      fontsize=8)
+    axis.set_ylabel("tokens per second")
+    axis.set_title(f"specdec bench: {subtitle}", fontsize=10)
+    axis.tick_params(axis="x", rotation=45)
+    for tick in axis.get_xticklabels():
+        tick.set_ha("right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -43,6 +43,7 @@ class LanguageModel:
     backend: str = "specdec"  # "specdec" (own forward) or "transformers" (adapter)
     dtype: torch.dtype = torch.float32
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    path: str | None = None  # the folder it was loaded from
 
     def new_cache(self) -> Cache:
         return self.network.new_cache(self.max_context)

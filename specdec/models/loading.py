@@ -192,4 +192,5 @@ def load(
         backend=used_backend,
         dtype=torch_dtype,
         device=torch.device(device),
+        path=str(folder),
     )

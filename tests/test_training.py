@@ -1,0 +1,50 @@
+"""`specdec train` smoke test: a few steps on a tiny corpus, both models, save and reload."""
+
+import json
+
+import torch
+
+from specdec import SpeculativeDecoder, load
+from specdec.cli import main
+
+
+def write_corpus(folder, files=12):
+    folder.mkdir()
+    for index in range(files):
+        body = "\n".join(
+            f"def function_{index}_{j}(value):\n    \"\"\"Return value plus {j}.\"\"\"\n    return value + {j}\n"
+            for j in range(30)
+        )
+        (folder / f"module_{index}.py").write_text(body)
+    (folder / "notes.txt").write_text("not python: skipped")
+
+
+def test_train_pair_end_to_end(tmp_path):
+    corpus, out = tmp_path / "corpus", tmp_path / "run"
+    write_corpus(corpus)
+    arguments = ["train", "--data", str(corpus), "--out", str(out), "--vocab-size", "300", "--seq-len", "32",
+                 "--batch-size", "4", "--heldout-fraction", "0.25", "--eval-every", "5", "--checkpoint-every", "5",
+                 "--target-hidden", "32", "--target-layers", "2", "--target-heads", "2", "--target-kv-heads", "1",
+                 "--target-intermediate", "64", "--target-steps", "10",
+                 "--draft-hidden", "16", "--draft-layers", "1", "--draft-heads", "2", "--draft-kv-heads", "1",
+                 "--draft-intermediate", "32", "--draft-steps", "6"]
+    assert main(arguments) == 0
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["target"]["total_steps"] == 10 and summary["draft"]["total_steps"] == 6
+    assert summary["heldout_files"] >= 1 and summary["train_files"] >= 1
+    assert (out / "loss_curves.png").stat().st_size > 1000
+    assert "held-out cross-entropy" in (out / "target" / "README.md").read_text()
+    # the training loss fell, and both folders load in specdec and in transformers
+    first, last = summary["target"]["eval_loss"][0], summary["target"]["eval_loss"][-1]
+    assert last < first
+    target, draft = load(out / "target"), load(out / "draft")
+    assert target.vocab_size == draft.vocab_size == len(target.tokenizer)
+    result = SpeculativeDecoder(target, draft, gamma=3).generate("def function_1_2(value):", max_new_tokens=8)
+    assert result.token_ids == SpeculativeDecoder(target).generate("def function_1_2(value):", max_new_tokens=8).token_ids
+    from transformers import AutoModelForCausalLM
+
+    assert isinstance(AutoModelForCausalLM.from_pretrained(str(out / "draft")), torch.nn.Module)
+
+    # --resume picks up from the checkpoints: nothing left to train, same result
+    assert main([*arguments, "--resume"]) == 0
+    assert json.loads((out / "training_summary.json").read_text())["target"]["total_steps"] == 10
