@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", action="store_true", help="print the stats as JSON instead of a table")
     add_train_parser(commands)
     add_bench_parser(commands)
+    forward = commands.add_parser("bench-forward", help="time per token: own forward vs transformers, and T(k)")
+    for name, default in [("hidden", 384), ("layers", 8), ("vocab", 8192), ("heads", 6), ("kv-heads", 2),
+                          ("intermediate", 1024), ("repeats", 50)]:
+        forward.add_argument(f"--{name}", type=int, default=default)
+    forward.add_argument("--out", default="runs/bench-forward.json")
     return parser
 
 
@@ -208,6 +213,31 @@ def run_train(args: argparse.Namespace, errors: Console) -> int:
     return 0
 
 
+def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
+    import json
+    from pathlib import Path
+
+    from specdec.bench.forward import bench_forward
+
+    result = bench_forward(args.hidden, args.layers, args.vocab, args.heads, args.kv_heads, args.intermediate,
+                           args.repeats)
+    seconds = result["seconds"]
+    blocks = list(next(iter(seconds.values())))
+    table = Table(title=f"forward time, {result['config']['parameters'] / 1e6:.1f}M-parameter llama, "
+                        f"{result['machine']}, {result['date']}")
+    table.add_column("engine")
+    for block in blocks:
+        table.add_column(f"{block} token(s), ms", justify="right")
+    table.add_column("T(8)/T(1)" if "8" in blocks else "", justify="right")
+    for name, times in seconds.items():
+        ratio = f"{times['8'] / times['1']:.2f}" if "8" in times else ""
+        table.add_row(name, *[f"{times[b] * 1000:.2f}" for b in blocks], ratio)
+    console.print(table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
     table = Table(title=title, show_header=False)
     table.add_column("metric", style="bold")
@@ -280,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_train(args, errors)
         if args.command == "bench":
             return run_bench(args, console, errors)
+        if args.command == "bench-forward":
+            return run_bench_forward(args, console)
     except (ValueError, FileNotFoundError) as error:
         errors.print(f"[red]error:[/] {error}")
         return 2
