@@ -8,7 +8,6 @@ method's output in the same run.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -179,10 +178,6 @@ def summarize(measurements: Sequence[Measurement], baselines: Sequence[str]) -> 
                     summary.speedups[baseline] = summary.tokens_per_second / by_method[baseline].tokens_per_second
         summaries.extend(by_method.values())
     return summaries
-
-
-def median_seconds(measurements: Sequence[Measurement], method: str) -> float:
-    return statistics.median(m.seconds for m in measurements if m.method == method)
 
 
 def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
