@@ -1,36 +1,35 @@
 """How many tokens to draft next: fixed, heuristic, threshold and cost-model policies.
 
-One interface: ``next_gamma()`` before a step, an optional ``stop_early(drafted, chain_prob)``
-that model drafters consult after each token, and ``update(...)`` after verification.
+One interface: ``next_gamma()`` before a step, ``stop_early`` (a rule ``(drafted, chain_prob) ->
+bool`` that model drafters consult after each token, or None for policies that never cut a draft,
+so drafters skip computing the chain probability), and ``update(...)`` after verification.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 
 class DraftLengthPolicy(Protocol):
     name: str
+    stop_early: Callable[[int, float], bool] | None
 
     def next_gamma(self) -> int: ...
-
-    def stop_early(self, drafted: int, chain_probability: float) -> bool: ...
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
 
 
 class FixedPolicy:
     name = "fixed"
+    stop_early = None  # never cuts a draft short
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
 
     def next_gamma(self) -> int:
         return self.gamma
-
-    def stop_early(self, drafted: int, chain_probability: float) -> bool:
-        return False
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """A fixed gamma learns nothing."""
@@ -104,12 +103,10 @@ class CostModelPolicy:
     prior_weight: float = 2.0
     decay: float = 0.98  # forget old steps slowly: text difficulty drifts
     name: str = "cost"
+    stop_early = None  # decides the length up front; never cuts a draft short
     accepted_given_reached: list[RunningMean] = field(default_factory=list)
     draft_cost: RunningMean = field(default_factory=RunningMean)
     verify_cost: dict[int, RunningMean] = field(default_factory=dict)
-
-    def stop_early(self, drafted: int, chain_probability: float) -> bool:
-        return False
 
     def alphas(self) -> list[float]:
         """Per-position conditional acceptance estimates. Each position's prior is the estimate

@@ -60,20 +60,21 @@ def sample_from_logits(
     logits: torch.Tensor,  # [1, vocab]
     sampling: SamplingParams,
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # token [1], q [1, vocab]
-    probs = logits_to_probs(logits, sampling)  # greedy: a point mass on the argmax
-    token = logits.argmax(-1) if sampling.greedy else torch.multinomial(probs, 1, generator=generator)[0]
-    return token, probs
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # token [1], q [1, vocab] (None when greedy)
+    if sampling.greedy:  # greedy verification needs no q: skip building it
+        return logits.argmax(-1), None
+    probs = logits_to_probs(logits, sampling)
+    return torch.multinomial(probs, 1, generator=generator)[0], probs
 
 
 def token_confidence(
     logits: torch.Tensor,  # [1, vocab]
-    probs: torch.Tensor,  # [1, vocab], q
+    probs: torch.Tensor | None,  # [1, vocab], q (None when greedy)
     token: torch.Tensor,  # [1]
     sampling: SamplingParams,
 ) -> float:
     """The draft's probability of its token: q(token), or the plain softmax when greedy (where q
-    is a point mass and says nothing about how sure the draft is)."""
+    would be a point mass and says nothing about how sure the draft is)."""
     source = logits.float().softmax(-1) if sampling.greedy else probs
     return float(source[0, token])
 
@@ -108,7 +109,8 @@ class ModelDrafter:
         while True:
             token, step_probs = sample_from_logits(logits, sampling, generator)
             tokens.append(token)
-            probs.append(step_probs)
+            if step_probs is not None:
+                probs.append(step_probs)
             if len(tokens) == gamma:
                 break
             if stop_early is not None:
@@ -116,4 +118,4 @@ class ModelDrafter:
                 if stop_early(len(tokens), chain_probability):
                     break
             logits = self.state.forward(token)
-        return Draft(torch.cat(tokens), None if sampling.greedy else torch.cat(probs))
+        return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)

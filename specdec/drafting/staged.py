@@ -55,10 +55,11 @@ class StagedDrafter:
             guess_list = self.ngram.index.lookup(self.ngram.index.tokens + drafted, gamma - len(drafted) - 1)
             guess = torch.tensor(guess_list, dtype=torch.long, device=context.device)  # [g]
             logits = self.state.forward(torch.cat([pending, guess]))[-(guess.shape[0] + 1) :]  # [g + 1, vocab]
-            step_probs = logits_to_probs(logits, sampling)  # [g + 1, vocab], q
-            if sampling.greedy:
+            if sampling.greedy:  # greedy needs no q
+                step_probs = None
                 emitted = greedy_verify(guess, logits)
             else:
+                step_probs = logits_to_probs(logits, sampling)  # [g + 1, vocab], q
                 emitted = rejection_sample(guess, None, step_probs, generator)
             n_accepted = emitted.shape[0] - 1
             self.stage_guessed += guess.shape[0]
@@ -69,10 +70,11 @@ class StagedDrafter:
             stop = False
             for position, token in enumerate(emitted.tolist()):
                 drafted.append(token)
-                probs.append(step_probs[position : position + 1])
+                row = None if step_probs is None else step_probs[position : position + 1]
+                if row is not None:
+                    probs.append(row)
                 if stop_early is not None and len(drafted) < gamma:
-                    chain_probability *= token_confidence(logits[position : position + 1],
-                                                          step_probs[position : position + 1],
+                    chain_probability *= token_confidence(logits[position : position + 1], row,
                                                           emitted[position : position + 1], sampling)
                     stop = stop_early(len(drafted), chain_probability)
                     if stop:
@@ -80,4 +82,4 @@ class StagedDrafter:
             if stop:
                 break
         tokens = torch.tensor(drafted[:gamma], dtype=torch.long, device=context.device)
-        return Draft(tokens, None if sampling.greedy else torch.cat(probs)[:gamma])
+        return Draft(tokens, torch.cat(probs)[:gamma] if probs else None)
