@@ -89,7 +89,7 @@ def add_bench_parser(commands) -> None:
                        help="target-only (always run), DRAFTER:POLICY such as model:cost or ngram:fixed, or all")
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
-    bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled held-out prompts)")
+    bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--gamma", type=int, default=4)
     bench.add_argument("--max-new-tokens", type=int, default=128)

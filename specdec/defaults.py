@@ -17,5 +17,12 @@ def default_model(role: str) -> Path:
 
 
 def default_prompts() -> Path:
-    """Held-out code-completion prompts the bundled pair was measured on."""
+    """The benchmark prompt suite written for `specdec bench`: code completion, code editing
+    (the prompt holds code to rewrite), docstrings and comments, structured/repetitive text;
+    16 prompts each."""
+    return ASSETS / "bench_prompts.json"
+
+
+def heldout_prompts() -> Path:
+    """Code-completion prompts cut from files the bundled pair never trained on."""
     return DEFAULT_PAIR / "heldout_prompts.json"

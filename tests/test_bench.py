@@ -68,3 +68,20 @@ def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
                if s["category"] == "all"}
     assert overall["transformers-assisted"]["engine"] == "transformers"
     assert "transformers-generate" in overall["model:fixed"]["speedup"]
+
+
+def test_bundled_prompt_suite_has_four_categories_of_at_least_15():
+    from collections import Counter
+
+    from specdec.bench.suite import load_prompts
+    from specdec.defaults import default_prompts
+
+    prompts = load_prompts(default_prompts())
+    counts = Counter(p.category for p in prompts)
+    assert set(counts) == {"code-completion", "code-editing", "docstrings", "structured"}
+    assert min(counts.values()) >= 15
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(p.text.strip() for p in prompts)
+    # code-editing prompts are input-grounded: they hold the code to rewrite
+    assert all(p.text.count("\n") >= 5 for p in prompts if p.category == "code-editing")
+    assert len(load_prompts(default_prompts(), per_category=2)) == 8

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdec import SpeculativeDecoder, load, make_drafter
-from specdec.defaults import default_model, default_prompts
+from specdec import defaults
+from specdec.defaults import default_model
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def heldout_prompts():
-    return [item["prompt"] for item in json.loads(default_prompts().read_text())]
+    return [item["prompt"] for item in json.loads(defaults.heldout_prompts().read_text())]
 
 
 def test_transformers_gives_the_same_greedy_continuation(pair, heldout_prompts):
