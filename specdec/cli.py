@@ -92,12 +92,25 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--gamma", type=int, default=4)
-    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--top-k", type=int, default=0)
     bench.add_argument("--top-p", type=float, default=1.0)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="runs/bench", help="output folder")
+    synthetic = bench.add_argument_group(
+        "--synthetic", "engine efficiency on big random-weight models: a drafter that proposes the target's own "
+        "next token, corrupted with probability 1 - alpha; measured speedup vs Leviathan's prediction, "
+        "time per token vs the memory-bandwidth bound")
+    synthetic.add_argument("--synthetic", action="store_true", help="run this instead of the prompt suite")
+    synthetic.add_argument("--synthetic-target", default="1024x24", help="HIDDENxLAYERS (default ~300M parameters)")
+    synthetic.add_argument("--synthetic-draft", default="512x5", help="HIDDENxLAYERS (default ~30M parameters)")
+    synthetic.add_argument("--synthetic-vocab", type=int, default=32000)
+    synthetic.add_argument("--synthetic-prompts", type=int, default=4, help="random prompts (16 tokens each)")
+    synthetic.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.7, 0.9])
+    synthetic.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 8])
+    synthetic.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
+    synthetic.add_argument("--repeats", type=int, default=7, help="forward timings: the median of this many")
 
 
 def resolve_model_paths(args: argparse.Namespace, errors: Console) -> tuple[str, str | None]:
@@ -131,15 +144,15 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     from rich.progress import Progress
 
     from specdec.bench.runner import DecodeSettings
-    from specdec.bench.suite import load_prompts, run_bench as bench
+    from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
     from specdec.defaults import default_prompts
 
+    if args.synthetic:
+        return run_synthetic_bench(args, console, errors)
     target, draft = load_models(args, errors)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
-    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, seed=args.seed)
-    from specdec.bench.suite import expand_method_names
-
+    settings = DecodeSettings(max_new_tokens=args.max_new_tokens or 128, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * count)
@@ -148,6 +161,36 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
                         ngram_max=args.ngram_max, ngram_min=args.ngram_min)
     console.print(Markdown(payload["markdown"]))
     errors.print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'}")
+    return 0
+
+
+def run_synthetic_bench(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from pathlib import Path
+
+    from rich.markdown import Markdown
+    from rich.progress import Progress
+
+    from specdec.bench.synthetic import Shape, SyntheticConfig, run_count, run_synthetic
+
+    if args.target or args.draft:
+        raise ValueError("--synthetic builds its own random models; set their shapes with --synthetic-target/-draft")
+    config = SyntheticConfig(
+        target=Shape.parse(args.synthetic_target, args.synthetic_vocab),
+        draft=Shape.parse(args.synthetic_draft, args.synthetic_vocab),
+        precisions=tuple(dict.fromkeys(args.precisions)), alphas=tuple(args.alphas), gammas=tuple(args.gammas),
+        prompts=args.synthetic_prompts, max_new_tokens=args.max_new_tokens or 48, repeats=args.repeats,
+        seed=args.seed,
+    )
+    if any(not 0.0 <= alpha <= 1.0 for alpha in config.alphas) or any(gamma < 1 for gamma in config.gammas):
+        raise ValueError("--alphas must lie in [0, 1] and --gammas be >= 1")
+    errors.print(f"[dim]synthetic: target {config.target.parameters / 1e6:.0f}M, draft "
+                 f"{config.draft.parameters / 1e6:.1f}M parameters, random weights[/]")
+    with Progress(console=errors, transient=True) as progress:
+        task = progress.add_task("synthetic", total=run_count(config))
+        payload = run_synthetic(config, Path(args.out),
+                                lambda label, advance: progress.update(task, advance=advance, description=label))
+    console.print(Markdown(payload["markdown"]))
+    errors.print(f"wrote {Path(args.out) / 'synthetic.json'}, synthetic.md and synthetic.png")
     return 0
 
 

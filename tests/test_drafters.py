@@ -7,6 +7,7 @@ import torch
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter
+from specdec.metrics import predicted_speedup
 from specdec.policy import CostModelPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
 
@@ -124,10 +125,8 @@ def test_cost_model_matches_the_leviathan_formula_on_known_costs():
     synthetic_steps(policy, 0.8, 2000, random.Random(1))
     alpha, c = 0.8, 0.1
 
-    def rate(g):  # (1 - alpha^(g+1)) / (1 - alpha) tokens per (g c + T(g+1)), T(k) = 1 + 0.05 k
-        return (1 - alpha ** (g + 1)) / (1 - alpha) / (g * c + 1 + 0.05 * (g + 1))
-
-    best = max(range(1, 11), key=rate)
+    # T(k) = 1 + 0.05 k, as synthetic_steps charges
+    best = max(range(1, 11), key=lambda g: predicted_speedup(alpha, g, c, 1 + 0.05 * (g + 1)))
     assert abs(policy.next_gamma() - best) <= 1
 
 

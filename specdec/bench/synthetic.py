@@ -1,0 +1,402 @@
+"""`specdec bench --synthetic`: engine efficiency on big random-weight shapes.
+
+A ~300M-parameter target and a ~30M draft are built with random weights (nothing to download).
+The drafter runs the real draft model, so drafting costs what it would, but proposes the target's
+own greedy continuation (known from an untimed target-only run) with each token replaced by a
+random other token with probability 1 - alpha. Acceptance is then exactly the i.i.d. model of
+Leviathan et al. (2023), and the measured speedup can be held against the formula's prediction
+from the measured draft/target cost ratio c and the verify-cost curve T(k)/T(1). Target-only
+time per token is held against the memory-bandwidth bound: streamed weight bytes / measured
+streaming bandwidth.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.bench.forward import time_forward
+from specdec.bench.runner import DecodeSettings, Method, MethodOutput, Prompt, run_side_by_side, write_json
+from specdec.drafting.base import Draft
+from specdec.drafting.model import DraftModelState, StopRule
+from specdec.engine import SpeculativeDecoder
+from specdec.metrics import predicted_speedup
+from specdec.models.base import LanguageModel
+from specdec.sampling import SamplingParams
+
+REFERENCE = "target-only"
+PRECISIONS = ("fp32", "int8")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama shape from hidden size and depth: 64-dim heads, 4 query heads per kv head,
+    MLP width 2.75 x hidden (rounded to 64), tied embeddings."""
+
+    hidden: int
+    layers: int
+    vocab: int
+
+    @staticmethod
+    def parse(text: str, vocab: int) -> Shape:
+        """"1024x24" -> hidden 1024, 24 layers."""
+        try:
+            hidden, layers = (int(part) for part in text.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"a shape is HIDDENxLAYERS such as 1024x24, got {text!r}") from None
+        if hidden % 64 or hidden <= 0 or layers <= 0:
+            raise ValueError(f"shape {text!r}: hidden must be a positive multiple of 64 and layers positive")
+        return Shape(hidden, layers, vocab)
+
+    @property
+    def heads(self) -> int:
+        return self.hidden // 64
+
+    @property
+    def kv_heads(self) -> int:
+        return max(1, self.heads // 4)
+
+    @property
+    def intermediate(self) -> int:
+        return max(64, round(self.hidden * 2.75 / 64) * 64)
+
+    @property
+    def parameters(self) -> int:
+        head_dim = 64
+        attention = 2 * self.hidden * self.heads * head_dim + 2 * self.hidden * self.kv_heads * head_dim
+        per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + two norms
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden  # tied head, final norm
+
+    def hf_config(self, max_positions: int):
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, num_hidden_layers=self.layers,
+                           num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                           intermediate_size=self.intermediate, max_position_embeddings=max_positions,
+                           tie_word_embeddings=True)
+
+
+def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_positions: int = 1024) -> LanguageModel:
+    """specdec's own forward with random weights (no tokenizer: prompts are token ids)."""
+    from specdec.models.transformer import LlamaFamilyModel, TransformerConfig, rope_inverse_frequencies
+
+    hf_config = shape.hf_config(max_positions)
+    config = TransformerConfig.from_hf(hf_config)
+    inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
+    torch.manual_seed(seed)
+    network = LlamaFamilyModel(config, inv_freq, attention_scaling)
+    with torch.no_grad():  # transformers' initialisation: N(0, 0.02) everywhere, norms at 1
+        for module in network.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, 0.02)
+    network.eval()
+    if quantize == "int8":
+        from specdec.models.quantize import quantize_int8
+
+        quantize_int8(network)
+    elif quantize is not None:
+        raise ValueError(f"unknown quantization {quantize!r}")
+    return LanguageModel(network=network, tokenizer=None, name=name, vocab_size=shape.vocab,
+                         max_context=max_positions)
+
+
+def streamed_weight_bytes(network: nn.Module) -> int:
+    """Bytes one decoding step reads: every linear weight (float or int8) and norm; the embedding
+    table is only indexed one row per token, so it counts only where it doubles as the LM head."""
+    from torch.ao.nn.quantized import Linear as QuantizedLinear
+
+    total = 0
+    for module in network.modules():
+        if isinstance(module, nn.Embedding):
+            continue
+        if isinstance(module, QuantizedLinear):  # int8 weight + float bias, packed for fbgemm
+            weight, bias = module.weight(), module.bias()
+            total += weight.numel() * weight.element_size() + (bias.numel() * bias.element_size() if bias is not None else 0)
+            continue
+        total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+    return total
+
+
+def streaming_bandwidth(megabytes: int = 512, repeats: int = 5) -> dict[str, float]:
+    """Bytes per second the CPU streams from memory, median of `repeats`: a reduction (reads) and
+    a copy (reads + writes). A buffer much larger than the caches makes this memory, not cache."""
+    source = torch.ones(megabytes * 2**20 // 4)
+    target = torch.empty_like(source)
+    size = source.numel() * 4
+    reads, copies = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        source.sum()
+        reads.append(size / (time.perf_counter() - started))
+        started = time.perf_counter()
+        target.copy_(source)
+        copies.append(2 * size / (time.perf_counter() - started))
+    return {"read": statistics.median(reads), "copy": statistics.median(copies)}
+
+
+class CorruptedOracleDrafter:
+    """Proposes the target's own greedy continuation with each token replaced, with probability
+    1 - alpha, by a uniformly random different token; runs the draft model on what it proposes
+    so that drafting costs what a real draft model costs. Deterministic proposals (no q), so
+    verification treats them as point masses. For benchmarks only: it needs the answer."""
+
+    vocab_size = None  # proposes token ids, no q over a vocabulary
+
+    def __init__(self, draft_model: LanguageModel, alpha: float, vocab_size: int, seed: int = 0) -> None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+        self.state = DraftModelState(draft_model)
+        self.alpha = alpha
+        self.target_vocab = vocab_size
+        self.random = random.Random(seed)
+        self.expected = torch.empty(0, dtype=torch.long)  # [n]: prompt + the target's greedy output
+        self.off_reference = 0  # proposals made where the context had left the expected sequence
+
+    def expect(self, sequence: Sequence[int]) -> None:
+        """The sequence target-only greedy decoding produces (prompt + output)."""
+        self.expected = torch.tensor(list(sequence), dtype=torch.long)
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """Acceptance is set by alpha; nothing to learn."""
+
+    def _truth(self, context: torch.Tensor, position: int) -> int:
+        n = context.shape[0]
+        if position < self.expected.shape[0] and torch.equal(context, self.expected[:n].to(context.device)):
+            return int(self.expected[position])
+        self.off_reference += 1
+        return self.random.randrange(self.target_vocab)
+
+    def propose(
+        self,
+        context: torch.Tensor,  # [n] int64
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        stop_early: StopRule | None = None,
+    ) -> Draft:
+        n = context.shape[0]
+        gamma = min(gamma, self.state.room(n))
+        if gamma <= 0:
+            return Draft.empty(context.device)
+        self.state.cache.reserve(n + gamma)
+        self.state.forward(self.state.catch_up(context))
+        tokens = []
+        for position in range(n, n + gamma):
+            token = self._truth(context, position)
+            if self.random.random() >= self.alpha:
+                token = (token + self.random.randrange(1, self.target_vocab)) % self.target_vocab
+            tokens.append(token)
+            if len(tokens) < gamma:  # the draft model reads each proposal, as a real drafter would
+                self.state.forward(torch.tensor([token], device=context.device))
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=context.device))
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    target: Shape = Shape(1024, 24, 32000)
+    draft: Shape = Shape(512, 5, 32000)
+    precisions: tuple[str, ...] = ("fp32", "int8")
+    alphas: tuple[float, ...] = (0.5, 0.7, 0.9)
+    gammas: tuple[int, ...] = (2, 4, 8)
+    prompts: int = 4
+    prompt_tokens: int = 16
+    max_new_tokens: int = 48
+    repeats: int = 7  # forward timings: median of this many
+    seed: int = 0
+
+
+def synthetic_method(name: str, decoder: SpeculativeDecoder, expected: dict[tuple[int, ...], list[int]]) -> Method:
+    drafter = decoder.drafter
+
+    def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
+        if drafter is not None:
+            drafter.expect(expected.get(tuple(prompt_ids), prompt_ids))
+        started = time.perf_counter()
+        result = decoder.generate(prompt_ids, max_new_tokens=settings.max_new_tokens, temperature=0.0)
+        return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
+
+    return Method(name, run)
+
+
+#: progress(label, runs finished since the last call)
+Progress = Callable[[str, int], None]
+
+
+def measure_precision(config: SyntheticConfig, precision: str, progress: Progress | None = None) -> dict:
+    """Cost curve, bandwidth bound and decoding runs for one precision ("fp32" or "int8")."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+    quantize = "int8" if precision == "int8" else None
+    say = progress or (lambda label, advance: None)
+    say(f"{precision}: building random models", 0)
+    target = random_model(config.target, f"random-{config.target.hidden}x{config.target.layers}", config.seed, quantize)
+    draft = random_model(config.draft, f"random-{config.draft.hidden}x{config.draft.layers}", config.seed + 1, quantize)
+
+    say(f"{precision}: timing forwards", 0)
+    blocks = sorted({1, *(g + 1 for g in config.gammas)})
+    target_seconds = {k: time_forward(target, k, config.repeats) for k in blocks}
+    draft_seconds = time_forward(draft, 1, config.repeats)
+    c = draft_seconds / target_seconds[1]
+
+    generator = torch.Generator().manual_seed(config.seed)
+    prompt_ids = {f"random-{i}": torch.randint(config.target.vocab, (config.prompt_tokens,), generator=generator).tolist()
+                  for i in range(config.prompts)}
+    prompts = [Prompt("random", key, key) for key in prompt_ids]
+    settings = DecodeSettings(max_new_tokens=config.max_new_tokens)
+
+    say(f"{precision}: target-only reference outputs", 0)  # untimed; also warms everything up
+    reference_decoder = SpeculativeDecoder(target)
+    expected = {tuple(ids): ids + reference_decoder.generate(ids, max_new_tokens=config.max_new_tokens).token_ids
+                for ids in prompt_ids.values()}
+
+    methods = [synthetic_method(REFERENCE, reference_decoder, expected)]
+    for alpha in config.alphas:
+        for gamma in config.gammas:
+            drafter = CorruptedOracleDrafter(draft, alpha, config.target.vocab, seed=config.seed)
+            methods.append(synthetic_method(f"alpha {alpha} gamma {gamma}", SpeculativeDecoder(target, drafter, gamma),
+                                            expected))
+    measurements = run_side_by_side(methods, prompts, prompt_ids.__getitem__, settings, REFERENCE,
+                                    lambda label: say(f"{precision}: {label}", 1), warmup=False)
+
+    by_method: dict[str, list] = {}
+    for m in measurements:
+        by_method.setdefault(m.method, []).append(m)
+
+    def rate(name: str) -> float:
+        """Tokens per second of decode time: the prefill (the same for every method) is left out,
+        as in Leviathan's formula."""
+        rows = by_method[name]
+        return sum(len(r.token_ids) for r in rows) / sum(r.seconds - r.stats.prefill_seconds for r in rows)
+
+    baseline = rate(REFERENCE)
+    runs = []
+    for alpha in config.alphas:
+        for gamma in config.gammas:
+            name = f"alpha {alpha} gamma {gamma}"
+            stats = by_method[name][0].stats
+            for row in by_method[name][1:]:
+                stats = stats.merge(row.stats)
+            verify_ratio = target_seconds[gamma + 1] / target_seconds[1]
+            runs.append({
+                "alpha": alpha, "gamma": gamma, "tokens_per_second": rate(name),
+                "measured_speedup": rate(name) / baseline,
+                "predicted_speedup": predicted_speedup(alpha, gamma, c, verify_ratio),
+                # position 1's acceptance estimates alpha; stats.alpha (accepted / drafted) also counts
+                # the positions after a rejection: (alpha - alpha^(g+1)) / ((1 - alpha) g) in expectation
+                "first_position_acceptance": stats.acceptance_by_position[0], "accepted_per_drafted": stats.alpha,
+                "tau": stats.tau,
+            })
+    bandwidth = streaming_bandwidth()
+    weight_bytes = streamed_weight_bytes(target.network)
+    return {
+        "precision": precision,
+        "target_parameters": config.target.parameters,
+        "draft_parameters": config.draft.parameters,
+        "target_forward_ms": {str(k): s * 1000 for k, s in target_seconds.items()},
+        "draft_forward_ms": draft_seconds * 1000,
+        "c": c,
+        "target_only_tokens_per_second": baseline,
+        "target_only_ms_per_token": 1000 / baseline,
+        "streamed_weight_bytes": weight_bytes,
+        "bandwidth_bytes_per_second": bandwidth,
+        "bandwidth_bound_ms_per_token": 1000 * weight_bytes / max(bandwidth.values()),
+        "runs": runs,
+    }
+
+
+def run_count(config: SyntheticConfig) -> int:
+    """Decoding runs the bench makes (for a progress bar)."""
+    return len(config.precisions) * config.prompts * (1 + len(config.alphas) * len(config.gammas))
+
+
+def run_synthetic(config: SyntheticConfig, out: Path, progress: Progress | None = None) -> dict:
+    from specdec.bench.suite import machine_description
+
+    results = [measure_precision(config, precision, progress) for precision in config.precisions]
+    payload = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "config": {**asdict(config), "target": asdict(config.target), "draft": asdict(config.draft)},
+        "precisions": results,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "synthetic.json", payload)
+    (out / "synthetic.md").write_text(synthetic_markdown(payload))
+    plot_synthetic(payload, out / "synthetic.png")
+    payload["markdown"] = (out / "synthetic.md").read_text()
+    return payload
+
+
+def synthetic_markdown(payload: dict) -> str:
+    config = payload["config"]
+    lines = [f"# specdec bench --synthetic, {payload['date']}", "",
+             f"machine: {payload['machine']}; {config['prompts']} random prompts of {config['prompt_tokens']} tokens, "
+             f"{config['max_new_tokens']} new tokens each, greedy; speedups are decode time (prefill excluded) "
+             "against target-only decoding in the same run.", ""]
+    for result in payload["precisions"]:
+        forward = result["target_forward_ms"]
+        lines += [
+            f"## {result['precision']}: target {result['target_parameters'] / 1e6:.1f}M, "
+            f"draft {result['draft_parameters'] / 1e6:.1f}M parameters", "",
+            f"- target forward T(k), ms: " + ", ".join(f"T({k}) {v:.1f}" for k, v in forward.items())
+            + f"; T(k)/T(1): " + ", ".join(f"{v / forward['1']:.2f}" for v in forward.values()),
+            f"- draft forward {result['draft_forward_ms']:.2f} ms, c = {result['c']:.3f}",
+            f"- target-only: {result['target_only_ms_per_token']:.1f} ms/token "
+            f"({result['target_only_tokens_per_second']:.1f} tok/s); bandwidth bound "
+            f"{result['bandwidth_bound_ms_per_token']:.1f} ms/token = "
+            f"{result['streamed_weight_bytes'] / 1e6:.0f} MB streamed weights / "
+            f"{max(result['bandwidth_bytes_per_second'].values()) / 1e9:.1f} GB/s "
+            f"(read {result['bandwidth_bytes_per_second']['read'] / 1e9:.1f}, "
+            f"copy {result['bandwidth_bytes_per_second']['copy'] / 1e9:.1f}); measured / bound = "
+            f"{result['target_only_ms_per_token'] / result['bandwidth_bound_ms_per_token']:.2f}",
+            "",
+            "| alpha | gamma | acceptance at position 1 | accepted / drafted | tau | tokens/s | measured speedup | Leviathan prediction | measured / predicted |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for run in result["runs"]:
+            lines.append(f"| {run['alpha']} | {run['gamma']} | {run['first_position_acceptance']:.3f} | {run['accepted_per_drafted']:.3f} | {run['tau']:.2f} | "
+                         f"{run['tokens_per_second']:.1f} | {run['measured_speedup']:.2f}x | "
+                         f"{run['predicted_speedup']:.2f}x | {run['measured_speedup'] / run['predicted_speedup']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_synthetic(payload: dict, path: Path) -> None:
+    """Measured (solid) vs predicted (dashed) speedup against alpha, one line per gamma and precision."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = payload["precisions"]
+    figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
+    for axis, result in zip(axes[0], results):
+        gammas = sorted({run["gamma"] for run in result["runs"]})
+        for index, gamma in enumerate(gammas):
+            runs = [run for run in result["runs"] if run["gamma"] == gamma]
+            colour = f"C{index}"
+            axis.plot([r["alpha"] for r in runs], [r["measured_speedup"] for r in runs], "o-", color=colour,
+                      label=f"gamma {gamma} measured")
+            axis.plot([r["alpha"] for r in runs], [r["predicted_speedup"] for r in runs], "x--", color=colour,
+                      label=f"gamma {gamma} predicted")
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_xlabel("alpha (per-token acceptance)")
+        axis.set_ylabel("speedup over target-only")
+        axis.set_title(f"{result['precision']}: {result['target_parameters'] / 1e6:.0f}M target, "
+                       f"c = {result['c']:.2f}", fontsize=10)
+        axis.legend(fontsize=7)
+    figure.suptitle(f"specdec bench --synthetic, {payload['date'][:10]}", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
