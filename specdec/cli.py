@@ -86,7 +86,9 @@ def add_bench_parser(commands) -> None:
     )
     add_model_options(bench)
     bench.add_argument("--methods", nargs="+", default=["model:fixed", "ngram:fixed", "staged:fixed"],
-                       help="target-only (always run), DRAFTER:POLICY such as model:cost or ngram:fixed, or all")
+                       help="target-only (always run), DRAFTER:POLICY such as model:cost or ngram:fixed, all "
+                            "(every drafter with every policy), transformers-generate, transformers-assisted[:N|:heuristic], "
+                            "transformers-prompt-lookup[:N]")
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
     bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")

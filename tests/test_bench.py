@@ -61,7 +61,8 @@ def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
     out = tmp_path / "bench-hf"
     code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
                  "--prompts", str(prompt_file), "--methods", "model:fixed", "transformers-generate",
-                 "transformers-assisted", "transformers-prompt-lookup", "--max-new-tokens", "10",
+                 "transformers-assisted", "transformers-assisted:3", "transformers-assisted:heuristic",
+                 "transformers-prompt-lookup", "transformers-prompt-lookup:3", "--max-new-tokens", "10",
                  "--out", str(out)])
     assert code == 0  # the identity check passed for transformers' methods too
     overall = {s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"]
@@ -85,3 +86,17 @@ def test_bundled_prompt_suite_has_four_categories_of_at_least_15():
     # code-editing prompts are input-grounded: they hold the code to rewrite
     assert all(p.text.count("\n") >= 5 for p in prompts if p.category == "code-editing")
     assert len(load_prompts(default_prompts(), per_category=2)) == 8
+
+
+def test_transformers_method_settings():
+    from specdec.bench.suite import transformers_options
+
+    assert transformers_options("transformers-assisted:4")["assistant"]["num_assistant_tokens"] == 4
+    assert transformers_options("transformers-assisted:heuristic")["assistant"] == {
+        "num_assistant_tokens_schedule": "heuristic"}
+    assert transformers_options("transformers-prompt-lookup") == {"prompt_lookup_num_tokens": 10}
+    assert transformers_options("transformers-prompt-lookup:3") == {"prompt_lookup_num_tokens": 3}
+    for bad in ("transformers-assisted:x", "transformers-generate:2", "transformers-prompt-lookup:many",
+                "transformers-beam"):
+        with pytest.raises(ValueError):
+            transformers_options(bad)

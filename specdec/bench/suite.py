@@ -38,10 +38,41 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
 TRANSFORMERS_METHODS = ("transformers-generate", "transformers-assisted", "transformers-prompt-lookup")
 
 
+def transformers_options(name: str) -> dict:
+    """generate() options for a transformers method name:
+    transformers-generate                     plain greedy / sampling
+    transformers-assisted                     assisted generation, the library's defaults (transformers
+                                              5: 20 draft tokens, constant schedule, drafting stops early
+                                              when the draft's confidence falls below 0.4)
+    transformers-assisted:N                   N draft tokens every step, no confidence stop (like our fixed)
+    transformers-assisted:heuristic           the "heuristic" schedule: +2 after a fully accepted step, else -1
+    transformers-prompt-lookup[:N]            prompt lookup with N tokens (default 10, as its docs suggest)
+    Assistant options live on the assistant's generation_config, where transformers reads them."""
+    base, _, setting = name.partition(":")
+    if base not in TRANSFORMERS_METHODS or (setting and base == "transformers-generate"):
+        raise ValueError(f"unknown transformers method {name!r}")
+    if base == "transformers-prompt-lookup":
+        if setting and not setting.isdigit():
+            raise ValueError(f"{name!r}: the setting is a number of tokens, as in transformers-prompt-lookup:5")
+        return {"prompt_lookup_num_tokens": int(setting or 10)}
+    if base == "transformers-generate":
+        return {}
+    if setting == "heuristic":
+        return {"assistant": {"num_assistant_tokens_schedule": "heuristic"}}
+    if setting:
+        if not setting.isdigit() or int(setting) < 1:
+            raise ValueError(f"{name!r}: the setting is a positive number of draft tokens or 'heuristic'")
+        return {"assistant": {"num_assistant_tokens": int(setting), "num_assistant_tokens_schedule": "constant",
+                              "assistant_confidence_threshold": 0.0}}
+    return {"assistant": {}}
+
+
+def is_transformers_method(name: str) -> bool:
+    return name.partition(":")[0] in TRANSFORMERS_METHODS
+
+
 def transformers_method(name: str, target: LanguageModel, draft: LanguageModel | None) -> Method:
-    """transformers' own generate() on the same checkpoints: plain greedy/sampling, assisted
-    generation with the draft model (its default "heuristic" assistant schedule), and prompt
-    lookup (prompt_lookup_num_tokens=10, the value its docs suggest)."""
+    """transformers' own generate() on the same checkpoints (see transformers_options)."""
     from transformers import AutoModelForCausalLM
 
     def load_hf(model: LanguageModel):
@@ -50,11 +81,12 @@ def transformers_method(name: str, target: LanguageModel, draft: LanguageModel |
         return AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype).to(model.device).eval()
 
     hf_target = load_hf(target)
-    extra: dict = {}
-    if name == "transformers-assisted":
-        extra = {"assistant_model": load_hf(draft)}
-    elif name == "transformers-prompt-lookup":
-        extra = {"prompt_lookup_num_tokens": 10}
+    extra = transformers_options(name)
+    if "assistant" in extra:
+        assistant = load_hf(draft)
+        for key, value in extra.pop("assistant").items():
+            setattr(assistant.generation_config, key, value)
+        extra["assistant_model"] = assistant
     tokenizer = target.tokenizer
 
     def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
@@ -90,7 +122,7 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
 
     if name == REFERENCE:
         return speculative_method(REFERENCE, SpeculativeDecoder(target))
-    if name in TRANSFORMERS_METHODS:
+    if is_transformers_method(name):
         return transformers_method(name, target, draft)
     drafter_kind, _, policy = name.partition(":")
     drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min)
