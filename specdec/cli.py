@@ -27,7 +27,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", help="draft model folder (same tokenizer as the target)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--quantize", choices=["int8"], help="int8 weights (dynamic int8 linears, CPU only)")
+    parser.add_argument("--quantize", choices=["int8"], help="int8 weights and activations (CPU only)")
     parser.add_argument("--backend", default="auto", choices=["auto", "specdec", "transformers"],
                         help="own Llama-family forward, transformers adapter, or auto (own where supported)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow checkpoints that ship their own code")

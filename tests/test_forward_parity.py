@@ -101,6 +101,21 @@ def test_int8_quantized_forward_is_close(model_dir):
     assert (full_logits - int8_logits).abs().max() < 0.05 * full_logits.abs().max()
 
 
+@pytest.mark.parametrize("model_type, settings", [("llama", {}), ("mistral", {"sliding_window": 6})])
+def test_int8_block_scores_each_token_exactly_as_alone(model_dir, model_type, settings):
+    """Speculative greedy output equals target-only output only if a verify block gives each
+    token bit-for-bit the logits it gets alone."""
+    folder = save_random_model(model_dir / f"int8-rows-{model_type}", model_type, seed=6, **settings)
+    model = load(folder, quantize="int8")
+    tokens = torch.arange(3, 23)
+    block_cache, single_cache = model.new_cache(), model.new_cache()
+    model.forward(tokens[:8], block_cache)
+    model.forward(tokens[:8], single_cache)
+    block = model.forward(tokens[8:], block_cache)
+    alone = torch.cat([model.forward(tokens[i : i + 1], single_cache) for i in range(8, 20)])
+    assert torch.equal(block, alone)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_forward_runs(model_dir, dtype):
     folder = save_random_model(model_dir / f"half-{dtype}", "llama", seed=6, init_scale=0.05)

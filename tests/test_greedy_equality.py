@@ -77,6 +77,15 @@ def test_transformers_adapter_equals_target_only(tiny_pair):
     assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
 
 
+def test_int8_models_equal_int8_target_only(tiny_pair):
+    # int8 activations amplify float noise unless a token is scored the same in a block as alone
+    load_one = lambda path: load(path, quantize="int8")  # noqa: E731
+    target, drafts = load_one(tiny_pair["target"]), {kind: load_one(tiny_pair[kind]) for kind in DRAFT_KINDS}
+    counts = check_equality(target, {kind: make_drafter("model", drafts[kind]) for kind in DRAFT_KINDS}, "fixed")
+    assert counts["same"][0] == counts["same"][1] > 0
+    assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
+
+
 def test_stream_chunks_add_up_to_the_result(lean_models):
     target, drafts = lean_models
     decoder = SpeculativeDecoder(target, drafts["perturbed"], gamma=4)

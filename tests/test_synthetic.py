@@ -31,7 +31,9 @@ def test_streamed_weight_bytes_count_every_linear_once():
     # tied embeddings: the table is streamed once, as the LM head
     assert streamed_weight_bytes(fp32.network) == 4 * TINY_TARGET.parameters
     int8 = random_model(TINY_TARGET, "t", 0, "int8")
-    assert streamed_weight_bytes(int8.network) == (TINY_TARGET.parameters - norms) + 4 * norms
+    linears = TINY_TARGET.parameters - norms
+    out_channels = sum(m.out_features for m in int8.network.modules() if hasattr(m, "weight_scale"))
+    assert streamed_weight_bytes(int8.network) == linears + 4 * norms + 4 * out_channels  # + fp32 scales
 
 
 def test_shape_parse_rejects_bad_text():

@@ -99,9 +99,7 @@ def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_p
                 module.weight.normal_(0.0, 0.02)
     network.eval()
     if quantize == "int8":
-        from specdec.models.quantize import quantize_int8
-
-        quantize_int8(network)
+        network.quantize_int8()
     elif quantize is not None:
         raise ValueError(f"unknown quantization {quantize!r}")
     return LanguageModel(network=network, tokenizer=None, name=name, vocab_size=shape.vocab,
@@ -111,17 +109,16 @@ def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_p
 def streamed_weight_bytes(network: nn.Module) -> int:
     """Bytes one decoding step reads: every linear weight (float or int8) and norm; the embedding
     table is only indexed one row per token, so it counts only where it doubles as the LM head."""
-    from torch.ao.nn.quantized import Linear as QuantizedLinear
+    from specdec.models.quantize import Int8Linear
 
     total = 0
     for module in network.modules():
         if isinstance(module, nn.Embedding):
             continue
-        if isinstance(module, QuantizedLinear):  # int8 weight + float bias, packed for fbgemm
-            weight, bias = module.weight(), module.bias()
-            total += weight.numel() * weight.element_size() + (bias.numel() * bias.element_size() if bias is not None else 0)
-            continue
-        total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+        tensors = list(module.parameters(recurse=False))
+        if isinstance(module, Int8Linear):  # int8 weight and its per-channel scales live in buffers
+            tensors += [module.weight_int8, module.weight_scale]
+        total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 
 

@@ -126,7 +126,7 @@ def load(
 
     backend: "specdec" (own Llama-family forward), "transformers" (AutoModelForCausalLM adapter,
     for any architecture) or "auto" (own forward where the architecture is supported).
-    quantize: None or "int8" (dynamic int8 linears, CPU only).
+    quantize: None or "int8" (int8 weights, per-row int8 activations; CPU only).
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
     """
     folder = Path(path).expanduser()
@@ -179,7 +179,10 @@ def load(
     if quantize == "int8":
         from specdec.models.quantize import quantize_int8
 
-        quantize_int8(network if used_backend == "specdec" else network.model)
+        if used_backend == "specdec":
+            network.quantize_int8()
+        else:  # transformers' attention is not per-row: int8 + adapter may not be batch-invariant
+            quantize_int8(network.model)
     tokenizer = _load_tokenizer(folder)
     context = hf_config.max_position_embeddings
     return LanguageModel(

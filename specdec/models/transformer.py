@@ -148,6 +148,7 @@ class DecoderLayer(nn.Module):
         mask: torch.Tensor | None,  # [k, length + k] bool, True = may attend
         cache: KVCache,
         layer_index: int,
+        per_row: bool = False,
     ) -> torch.Tensor:  # [k, hidden]
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x)).view(num_tokens, -1, self.head_dim).transpose(0, 1)
@@ -155,13 +156,30 @@ class DecoderLayer(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         keys, values = cache.write(layer_index, k, v)  # [kv_heads, length + k, d]
-        attended = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [heads, k, d]
+        if per_row:
+            attended = torch.cat([self.attend(q[:, row : row + 1], keys, values, keys.shape[1] - num_tokens + row + 1)
+                                  for row in range(num_tokens)], dim=1)
+        else:
+            attended = self.attend(q, keys, values, keys.shape[1], mask)  # [heads, k, d]
         x = x + self.o_proj(attended.transpose(0, 1).reshape(num_tokens, -1))
         gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [heads, k, d]
+        keys: torch.Tensor,  # [kv_heads, length, d]
+        values: torch.Tensor,  # [kv_heads, length, d]
+        end: int,  # keys[:, :end] exist for these queries
+        mask: torch.Tensor | None = None,  # [k, length] bool; None = the window (or all) before end
+    ) -> torch.Tensor:  # [heads, k, d]
+        start = 0
+        if mask is None and self.window is not None:
+            start = max(0, end - self.window)
+        return F.scaled_dot_product_attention(
+            q, keys[:, start:end], values[:, start:end], attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
 
 
 class LlamaFamilyModel(nn.Module):
@@ -178,6 +196,16 @@ class LlamaFamilyModel(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.set_rope_tables(inv_freq, attention_scaling)
+        self.quantized = False
+
+    def quantize_int8(self) -> LlamaFamilyModel:
+        """int8 linears, and per-row attention after the prefill, so that a token is scored
+        bit-for-bit the same inside a verify block as alone (the greedy-equality invariant)."""
+        from specdec.models.quantize import quantize_int8
+
+        quantize_int8(self)
+        self.quantized = True
+        return self
 
     def set_rope_tables(self, inv_freq: torch.Tensor, attention_scaling: float) -> None:
         """cos/sin for every absolute position, kept in float32 (cast per forward) like the reference."""
@@ -216,8 +244,13 @@ class LlamaFamilyModel(nn.Module):
         key_positions = torch.arange(cache.length + num_tokens, device=tokens.device)
         causal = key_positions[None, :] <= positions[:, None]  # [k, length + k]
         masks: dict[int | None, torch.Tensor | None] = {}
+        # After the prefill, a quantized model attends one query row at a time: see quantize.py.
+        per_row = self.quantized and cache.length > 0
         x = self.embed_tokens(tokens)
         for index, layer in enumerate(self.layers):
+            if per_row:
+                x = layer(x, cos, sin, None, cache, index, per_row=True)
+                continue
             if layer.window not in masks:
                 mask = causal
                 if layer.window is not None:
