@@ -181,7 +181,13 @@ def load(
 
         if used_backend == "specdec":
             network.quantize_int8()
-        else:  # transformers' attention is not per-row: int8 + adapter may not be batch-invariant
+        else:
+            import warnings
+
+            warnings.warn(f"{folder.name}: int8 through the transformers adapter is not batch-invariant (its "
+                          "attention scores a verify block together), so greedy speculative output may differ "
+                          "from int8 target-only output in near-ties; the own forward (--backend specdec) is exact",
+                          stacklevel=2)
             quantize_int8(network.model)
     tokenizer = _load_tokenizer(folder)
     context = hf_config.max_position_embeddings
