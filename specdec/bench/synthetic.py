@@ -24,7 +24,9 @@ import torch
 from torch import nn
 
 from specdec.bench.forward import time_forward
-from specdec.bench.runner import DecodeSettings, Method, MethodOutput, Prompt, run_side_by_side, write_json
+from specdec.bench.runner import (
+    DecodeSettings, Method, MethodOutput, Prompt, run_side_by_side, speculative_method, write_json,
+)
 from specdec.drafting.base import Draft
 from specdec.drafting.model import DraftModelState, StopRule
 from specdec.engine import SpeculativeDecoder
@@ -33,6 +35,7 @@ from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams
 
 REFERENCE = "target-only"
+HEAD_DIM = 64
 PRECISIONS = ("fp32", "int8")
 
 
@@ -52,13 +55,13 @@ class Shape:
             hidden, layers = (int(part) for part in text.lower().split("x"))
         except ValueError:
             raise ValueError(f"a shape is HIDDENxLAYERS such as 1024x24, got {text!r}") from None
-        if hidden % 64 or hidden <= 0 or layers <= 0:
-            raise ValueError(f"shape {text!r}: hidden must be a positive multiple of 64 and layers positive")
+        if hidden % HEAD_DIM or hidden <= 0 or layers <= 0:
+            raise ValueError(f"shape {text!r}: hidden must be a positive multiple of {HEAD_DIM} and layers positive")
         return Shape(hidden, layers, vocab)
 
     @property
     def heads(self) -> int:
-        return self.hidden // 64
+        return self.hidden // HEAD_DIM
 
     @property
     def kv_heads(self) -> int:
@@ -70,8 +73,7 @@ class Shape:
 
     @property
     def parameters(self) -> int:
-        head_dim = 64
-        attention = 2 * self.hidden * self.heads * head_dim + 2 * self.hidden * self.kv_heads * head_dim
+        attention = 2 * self.hidden * (self.heads + self.kv_heads) * HEAD_DIM
         per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + two norms
         return self.vocab * self.hidden + self.layers * per_layer + self.hidden  # tied head, final norm
 
@@ -167,12 +169,6 @@ class CorruptedOracleDrafter:
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """Acceptance is set by alpha; nothing to learn."""
 
-    def _truth(self, context: torch.Tensor, position: int) -> int:
-        n = context.shape[0]
-        if position < self.expected.shape[0] and torch.equal(context, self.expected[:n].to(context.device)):
-            return int(self.expected[position])
-        self.off_reference += 1
-        return self.random.randrange(self.target_vocab)
 
     def propose(
         self,
@@ -183,14 +179,19 @@ class CorruptedOracleDrafter:
         stop_early: StopRule | None = None,
     ) -> Draft:
         n = context.shape[0]
-        gamma = min(gamma, self.state.room(n))
-        if gamma <= 0:
+        gamma = self.state.start_draft(n, gamma)
+        if gamma == 0:
             return Draft.empty(context.device)
-        self.state.cache.reserve(n + gamma)
         self.state.forward(self.state.catch_up(context))
+        # The target's continuation is known only while the context follows the expected sequence.
+        on_reference = n <= self.expected.shape[0] and torch.equal(context.cpu(), self.expected[:n])
         tokens = []
         for position in range(n, n + gamma):
-            token = self._truth(context, position)
+            if on_reference and position < self.expected.shape[0]:
+                token = int(self.expected[position])
+            else:
+                self.off_reference += 1
+                token = self.random.randrange(self.target_vocab)
             if self.random.random() >= self.alpha:
                 token = (token + self.random.randrange(1, self.target_vocab)) % self.target_vocab
             tokens.append(token)
@@ -214,14 +215,14 @@ class SyntheticConfig:
 
 
 def synthetic_method(name: str, decoder: SpeculativeDecoder, expected: dict[tuple[int, ...], list[int]]) -> Method:
+    """speculative_method, telling an oracle drafter the sequence to expect first."""
+    method = speculative_method(name, decoder)
     drafter = decoder.drafter
 
     def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
         if drafter is not None:
             drafter.expect(expected.get(tuple(prompt_ids), prompt_ids))
-        started = time.perf_counter()
-        result = decoder.generate(prompt_ids, max_new_tokens=settings.max_new_tokens, temperature=0.0)
-        return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
+        return method.run(prompt_ids, settings)
 
     return Method(name, run)
 

@@ -43,6 +43,13 @@ class DraftModelState:
         context plus all drafted tokens but the last)."""
         return self.model.max_context - context_length + 1
 
+    def start_draft(self, context_length: int, gamma: int) -> int:
+        """gamma clamped to the room left, with the cache reserved for it; 0 = draft nothing."""
+        gamma = min(gamma, self.room(context_length))
+        if gamma > 0:
+            self.cache.reserve(context_length + gamma)
+        return max(gamma, 0)
+
     def catch_up(self, context: torch.Tensor) -> torch.Tensor:  # context [n] -> pending [m >= 1]
         """Crop the cache to what agrees with context; return the context tokens still to feed
         (always at least the last one, whose logits give q for the first draft)."""
@@ -100,10 +107,9 @@ class ModelDrafter:
         generator: torch.Generator | None,
         stop_early: StopRule | None = None,
     ) -> Draft:
-        gamma = min(gamma, self.state.room(context.shape[0]))
-        if gamma <= 0:
+        gamma = self.state.start_draft(context.shape[0], gamma)
+        if gamma == 0:
             return Draft.empty(context.device)
-        self.state.cache.reserve(context.shape[0] + gamma)
         logits = self.state.forward(self.state.catch_up(context))[-1:]  # [1, vocab]
         tokens, probs, chain_probability = [], [], 1.0
         while True:

@@ -41,11 +41,10 @@ class StagedDrafter:
         generator: torch.Generator | None,
         stop_early: StopRule | None = None,
     ) -> Draft:
-        gamma = min(gamma, self.state.room(context.shape[0]))
-        if gamma <= 0:
+        gamma = self.state.start_draft(context.shape[0], gamma)
+        if gamma == 0:
             return Draft.empty(context.device)
         self.ngram.sync(context)
-        self.state.cache.reserve(context.shape[0] + gamma)
         pending = self.state.catch_up(context)  # [m >= 1], not yet in the draft cache
         drafted: list[int] = []
         probs: list[torch.Tensor] = []  # q rows, [k, vocab] each
