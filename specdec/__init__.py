@@ -1,16 +1,17 @@
 """specdec: lossless speculative decoding for Hugging Face-format causal language models."""
 
+from specdec.decoder import GenerationResult, SpeculativeDecoder, StreamChunk
 from specdec.drafting import Draft, Drafter, ModelDrafter, NGramDrafter, StagedDrafter, make_drafter
-from specdec.engine import GenerationResult, SpeculativeDecoder, StreamChunk, TokenSource
+from specdec.engine import Engine, Request, TokenSource
 from specdec.metrics import SpecStats
-from specdec.models import LanguageModel, load
+from specdec.models import Attention, ForwardOutput, LanguageModel, load
 from specdec.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import greedy_verify, rejection_sample
 
 __version__ = "0.1.0"
 __all__ = [
-    "CostModelPolicy", "Draft", "Drafter", "FixedPolicy", "HeuristicPolicy", "NGramDrafter", "StagedDrafter",
+    "Attention", "Engine", "ForwardOutput", "Request", "CostModelPolicy", "Draft", "Drafter", "FixedPolicy", "HeuristicPolicy", "NGramDrafter", "StagedDrafter",
     "ThresholdPolicy", "make_drafter", "make_policy", "GenerationResult", "LanguageModel", "ModelDrafter", "SamplingParams", "SpecStats",
     "SpeculativeDecoder", "StreamChunk", "TokenSource", "greedy_verify", "load", "logits_to_probs",
     "rejection_sample",

@@ -10,8 +10,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec.engine import SpeculativeDecoder, TokenSource
+from specdec.decoder import SpeculativeDecoder
+from specdec.engine import TokenSource
 from specdec.metrics import SpecStats
+from specdec.sampling import SamplingParams
 
 # How --show colours each token: a person sees which tokens the draft got right.
 SOURCE_STYLES = {
@@ -95,10 +97,8 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--gamma", type=int, default=4)
     bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
-    bench.add_argument("--temperature", type=float, default=0.0)
-    bench.add_argument("--top-k", type=int, default=0)
-    bench.add_argument("--top-p", type=float, default=1.0)
-    bench.add_argument("--seed", type=int, default=0)
+    add_sampling_options(bench)
+    bench.set_defaults(seed=0)  # a benchmark is repeatable by default
     bench.add_argument("--out", default="runs/bench", help="output folder")
     synthetic = bench.add_argument_group(
         "--synthetic", "engine efficiency on big random-weight models: a drafter that proposes the target's own "
@@ -145,7 +145,6 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     from rich.markdown import Markdown
     from rich.progress import Progress
 
-    from specdec.bench.runner import DecodeSettings
     from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
     from specdec.defaults import default_prompts
 
@@ -153,8 +152,8 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
         return run_synthetic_bench(args, console, errors)
     target, draft = load_models(args, errors)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
-    settings = DecodeSettings(max_new_tokens=args.max_new_tokens or 128, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    settings = SamplingParams(max_new_tokens=args.max_new_tokens or 128, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
     count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * count)
@@ -315,12 +314,12 @@ def run_generate(args: argparse.Namespace, console: Console, errors: Console) ->
         drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min)
     decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
     result = None
-    for chunk in decoder.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                                stop=args.stop):
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    for chunk in decoder.stream(args.prompt, sampling):
         if args.show:
             line = Text()
-            for piece, source in zip(chunk.token_texts, chunk.sources):
+            for piece, source in chunk.pieces:
                 line.append(piece, style=SOURCE_STYLES[source])
             console.print(line, end="")
         else:

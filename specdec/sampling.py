@@ -14,14 +14,24 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How logits become a next-token distribution. temperature == 0 is greedy."""
+    """What one request asks for, defined once for the API, the CLI, the bench and the server:
+    how logits become a next-token distribution (temperature == 0 is greedy), the request's
+    seed, and when to stop."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
     min_p: float = 0.0  # 0.0 disables
+    seed: int | None = None  # None: a fresh random seed per request
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output)
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # a single stop string
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

@@ -9,24 +9,32 @@ from __future__ import annotations
 
 import torch
 
-from specdec.models.base import LanguageModel
+from specdec.models.base import Attention, ForwardOutput, LanguageModel, check_forward
 
 
 class TokenCache:
-    def __init__(self, max_length: int) -> None:
-        self.tokens = torch.zeros(max_length, dtype=torch.long)
-        self.max_length = max_length
-        self.length = 0
+    """Rows of committed tokens; a forward's new tokens are looked at, never stored, until the
+    engine commits them (then they are read back from the pending block)."""
+
+    def __init__(self, max_length: int, rows: int = 1) -> None:
+        self.tokens = torch.zeros(rows, max_length, dtype=torch.long)
+        self.max_length, self.rows = max_length, rows
+        self.lengths = [0] * rows
 
     def reserve(self, capacity: int) -> None:
         """Preallocated at max_length."""
 
-    def crop(self, length: int) -> None:
-        assert 0 <= length <= self.length
-        self.length = length
+    def commit(self, row: int, count: int) -> None:
+        self.lengths[row] += count
 
-    def reset(self) -> None:
-        self.length = 0
+    def rollback(self, row: int, length: int) -> None:
+        assert 0 <= length <= self.lengths[row]
+        self.lengths[row] = length
+
+    def compact(self, row: int, keep) -> None:
+        start = self.lengths[row]
+        self.tokens[row, start : start + len(keep)] = self.tokens[row, [start + k for k in keep]]
+        self.lengths[row] += len(keep)
 
 
 class TableNetwork:
@@ -36,14 +44,19 @@ class TableNetwork:
         self.table = sharpness * torch.randn(vocab_size + 1, vocab_size, vocab_size, generator=generator)
         self.vocab_size = vocab_size
 
-    def new_cache(self, max_length: int) -> TokenCache:
-        return TokenCache(max_length)
+    def new_cache(self, max_length: int, rows: int = 1) -> TokenCache:
+        return TokenCache(max_length, rows)
 
-    def __call__(self, tokens: torch.Tensor, cache: TokenCache) -> torch.Tensor:  # [k, vocab]
-        start = cache.length
-        cache.tokens[start : start + tokens.shape[0]] = tokens
-        cache.length += tokens.shape[0]
-        return torch.stack([self.logits(cache.tokens[: start + i + 1].tolist()) for i in range(tokens.shape[0])])
+    def __call__(self, tokens, positions, cache: TokenCache, attention: Attention, want_logits=True,
+                 want_hidden=False) -> ForwardOutput:  # logits [n, vocab]
+        check_forward(tokens, positions, cache, attention)
+        logits = []
+        for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:]):
+            assert segment.parents is None, "the table model runs chains only"
+            row, committed = segment.row, cache.lengths[segment.row]
+            cache.tokens[row, committed : committed + segment.count] = tokens[start:end]
+            logits += [self.logits(cache.tokens[row, : committed + i + 1].tolist()) for i in range(segment.count)]
+        return ForwardOutput(torch.stack(logits) if want_logits else None)
 
     def logits(self, prefix: list[int]) -> torch.Tensor:  # [vocab], next-token logits after prefix
         before = prefix[-2] if len(prefix) > 1 else self.vocab_size

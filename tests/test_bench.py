@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from specdec.bench.runner import DecodeSettings, IdentityError, Method, MethodOutput, Prompt, run_side_by_side
+from specdec.sampling import SamplingParams
+from specdec.bench.runner import IdentityError, Method, MethodOutput, Prompt, run_side_by_side
 from specdec.cli import main
 
 
@@ -48,7 +49,7 @@ def test_identity_check_fails_on_a_wrong_method(tiny_pair):
         return MethodOutput([t + 1 for t in output.token_ids], output.seconds)
 
     prompts = [Prompt("code", "x"), Prompt("code", "y")]
-    settings = DecodeSettings(max_new_tokens=6)
+    settings = SamplingParams(max_new_tokens=6, seed=0)
     encode = lambda text: [ord(text) % 90 + 3]  # noqa: E731
     with pytest.raises(IdentityError, match="wrong on prompt"):
         run_side_by_side([reference, Method("wrong", off_by_one)], prompts, encode, settings, "target-only")

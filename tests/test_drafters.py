@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
-from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter
+from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
+from specdec.drafting.base import ContextRequest
 from specdec.metrics import predicted_speedup
 from specdec.policy import CostModelPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
@@ -15,7 +16,8 @@ GREEDY = SamplingParams()
 
 
 def propose(drafter, context, gamma):
-    return drafter.propose(torch.tensor(context), gamma, GREEDY, None).tokens.tolist()
+    context = torch.as_tensor(context)
+    return drafter.propose(ContextRequest.started(drafter, context), gamma).tokens.tolist()
 
 
 @pytest.mark.parametrize("context, gamma, max_n, min_n, expected", [
@@ -44,10 +46,13 @@ def test_ngram_index_is_incremental():
         position += step
     assert pieces._latest == whole._latest
     drafter = NGramDrafter(3, 1)
-    drafter.propose(torch.tensor(tokens[:100]), 4, GREEDY, None)
-    drafter.index.tokens[50] = -1  # a rescan would notice and overwrite this
-    drafter.propose(torch.tensor(tokens[:110]), 4, GREEDY, None)
-    assert drafter.index.tokens[50] == -1 and len(drafter.index.tokens) == 110
+    request = ContextRequest.started(drafter, torch.tensor(tokens[:100]))
+    drafter.propose(request, 4)
+    request.draft_state.tokens[50] = -1  # a rescan would notice and overwrite this
+    request.context = torch.tensor(tokens[:110])
+    drafter.observe(request, StepOutcome(torch.tensor(tokens[100:110]), num_drafted=9))
+    drafter.propose(request, 4)
+    assert request.draft_state.tokens[50] == -1 and len(request.draft_state.tokens) == 110
 
 
 def test_ngram_sizes_are_checked():
@@ -68,9 +73,9 @@ def test_staged_drafter_proposes_the_draft_models_greedy_chain():
     """The n-gram stage changes how many draft forwards it takes, not what the draft says."""
     draft = table_model(6, seed=101, sharpness=1.0)
     context = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2])
-    plain = make_drafter("model", draft).propose(context, 6, GREEDY, None).tokens.tolist()
+    plain = propose(make_drafter("model", draft), context, 6)
     staged = StagedDrafter(draft, max_n=2)
-    assert staged.propose(context, 6, GREEDY, None).tokens.tolist() == plain
+    assert propose(staged, context, 6) == plain
     assert staged.stage_guessed > 0  # the n-gram stage was used
 
 
@@ -82,12 +87,12 @@ def test_staged_drafter_uses_fewer_draft_forwards_on_repetitive_text():
         def __init__(self, inner):
             self.inner, self.calls = inner, 0
 
-        def new_cache(self, max_length):
-            return self.inner.new_cache(max_length)
+        def new_cache(self, *args):
+            return self.inner.new_cache(*args)
 
-        def __call__(self, tokens, cache):
+        def __call__(self, *args):
             self.calls += 1
-            return self.inner(tokens, cache)
+            return self.inner(*args)
 
     forwards = {}
     for kind in ("model", "staged"):

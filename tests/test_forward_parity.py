@@ -46,7 +46,7 @@ def test_prefill_decode_and_blocks_match(both_backends):
     # prefill 9, one-token decodes, then blocks of k at growing offsets
     pieces, start = [], 0
     for size in [9, 1, 1, 4, 1, 8, 3, 5, 1, 7]:
-        pieces.append(lean.forward(tokens[start : start + size], cache))
+        pieces.append(lean.extend(tokens[start : start + size], cache))
         start += size
     assert start == tokens.shape[0]
     torch.testing.assert_close(torch.cat(pieces), expected, atol=1e-4, rtol=0)
@@ -59,10 +59,10 @@ def test_rollback_then_new_block_matches(both_backends):
     tokens = torch.randint(0, lean.vocab_size, (30,))
     garbage = torch.randint(0, lean.vocab_size, (6,))
     cache = lean.new_cache()
-    lean.forward(tokens[:20], cache)
-    lean.forward(garbage, cache)
-    cache.crop(20)
-    block = lean.forward(tokens[20:], cache)
+    lean.extend(tokens[:20], cache)
+    lean.extend(garbage, cache)
+    cache.rollback(0, 20)
+    block = lean.extend(tokens[20:], cache)
     torch.testing.assert_close(block, reference_logits(reference, tokens)[20:], atol=1e-4, rtol=0)
 
 
@@ -71,11 +71,11 @@ def test_adapter_cache_rollback_matches(both_backends):
     torch.manual_seed(2)
     tokens = torch.randint(0, reference.vocab_size, (24,))
     cache = reference.new_cache()
-    reference.forward(tokens[:16], cache)
-    reference.forward(torch.randint(0, reference.vocab_size, (5,)), cache)
-    cache.crop(16)
+    reference.extend(tokens[:16], cache)
+    reference.extend(torch.randint(0, reference.vocab_size, (5,)), cache)
+    cache.rollback(0, 16)
     torch.testing.assert_close(
-        reference.forward(tokens[16:], cache), reference_logits(reference, tokens)[16:], atol=1e-4, rtol=0
+        reference.extend(tokens[16:], cache), reference_logits(reference, tokens)[16:], atol=1e-4, rtol=0
     )
 
 
@@ -88,15 +88,15 @@ def test_sharded_checkpoint_loads(model_dir):
     assert (sharded / "model.safetensors.index.json").is_file()
     tokens = torch.arange(10)
     one, many = load(folder), load(sharded)
-    torch.testing.assert_close(one.forward(tokens, one.new_cache()), many.forward(tokens, many.new_cache()))
+    torch.testing.assert_close(one.extend(tokens, one.new_cache()), many.extend(tokens, many.new_cache()))
 
 
 def test_int8_quantized_forward_is_close(model_dir):
     folder = save_random_model(model_dir / "int8", "llama", seed=5, init_scale=0.05)
     full, quantized = load(folder), load(folder, quantize="int8")
     tokens = torch.arange(12)
-    full_logits = full.forward(tokens, full.new_cache())
-    int8_logits = quantized.forward(tokens, quantized.new_cache())
+    full_logits = full.extend(tokens, full.new_cache())
+    int8_logits = quantized.extend(tokens, quantized.new_cache())
     assert not torch.equal(full_logits, int8_logits)  # it really ran the quantized path
     assert (full_logits - int8_logits).abs().max() < 0.05 * full_logits.abs().max()
 
@@ -109,10 +109,10 @@ def test_int8_block_scores_each_token_exactly_as_alone(model_dir, model_type, se
     model = load(folder, quantize="int8")
     tokens = torch.arange(3, 23)
     block_cache, single_cache = model.new_cache(), model.new_cache()
-    model.forward(tokens[:8], block_cache)
-    model.forward(tokens[:8], single_cache)
-    block = model.forward(tokens[8:], block_cache)
-    alone = torch.cat([model.forward(tokens[i : i + 1], single_cache) for i in range(8, 20)])
+    model.extend(tokens[:8], block_cache)
+    model.extend(tokens[:8], single_cache)
+    block = model.extend(tokens[8:], block_cache)
+    alone = torch.cat([model.extend(tokens[i : i + 1], single_cache) for i in range(8, 20)])
     assert torch.equal(block, alone)
 
 
@@ -121,7 +121,7 @@ def test_half_precision_forward_runs(model_dir, dtype):
     folder = save_random_model(model_dir / f"half-{dtype}", "llama", seed=6, init_scale=0.05)
     full, half = load(folder), load(folder, dtype=dtype)
     tokens = torch.arange(8)
-    half_logits = half.forward(tokens, half.new_cache())
+    half_logits = half.extend(tokens, half.new_cache())
     assert half_logits.dtype == getattr(torch, dtype)
-    full_logits = full.forward(tokens, full.new_cache())
+    full_logits = full.extend(tokens, full.new_cache())
     assert (half_logits.float() - full_logits).abs().max() < 0.05 * full_logits.abs().max() + 0.05

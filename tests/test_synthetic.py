@@ -10,6 +10,7 @@ import torch
 from specdec import SamplingParams, SpeculativeDecoder
 from specdec.bench.synthetic import CorruptedOracleDrafter, Shape, random_model, streamed_weight_bytes
 from specdec.cli import main
+from specdec.drafting.base import ContextRequest
 from specdec.metrics import expected_tokens_per_step, predicted_speedup
 
 TINY_TARGET, TINY_DRAFT = Shape(128, 2, 512), Shape(64, 1, 512)
@@ -53,7 +54,7 @@ def test_corrupted_oracle_accepts_each_position_with_probability_alpha():
     context = torch.tensor(expected[:20])
     correct, trials = 0, 0
     for _ in range(400):
-        tokens = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
+        tokens = drafter.propose(ContextRequest.started(drafter, context), 4).tokens.tolist()
         assert len(tokens) == 4 and all(0 <= t < TINY_TARGET.vocab for t in tokens)
         correct += sum(a == b for a, b in zip(tokens, expected[20:24]))
         trials += 4

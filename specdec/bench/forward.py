@@ -11,17 +11,20 @@ from pathlib import Path
 
 import torch
 
+from specdec.models.base import Attention
+
 
 def time_forward(model, block: int, repeats: int, context: int = 64) -> float:
     """Median seconds of one forward of `block` tokens after `context` cached tokens."""
     cache = model.new_cache()
-    model.forward(torch.arange(context) % model.vocab_size, cache)
+    model.extend(torch.arange(context) % model.vocab_size, cache)
     tokens = torch.arange(block) % model.vocab_size
+    positions = torch.arange(context, context + block)
+    attention = Attention.chain(block)
     samples = []
-    for _ in range(repeats):
-        cache.crop(context)  # every repeat scores the same positions
+    for _ in range(repeats):  # nothing is committed, so every repeat scores the same positions
         started = time.perf_counter()
-        model.forward(tokens, cache)
+        model.forward(tokens, positions, cache, attention)
         samples.append(time.perf_counter() - started)
     return statistics.median(samples)
 

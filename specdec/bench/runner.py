@@ -7,6 +7,7 @@ method's output in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.metrics import SpecStats
+from specdec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -21,15 +23,6 @@ class Prompt:
     category: str
     text: str
     id: str = ""
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
 
 
 @dataclass
@@ -44,7 +37,7 @@ class Method:
     """A named way to decode: prompt ids + settings -> generated ids (and stats when it has them)."""
 
     name: str
-    run: Callable[[list[int], DecodeSettings], MethodOutput]
+    run: Callable[[list[int], SamplingParams], MethodOutput]
     engine: str = "specdec"  # whose loop it is: "specdec" or "transformers"
     lossless: bool = True  # a greedy output different from the reference is a failure
 
@@ -67,11 +60,9 @@ class IdentityError(AssertionError):
 def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
     """A specdec SpeculativeDecoder as a benchmark method."""
 
-    def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
+    def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
         started = time.perf_counter()
-        result = decoder.generate(prompt_ids, max_new_tokens=settings.max_new_tokens,
-                                  temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                                  seed=settings.seed)
+        result = decoder.generate(prompt_ids, sampling=settings)
         return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
 
     return Method(name, run, engine)
@@ -87,7 +78,7 @@ def run_side_by_side(
     methods: Sequence[Method],
     prompts: Sequence[Prompt],
     encode: Callable[[str], list[int]],
-    settings: DecodeSettings,
+    settings: SamplingParams,
     reference: str,
     progress: Callable[[str], None] | None = None,
     warmup: bool = True,
@@ -96,7 +87,7 @@ def run_side_by_side(
     if reference not in {m.name for m in methods}:
         raise ValueError(f"the reference method {reference!r} is not among {[m.name for m in methods]}")
     if warmup:  # first calls pay one-off costs (allocations, lazy imports) that are not decoding
-        short = DecodeSettings(max_new_tokens=4, temperature=settings.temperature, seed=settings.seed)
+        short = dataclasses.replace(settings, max_new_tokens=4)
         for method in methods:
             method.run(encode(prompts[0].text), short)
     measurements: list[Measurement] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime
 import json
 import platform
@@ -12,9 +14,10 @@ from pathlib import Path
 import torch
 
 from specdec.bench.runner import (
-    DecodeSettings, Method, MethodOutput, Prompt, markdown_table, run_side_by_side, speculative_method, summarize, write_json,
+    Method, MethodOutput, Prompt, markdown_table, run_side_by_side, speculative_method, summarize, write_json,
 )
-from specdec.engine import SpeculativeDecoder
+from specdec.decoder import SpeculativeDecoder
+from specdec.sampling import SamplingParams
 from specdec.models.base import LanguageModel
 
 REFERENCE = "target-only"
@@ -89,11 +92,11 @@ def transformers_method(name: str, target: LanguageModel, draft: LanguageModel |
         extra["assistant_model"] = assistant
     tokenizer = target.tokenizer
 
-    def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
+    def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
         sampling = {"do_sample": False} if settings.temperature == 0.0 else {
             "do_sample": True, "temperature": settings.temperature, "top_k": settings.top_k or None,
-            "top_p": settings.top_p}
-        torch.manual_seed(settings.seed)
+            "top_p": settings.top_p, "min_p": settings.min_p or None}
+        torch.manual_seed(settings.seed or 0)
         started = time.perf_counter()
         input_ids = torch.tensor([prompt_ids], device=target.device)
         with torch.inference_mode():
@@ -152,7 +155,7 @@ def run_bench(
     draft: LanguageModel | None,
     methods: Sequence[str],
     prompts: Sequence[Prompt],
-    settings: DecodeSettings,
+    settings: SamplingParams,
     gamma: int,
     out: Path,
     progress: Callable[[str], None] | None = None,
@@ -169,7 +172,7 @@ def run_bench(
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_description(),
         "target": target.name, "draft": draft.name if draft else None, "gamma": gamma,
-        "settings": settings.__dict__,
+        "settings": dataclasses.asdict(settings),
         "greedy_identity_checked": settings.temperature == 0.0,
         "summaries": [s.to_dict() for s in summaries],
         "measurements": [

@@ -25,11 +25,11 @@ from torch import nn
 
 from specdec.bench.forward import time_forward
 from specdec.bench.runner import (
-    DecodeSettings, Method, MethodOutput, Prompt, run_side_by_side, speculative_method, write_json,
+    Method, MethodOutput, Prompt, run_side_by_side, speculative_method, write_json,
 )
-from specdec.drafting.base import Draft
-from specdec.drafting.model import DraftModelState, StopRule
-from specdec.engine import SpeculativeDecoder
+from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.drafting.model import DraftModelState
+from specdec.decoder import SpeculativeDecoder
 from specdec.metrics import predicted_speedup
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams
@@ -141,6 +141,12 @@ def streaming_bandwidth(megabytes: int = 512, repeats: int = 5) -> dict[str, flo
     return {"read": statistics.median(reads), "copy": statistics.median(copies)}
 
 
+@dataclass
+class OracleState:
+    model: DraftModelState
+    expected: torch.Tensor  # [n]: prompt + the target's greedy output
+
+
 class CorruptedOracleDrafter:
     """Proposes the target's own greedy continuation with each token replaced, with probability
     1 - alpha, by a uniformly random different token; runs the draft model on what it proposes
@@ -148,11 +154,12 @@ class CorruptedOracleDrafter:
     verification treats them as point masses. For benchmarks only: it needs the answer."""
 
     vocab_size = None  # proposes token ids, no q over a vocabulary
+    wants_hidden = False
 
     def __init__(self, draft_model: LanguageModel, alpha: float, vocab_size: int, seed: int = 0) -> None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-        self.state = DraftModelState(draft_model)
+        self.draft_model = draft_model
         self.alpha = alpha
         self.target_vocab = vocab_size
         self.random = random.Random(seed)
@@ -163,32 +170,28 @@ class CorruptedOracleDrafter:
         """The sequence target-only greedy decoding produces (prompt + output)."""
         self.expected = torch.tensor(list(sequence), dtype=torch.long)
 
-    def reset(self) -> None:
-        self.state.reset()
+    def start(self, prompt_ids: torch.Tensor) -> OracleState:
+        return OracleState(DraftModelState(self.draft_model, prompt_ids), self.expected)
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """Acceptance is set by alpha; nothing to learn."""
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        """Acceptance is set by alpha; only the draft model's cache follows the context."""
+        request.draft_state.model.observe(request.context.shape[0], outcome.emitted)
 
-
-    def propose(
-        self,
-        context: torch.Tensor,  # [n] int64
-        gamma: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        stop_early: StopRule | None = None,
-    ) -> Draft:
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        state: OracleState = request.draft_state
+        context = request.context
         n = context.shape[0]
-        gamma = self.state.start_draft(n, gamma)
+        gamma = state.model.start_draft(n, gamma)
         if gamma == 0:
             return Draft.empty(context.device)
-        self.state.forward(self.state.catch_up(context))
+        state.model.feed_pending()
         # The target's continuation is known only while the context follows the expected sequence.
-        on_reference = n <= self.expected.shape[0] and torch.equal(context.cpu(), self.expected[:n])
+        expected = state.expected
+        on_reference = n <= expected.shape[0] and torch.equal(context.cpu(), expected[:n])
         tokens = []
         for position in range(n, n + gamma):
-            if on_reference and position < self.expected.shape[0]:
-                token = int(self.expected[position])
+            if on_reference and position < expected.shape[0]:
+                token = int(expected[position])
             else:
                 self.off_reference += 1
                 token = self.random.randrange(self.target_vocab)
@@ -196,7 +199,7 @@ class CorruptedOracleDrafter:
                 token = (token + self.random.randrange(1, self.target_vocab)) % self.target_vocab
             tokens.append(token)
             if len(tokens) < gamma:  # the draft model reads each proposal, as a real drafter would
-                self.state.forward(torch.tensor([token], device=context.device))
+                state.model.forward(torch.tensor([token], device=context.device))
         return Draft(torch.tensor(tokens, dtype=torch.long, device=context.device))
 
 
@@ -219,7 +222,7 @@ def synthetic_method(name: str, decoder: SpeculativeDecoder, expected: dict[tupl
     method = speculative_method(name, decoder)
     drafter = decoder.drafter
 
-    def run(prompt_ids: list[int], settings: DecodeSettings) -> MethodOutput:
+    def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
         if drafter is not None:
             drafter.expect(expected.get(tuple(prompt_ids), prompt_ids))
         return method.run(prompt_ids, settings)
@@ -251,7 +254,7 @@ def measure_precision(config: SyntheticConfig, precision: str, progress: Progres
     prompt_ids = {f"random-{i}": torch.randint(config.target.vocab, (config.prompt_tokens,), generator=generator).tolist()
                   for i in range(config.prompts)}
     prompts = [Prompt("random", key, key) for key in prompt_ids]
-    settings = DecodeSettings(max_new_tokens=config.max_new_tokens)
+    settings = SamplingParams(max_new_tokens=config.max_new_tokens)
 
     say(f"{precision}: target-only reference outputs", 0)  # untimed; also warms everything up
     reference_decoder = SpeculativeDecoder(target)

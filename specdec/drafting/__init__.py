@@ -1,4 +1,4 @@
-from specdec.drafting.base import Draft, Drafter
+from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.drafting.staged import StagedDrafter
@@ -17,5 +17,5 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1) ->
     return ModelDrafter(draft_model) if kind == "model" else StagedDrafter(draft_model, max_n, min_n)
 
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter",
+__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "ModelDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter",
            "make_drafter"]

@@ -1,24 +1,30 @@
-"""The one narrow interface every drafter implements, and the hand-off it returns."""
+"""The one narrow interface every drafter implements, and the hand-offs in and out of it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from specdec.sampling import SamplingParams
 
+#: Called after each drafted token with (tokens drafted so far, their chain probability under q);
+#: True stops drafting. Draft-length policies supply it (see specdec.policy).
+StopRule = Callable[[int, float], bool]
+
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed continuation. probs is q at each drafted position (p = target, q = draft, as in
+    """Proposed continuation. probs is q at each drafted node (p = target, q = draft, as in
     Leviathan et al. 2023, Algorithm 1); None means the drafter is deterministic (point masses),
-    or decoding is greedy and verification needs no q."""
+    or decoding is greedy and verification needs no q. parents is None for a chain; for a tree,
+    parents[i] is node i's parent (-1 = the last committed token), in topological order."""
 
     tokens: torch.Tensor  # [gamma] int64
     probs: torch.Tensor | None = None  # [gamma, vocab]
+    parents: tuple[int, ...] | None = None
 
     @property
     def gamma(self) -> int:
@@ -29,29 +35,67 @@ class Draft:
         return Draft(torch.empty(0, dtype=torch.long, device=device))
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step of one request produced, as drafters and the text layer see it."""
+
+    emitted: torch.Tensor  # [n_accepted + 1] int64: accepted drafts, then the target's token
+    num_drafted: int
+    hidden: torch.Tensor | None = None  # [n_accepted + 1, hidden]: the target's, when a drafter asks
+
+    @property
+    def num_accepted(self) -> int:
+        return int(self.emitted.shape[0]) - 1
+
+
+class DraftRequest(Protocol):
+    """What a drafter may read of a request (the engine's Request satisfies it)."""
+
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    draft_state: Any  # what this drafter's start() returned for the request
+
+    @property
+    def context(self) -> torch.Tensor: ...  # [n] int64: the prompt and every token emitted so far
+
+    @property
+    def stop_early(self) -> StopRule | None: ...  # the request's policy's rule, if it cuts drafts
+
+
 @runtime_checkable
 class Drafter(Protocol):
-    """propose / observe / reset. A drafter changes speed, never output: any tokens it proposes
-    are verified against the target."""
+    """start / propose / observe. A drafter holds what is shared (weights, settings); each
+    request gets its own state from start(), kept on the request. A drafter changes speed,
+    never output: any tokens it proposes are verified against the target."""
 
     #: The vocabulary its q ranges over (None for drafters with no q, such as n-gram lookup).
     vocab_size: int | None
+    #: Whether observe() wants the target's hidden states of the emitted tokens.
+    wants_hidden: bool
 
-    def reset(self) -> None:
-        """Forget the previous sequence (called at the start of every generation)."""
+    def start(self, prompt_ids: torch.Tensor) -> Any:  # prompt_ids [n] int64
+        """A new request's drafting state."""
 
-    def propose(
-        self,
-        context: torch.Tensor,  # [n] int64: the prompt and every token emitted so far
-        gamma: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        stop_early: Callable[[int, float], bool] | None = None,
-    ) -> Draft:
-        """Up to gamma tokens continuing context. When sampling, tokens must be drawn from the
-        returned probs (or be deterministic with probs None), or verification is not lossless.
-        stop_early(drafted, chain_probability) -> True lets a policy cut a draft short; drafters
-        without a probability for their guesses ignore it."""
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        """Up to gamma tokens continuing request.context. When sampling, tokens must be drawn
+        from the returned probs (or be deterministic with probs None), or verification is not
+        lossless. request.stop_early lets a policy cut a draft short; drafters without a
+        probability for their guesses ignore it."""
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """Feedback after verification: how many of the proposed tokens the target kept."""
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        """After verification: request.context now ends with outcome.emitted."""
+
+
+@dataclass
+class ContextRequest:
+    """A DraftRequest outside the engine (tests, notebooks): a fixed context and its state."""
+
+    context: torch.Tensor  # [n] int64
+    draft_state: Any = None
+    sampling: SamplingParams = SamplingParams()
+    generator: torch.Generator | None = None
+    stop_early: StopRule | None = None
+
+    @staticmethod
+    def started(drafter: Drafter, context: torch.Tensor, **fields: Any) -> ContextRequest:
+        return ContextRequest(context, drafter.start(context), **fields)

@@ -2,41 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from specdec.drafting.base import Draft
+from specdec.drafting.base import Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams, logits_to_probs
 
-#: Called after each drafted token with (tokens drafted so far, their chain probability under q);
-#: True stops drafting. Draft-length policies supply it (see specdec.policy).
-StopRule = Callable[[int, float], bool]
-
-
-def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the longest common prefix of two 1-D token tensors."""
-    n = min(a.shape[0], b.shape[0])
-    mismatches = (a[:n] != b[:n]).nonzero()
-    return int(mismatches[0, 0]) if mismatches.numel() else n
-
 
 class DraftModelState:
-    """A draft model with its own KV cache and a record of the tokens that cache holds.
+    """One request's draft-model cache, and the context tokens not yet fed to it.
 
-    Each step it rolls the cache back to the longest prefix that agrees with the verified
-    context (a pointer move) and feeds the rest, usually the accepted tokens and the target's
-    own token.
+    Invariant: the cache's committed tokens followed by ``pending`` are the request's context
+    (while drafting, the drafted tokens fed so far follow the context in the cache). observe()
+    keeps the entries of accepted drafts and queues the rest of what was emitted: no diffing.
     """
 
-    def __init__(self, model: LanguageModel) -> None:
+    def __init__(self, model: LanguageModel, prompt_ids: torch.Tensor) -> None:  # prompt_ids [n]
         self.model = model
         self.cache = model.new_cache()
-        self.fed = torch.empty(model.max_context, dtype=torch.long, device=model.device)  # [max_context]
-
-    def reset(self) -> None:
-        self.cache.reset()
+        self.pending = prompt_ids  # [m] int64
 
     def room(self, context_length: int) -> int:
         """How many tokens can still be drafted after context_length (the cache will hold the
@@ -50,17 +34,27 @@ class DraftModelState:
             self.cache.reserve(context_length + gamma)
         return max(gamma, 0)
 
-    def catch_up(self, context: torch.Tensor) -> torch.Tensor:  # context [n] -> pending [m >= 1]
-        """Crop the cache to what agrees with context; return the context tokens still to feed
-        (always at least the last one, whose logits give q for the first draft)."""
-        kept = min(common_prefix_length(self.fed[: self.cache.length], context), context.shape[0] - 1)
-        self.cache.crop(kept)
-        return context[kept:]
+    def feed_pending(self) -> torch.Tensor:  # -> logits [1, vocab] after the whole context
+        """Feed the context tokens the cache lacks (at least the last one: its logits give q
+        for the first draft token)."""
+        logits = self.forward(self.pending)[-1:]
+        self.pending = self.pending[:0]
+        return logits
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, vocab]
-        start = self.cache.length
-        self.fed[start : start + tokens.shape[0]] = tokens
-        return self.model.forward(tokens, self.cache)
+        return self.model.extend(tokens, self.cache)
+
+    def observe(self, context_length: int, emitted: torch.Tensor) -> None:
+        """The context now has context_length tokens, the last len(emitted) of them new."""
+        before = context_length - emitted.shape[0]  # the context's length when the step began
+        fed = self.cache.lengths[0]
+        if fed < before:  # nothing was drafted: the cache did not move
+            self.pending = torch.cat([self.pending, emitted])
+            return
+        # Cache entries past `before` are drafted tokens in order; the accepted ones stay.
+        keep = min(fed, before + emitted.shape[0] - 1)
+        self.cache.rollback(0, keep)
+        self.pending = emitted[keep - before :]
 
 
 def sample_from_logits(
@@ -87,33 +81,30 @@ def token_confidence(
 
 
 class ModelDrafter:
-    """Drafts autoregressively with its own model and KV cache."""
+    """Drafts autoregressively with its own model and a KV cache per request."""
+
+    wants_hidden = False
 
     def __init__(self, model: LanguageModel) -> None:
-        self.state = DraftModelState(model)
+        self.model = model
         self.vocab_size = model.vocab_size
 
-    def reset(self) -> None:
-        self.state.reset()
+    def start(self, prompt_ids: torch.Tensor) -> DraftModelState:
+        return DraftModelState(self.model, prompt_ids)
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """Nothing to learn: the next propose() reconciles the cache with the context."""
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        request.draft_state.observe(request.context.shape[0], outcome.emitted)
 
-    def propose(
-        self,
-        context: torch.Tensor,  # [n] int64
-        gamma: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        stop_early: StopRule | None = None,
-    ) -> Draft:
-        gamma = self.state.start_draft(context.shape[0], gamma)
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        state: DraftModelState = request.draft_state
+        context, sampling, stop_early = request.context, request.sampling, request.stop_early
+        gamma = state.start_draft(context.shape[0], gamma)
         if gamma == 0:
             return Draft.empty(context.device)
-        logits = self.state.forward(self.state.catch_up(context))[-1:]  # [1, vocab]
+        logits = state.feed_pending()  # [1, vocab]
         tokens, probs, chain_probability = [], [], 1.0
         while True:
-            token, step_probs = sample_from_logits(logits, sampling, generator)
+            token, step_probs = sample_from_logits(logits, sampling, request.generator)
             tokens.append(token)
             if step_probs is not None:
                 probs.append(step_probs)
@@ -123,5 +114,5 @@ class ModelDrafter:
                 chain_probability *= token_confidence(logits, step_probs, token, sampling)
                 if stop_early(len(tokens), chain_probability):
                     break
-            logits = self.state.forward(token)
+            logits = state.forward(token)
         return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafting.base import Draft
-from specdec.sampling import SamplingParams
+from specdec.drafting.base import Draft, DraftRequest, StepOutcome
 
 
 class NGramIndex:
@@ -44,35 +43,24 @@ class NGramIndex:
 
 
 class NGramDrafter:
-    """Drafter protocol around an NGramIndex of the verified context."""
+    """Drafter protocol around an NGramIndex of each request's verified context."""
 
     vocab_size = None  # no q: any vocabulary
+    wants_hidden = False
 
     def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
-        self.index = NGramIndex(max_n, min_n)
+        NGramIndex(max_n, min_n)  # checks the sizes now, not at the first request
+        self.max_n, self.min_n = max_n, min_n
 
-    def reset(self) -> None:
-        self.index.reset()
+    def start(self, prompt_ids: torch.Tensor) -> NGramIndex:
+        index = NGramIndex(self.max_n, self.min_n)
+        index.extend(prompt_ids.tolist())
+        return index
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """The index learns from the context itself in propose()."""
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        request.draft_state.extend(outcome.emitted.tolist())
 
-    def sync(self, context: torch.Tensor) -> None:  # context [n]
-        """Bring the index up to the verified context (only the new tokens are read)."""
-        known = len(self.index.tokens)
-        if context.shape[0] < known:  # a different sequence: start over
-            self.index.reset()
-            known = 0
-        self.index.extend(context[known:].tolist())
-
-    def propose(
-        self,
-        context: torch.Tensor,  # [n] int64
-        gamma: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        stop_early=None,
-    ) -> Draft:
-        self.sync(context)
-        guess = self.index.lookup(self.index.tokens, gamma) if gamma > 0 else []
-        return Draft(torch.tensor(guess, dtype=torch.long, device=context.device))
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        index: NGramIndex = request.draft_state
+        guess = index.lookup(index.tokens, gamma) if gamma > 0 else []
+        return Draft(torch.tensor(guess, dtype=torch.long, device=request.context.device))

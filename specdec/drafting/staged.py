@@ -9,62 +9,69 @@ is unchanged. The gain: several draft tokens per draft forward when the text rep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from specdec.drafting.base import Draft
-from specdec.drafting.model import DraftModelState, StopRule, token_confidence
-from specdec.drafting.ngram import NGramDrafter
+from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.drafting.model import DraftModelState, token_confidence
+from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.models.base import LanguageModel
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling import logits_to_probs
 from specdec.verify import greedy_verify, rejection_sample
 
 
+@dataclass
+class StagedState:
+    model: DraftModelState
+    index: NGramIndex
+
+
 class StagedDrafter:
+    wants_hidden = False
+
     def __init__(self, model: LanguageModel, max_n: int = 4, min_n: int = 1) -> None:
-        self.state = DraftModelState(model)
+        self.model = model
         self.ngram = NGramDrafter(max_n, min_n)
         self.vocab_size = model.vocab_size
         self.stage_guessed = self.stage_accepted = 0  # how the n-gram stage fares against the draft model
 
-    def reset(self) -> None:
-        self.state.reset()
-        self.ngram.reset()
+    def start(self, prompt_ids: torch.Tensor) -> StagedState:
+        return StagedState(DraftModelState(self.model, prompt_ids), self.ngram.start(prompt_ids))
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """Both stages reconcile with the context in propose()."""
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        state: StagedState = request.draft_state
+        state.model.observe(request.context.shape[0], outcome.emitted)
+        state.index.extend(outcome.emitted.tolist())
 
-    def propose(
-        self,
-        context: torch.Tensor,  # [n] int64
-        gamma: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        stop_early: StopRule | None = None,
-    ) -> Draft:
-        gamma = self.state.start_draft(context.shape[0], gamma)
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        state: StagedState = request.draft_state
+        context, sampling, stop_early = request.context, request.sampling, request.stop_early
+        gamma = state.model.start_draft(context.shape[0], gamma)
         if gamma == 0:
             return Draft.empty(context.device)
-        self.ngram.sync(context)
-        pending = self.state.catch_up(context)  # [m >= 1], not yet in the draft cache
+        pending = state.model.pending  # [m >= 1], not yet in the draft cache
+        state.model.pending = pending[:0]
         drafted: list[int] = []
         probs: list[torch.Tensor] = []  # q rows, [k, vocab] each
         chain_probability = 1.0
         while len(drafted) < gamma:
             # Leave room for the draft model's own token after the guess.
-            guess_list = self.ngram.index.lookup(self.ngram.index.tokens + drafted, gamma - len(drafted) - 1)
+            guess_list = state.index.lookup(state.index.tokens + drafted, gamma - len(drafted) - 1)
             guess = torch.tensor(guess_list, dtype=torch.long, device=context.device)  # [g]
-            logits = self.state.forward(torch.cat([pending, guess]))[-(guess.shape[0] + 1) :]  # [g + 1, vocab]
+            logits = state.model.forward(torch.cat([pending, guess]))[-(guess.shape[0] + 1) :]  # [g + 1, vocab]
             if sampling.greedy:  # greedy needs no q
                 step_probs = None
                 emitted = greedy_verify(guess, logits)
             else:
                 step_probs = logits_to_probs(logits, sampling)  # [g + 1, vocab], q
-                emitted = rejection_sample(guess, None, step_probs, generator)
+                emitted = rejection_sample(guess, None, step_probs, request.generator)
             n_accepted = emitted.shape[0] - 1
             self.stage_guessed += guess.shape[0]
             self.stage_accepted += n_accepted
             # Keep cache entries up to the last accepted guess; the new token is fed next round.
-            self.state.cache.crop(self.state.cache.length - (guess.shape[0] - n_accepted))
+            cache = state.model.cache
+            cache.rollback(0, cache.lengths[0] - (guess.shape[0] - n_accepted))
             pending = emitted[-1:]
             stop = False
             for position, token in enumerate(emitted.tolist()):

@@ -1,33 +1,141 @@
-"""What the engine needs of a model, whichever forward runs it."""
+"""What the engine needs of a model, whichever forward runs it.
+
+One call scores a ragged batch: every request's new tokens flattened into one block, with
+explicit positions, the cache row each segment belongs to, and for each segment whether its
+tokens form a causal chain or a tree. The forward writes the new keys and values past each
+row's committed length and does not commit them: the engine decides, after verification, what
+to keep (``commit``, ``rollback``, ``compact``). Everything past a row's length is garbage.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 
-class Cache(Protocol):
-    """Per-sequence attention state. ``length`` positions are valid; ``crop`` rolls back."""
+@dataclass(frozen=True)
+class Segment:
+    """One request's new tokens inside a forward.
 
-    length: int
+    parents is None for a causal chain (token i sees the committed context and new tokens
+    0..i); for a tree, parents[i] is the index (within this segment) of node i's parent, or -1
+    for a node that hangs off the committed context. Nodes come in topological order
+    (parents[i] < i) and each sees the committed context, its ancestors and itself.
+    """
+
+    row: int  # cache row
+    count: int  # new tokens
+    parents: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            if len(self.parents) != self.count:
+                raise ValueError(f"a tree of {self.count} nodes needs {self.count} parents, got {len(self.parents)}")
+            bad = [i for i, parent in enumerate(self.parents) if not -1 <= parent < i]
+            if bad:
+                raise ValueError(f"tree parents must satisfy -1 <= parents[i] < i; nodes {bad} do not")
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Who sees what in one forward: segments in the order of the flattened tokens."""
+
+    segments: tuple[Segment, ...]
+
+    @staticmethod
+    def chain(count: int, row: int = 0) -> Attention:
+        return Attention((Segment(row, count),))
+
+    @staticmethod
+    def tree(parents: Sequence[int], row: int = 0) -> Attention:
+        return Attention((Segment(row, len(parents), tuple(parents)),))
+
+    @property
+    def offsets(self) -> list[int]:
+        """Cumulative token counts: segment s owns flattened tokens offsets[s]:offsets[s + 1]."""
+        offsets = [0]
+        for segment in self.segments:
+            offsets.append(offsets[-1] + segment.count)
+        return offsets
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(segment.count for segment in self.segments)
+
+    @property
+    def has_trees(self) -> bool:
+        return any(segment.parents is not None for segment in self.segments)
+
+
+def tree_visibility(parents: Sequence[int]) -> torch.Tensor:  # [n, n] bool
+    """visible[i, j]: node j is node i or one of its ancestors."""
+    count = len(parents)
+    visible = torch.eye(count, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            visible[node] |= visible[parent]
+    return visible
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node below the committed context (a root node has depth 0)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor | None  # [n, vocab] (None when not asked for, as in a prefill)
+    hidden: torch.Tensor | None = None  # [n, hidden], the last layer's output, when asked for
+
+
+class Cache(Protocol):
+    """Attention state of ``rows`` sequences. Row r holds lengths[r] committed positions; a
+    forward writes new tokens after them, and these verbs decide what stays."""
+
+    rows: int
+    max_length: int
+    lengths: list[int]
 
     def reserve(self, capacity: int) -> None: ...
-    def crop(self, length: int) -> None: ...
-    def reset(self) -> None: ...
+    def commit(self, row: int, count: int) -> None: ...
+    def rollback(self, row: int, length: int) -> None: ...
+    def compact(self, row: int, keep: Sequence[int]) -> None: ...
 
 
 class Network(Protocol):
     """A causal LM forward that keeps all per-sequence state in a cache it creates."""
 
-    def new_cache(self, max_length: int) -> Cache: ...
+    def new_cache(self, max_length: int, rows: int = 1) -> Cache: ...
 
     def __call__(
         self,
-        tokens: torch.Tensor,  # [k] int64, fed at positions cache.length .. cache.length + k - 1
+        tokens: torch.Tensor,  # [n] int64, every segment's new tokens, flattened
+        positions: torch.Tensor,  # [n] int64, absolute positions (depth in a tree + committed length)
         cache: Cache,
-    ) -> torch.Tensor: ...  # [k, vocab] logits
+        attention: Attention,
+        want_logits: bool = True,
+        want_hidden: bool = False,
+    ) -> ForwardOutput: ...
+
+
+def check_forward(tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, attention: Attention) -> None:
+    """The checks every Network makes before writing anything."""
+    if tokens.shape != positions.shape or tokens.dim() != 1:
+        raise ValueError(f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must be equal 1-D shapes")
+    if attention.num_tokens != tokens.shape[0]:
+        raise ValueError(f"attention covers {attention.num_tokens} tokens, the block has {tokens.shape[0]}")
+    for segment in attention.segments:
+        if not 0 <= segment.row < cache.rows:
+            raise ValueError(f"cache row {segment.row} does not exist (the cache has {cache.rows})")
+        end = cache.lengths[segment.row] + segment.count
+        if end > cache.max_length:
+            raise ValueError(f"position {end - 1} is past the context length {cache.max_length}")
 
 
 @dataclass
@@ -45,12 +153,25 @@ class LanguageModel:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     path: str | None = None  # the folder it was loaded from
 
-    def new_cache(self) -> Cache:
-        return self.network.new_cache(self.max_context)
+    def new_cache(self, rows: int = 1) -> Cache:
+        return self.network.new_cache(self.max_context, rows)
 
     def forward(
         self,
-        tokens: torch.Tensor,  # [k] int64
+        tokens: torch.Tensor,  # [n] int64
+        positions: torch.Tensor,  # [n] int64
         cache: Cache,
-    ) -> torch.Tensor:  # [k, vocab] logits
-        return self.network(tokens, cache)
+        attention: Attention,
+        want_logits: bool = True,
+        want_hidden: bool = False,
+    ) -> ForwardOutput:
+        return self.network(tokens, positions, cache, attention, want_logits, want_hidden)
+
+    def extend(self, tokens: torch.Tensor, cache: Cache, row: int = 0) -> torch.Tensor:  # [k] -> [k, vocab]
+        """Feed a chain of tokens after row's committed context and commit them: the plain
+        left-to-right use (prefills, draft models, tests)."""
+        start = cache.lengths[row]
+        positions = torch.arange(start, start + tokens.shape[0], device=tokens.device)
+        logits = self.forward(tokens, positions, cache, Attention.chain(tokens.shape[0], row)).logits
+        cache.commit(row, tokens.shape[0])
+        return logits

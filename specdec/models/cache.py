@@ -1,11 +1,17 @@
-"""A preallocated KV cache indexed by absolute position (as in gpt-fast), with explicit verbs
-(as in nanochat's engine): ``reserve``, ``write``, ``advance``, ``crop``, ``reset``.
+"""A preallocated KV cache with a batch of rows, indexed by slot (as in gpt-fast), with per-row
+lengths and explicit verbs (as in nanochat's engine).
 
-Everything at or past ``length`` is garbage that the next forward overwrites, so rolling back
-rejected draft tokens is ``crop(new_length)``: a pointer move, nothing is copied or freed.
+Row r's slots 0..lengths[r]-1 hold its committed context, in position order. A forward writes
+its new tokens at the slots just past the committed length; the engine then keeps what the
+target accepted: ``commit(row, n)`` keeps the first n new slots (a chain), ``compact(row,
+keep)`` moves the kept slots of a tree's accepted path into place, ``rollback(row, length)``
+forgets everything from length on. Nothing is freed or reallocated: slots past a row's length
+are garbage that the next forward overwrites.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -19,62 +25,83 @@ class KVCache:
         max_length: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        rows: int = 1,
         initial_capacity: int = 256,
     ) -> None:
+        if rows < 1:
+            raise ValueError(f"a cache needs at least one row, got {rows}")
         self.max_length = max_length
-        self.length = 0
-        self._shape = (num_layers, num_kv_heads, 0, head_dim)
+        self.rows = rows
+        self.lengths = [0] * rows
+        self._shape = (num_layers, rows, num_kv_heads, 0, head_dim)
         self._dtype, self._device = dtype, torch.device(device)
         self.keys = self.values = torch.empty(self._shape, dtype=dtype, device=self._device)
         self.reserve(min(initial_capacity, max_length))
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.keys.shape[3]
 
     def reserve(self, capacity: int) -> None:
-        """Make room for ``capacity`` positions. Engines call this once per generation with the
-        longest length they can reach, so the decoding loop itself never allocates."""
+        """Make room for ``capacity`` slots in every row. Engines call this once per generation
+        with the longest length they can reach, so the decoding loop itself never allocates."""
         capacity = min(capacity, self.max_length)
         if capacity <= self.capacity:
             return
         # Grow geometrically so that callers who do not reserve still pay O(log n) copies.
         capacity = min(max(capacity, 2 * self.capacity), self.max_length)
-        layers, heads, _, head_dim = self._shape
-        shape = (layers, heads, capacity, head_dim)
-        keys = torch.empty(shape, dtype=self._dtype, device=self._device)
-        values = torch.empty(shape, dtype=self._dtype, device=self._device)
-        keys[:, :, : self.length] = self.keys[:, :, : self.length]
-        values[:, :, : self.length] = self.values[:, :, : self.length]
+        layers, rows, heads, _, head_dim = self._shape
+        keys = torch.empty((layers, rows, heads, capacity, head_dim), dtype=self._dtype, device=self._device)
+        values = torch.empty_like(keys)
+        used = max(self.lengths)
+        keys[..., :used, :] = self.keys[..., :used, :]
+        values[..., :used, :] = self.values[..., :used, :]
         self.keys, self.values = keys, values
-
-    def positions(self, num_tokens: int) -> torch.Tensor:  # [num_tokens] int64
-        """Absolute positions of the next ``num_tokens`` tokens."""
-        return torch.arange(self.length, self.length + num_tokens, device=self._device)
 
     def write(
         self,
         layer: int,
+        row: int,
         keys: torch.Tensor,  # [kv_heads, k, head_dim]
         values: torch.Tensor,  # [kv_heads, k, head_dim]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + k, head_dim]
-        """Store the new tokens' keys and values at positions length.., return all valid ones."""
-        end = self.length + keys.shape[1]
+        """Store k new tokens' keys and values past row's committed length (uncommitted), and
+        return the row's committed and new ones."""
+        start = self.lengths[row]
+        end = start + keys.shape[1]
         if end > self.capacity:
             raise RuntimeError(f"KV cache holds {self.capacity} positions, {end} needed; call reserve() first")
-        self.keys[layer, :, self.length : end] = keys
-        self.values[layer, :, self.length : end] = values
-        return self.keys[layer, :, :end], self.values[layer, :, :end]
+        self.keys[layer, row, :, start:end] = keys
+        self.values[layer, row, :, start:end] = values
+        return self.keys[layer, row, :, :end], self.values[layer, row, :, :end]
 
-    def advance(self, num_tokens: int) -> None:
-        """Commit the positions just written by every layer."""
-        self.length += num_tokens
+    def commit(self, row: int, count: int) -> None:
+        """Keep the first ``count`` slots written past row's length."""
+        if not 0 <= count <= self.capacity - self.lengths[row]:
+            raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
+        self.lengths[row] += count
 
-    def crop(self, length: int) -> None:
-        """Roll back to ``length`` valid positions (drop rejected draft tokens)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
-        self.length = length
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row's slots from ``length`` on."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
+        self.lengths[row] = length
 
-    def reset(self) -> None:
-        self.length = 0
+    def compact(self, row: int, keep: Sequence[int]) -> None:
+        """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
+        path), moved into place right after the committed context, and commit them."""
+        start = self.lengths[row]
+        if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and (keep[0] < 0 or start + keep[-1] >= self.capacity)):
+            raise ValueError(f"compact needs increasing offsets of written slots, got {list(keep)}")
+        moved = [i for i, offset in enumerate(keep) if offset != i]
+        if moved:  # offsets increase, so every source lies at or after its destination: gather first
+            source = torch.tensor([start + keep[i] for i in moved], device=self._device)
+            target = torch.tensor([start + i for i in moved], device=self._device)
+            self.keys[:, row, :, target] = self.keys[:, row, :, source]
+            self.values[:, row, :, target] = self.values[:, row, :, source]
+        self.lengths[row] = start + len(keep)
+
+    def reset(self, row: int | None = None) -> None:
+        """Empty one row (or all)."""
+        for index in range(self.rows) if row is None else [row]:
+            self.lengths[index] = 0

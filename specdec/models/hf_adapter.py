@@ -1,61 +1,105 @@
 """Any transformers causal LM behind specdec's Network interface: slower than the own forward
-(per-op overhead, a dynamic cache), but it runs architectures the lean forward does not."""
+(per-op overhead, a dynamic cache), but it runs architectures the lean forward does not.
+
+Chains only: a tree would need a 4D mask that not every architecture's attention honours, so
+trees are refused with a clear error (use the own forward, `--backend specdec`, for trees).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from specdec.models.base import Attention, ForwardOutput, check_forward
+
 
 class HFCache:
-    """transformers' DynamicCache with the verbs of specdec's KVCache; rollback crops it.
+    """One transformers DynamicCache per row, with the verbs of specdec's KVCache.
 
-    Built without the model config so every layer keeps its full history: sliding-window layers
-    that drop old states could not be rolled back. The model's masks still apply the window."""
+    A forward appends to the DynamicCache; ``lengths`` says how much of it is committed, and
+    the next verb or forward crops the rest. Built without the model config so every layer keeps
+    its full history: sliding-window layers that drop old states could not be rolled back. The
+    model's masks still apply the window."""
 
-    def __init__(self, max_length: int) -> None:
+    def __init__(self, max_length: int, rows: int = 1) -> None:
+        self.max_length, self.rows = max_length, rows
+        self.lengths = [0] * rows
+        self.inner = [self._new_inner() for _ in range(rows)]
+        self.written = [0] * rows  # what each DynamicCache holds, committed or not
+
+    @staticmethod
+    def _new_inner():
         from transformers import DynamicCache
 
-        self.max_length = max_length
-        self.inner = DynamicCache()
-        self.length = 0
+        return DynamicCache()
 
     def reserve(self, capacity: int) -> None:
         """A dynamic cache grows by itself."""
 
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
-        if length < self.length:
-            self.inner.crop(length - self.length)  # a negative count removes that many
-        self.length = length
+    def trim(self, row: int) -> None:
+        """Drop what a forward wrote past the committed length."""
+        excess = self.written[row] - self.lengths[row]
+        if excess > 0:
+            self.inner[row].crop(-excess)  # a negative count removes that many
+        self.written[row] = self.lengths[row]
 
-    def reset(self) -> None:
-        from transformers import DynamicCache
+    def commit(self, row: int, count: int) -> None:
+        if not 0 <= count <= self.written[row] - self.lengths[row]:
+            raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
+        self.lengths[row] += count
+        self.trim(row)
 
-        self.inner = DynamicCache()
-        self.length = 0
+    def rollback(self, row: int, length: int) -> None:
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
+        self.lengths[row] = length
+        self.trim(row)
+
+    def compact(self, row: int, keep: Sequence[int]) -> None:
+        """Only a chain prefix can be kept here (the adapter runs no trees)."""
+        if list(keep) != list(range(len(keep))):
+            raise ValueError("the transformers adapter keeps chain prefixes only; trees need --backend specdec")
+        self.commit(row, len(keep))
+
+    def reset(self, row: int | None = None) -> None:
+        for index in range(self.rows) if row is None else [row]:
+            self.inner[index] = self._new_inner()
+            self.lengths[index] = self.written[index] = 0
 
 
 class HFNetwork:
     def __init__(self, model: nn.Module) -> None:
         self.model = model.eval()
 
-    def new_cache(self, max_length: int) -> HFCache:
-        return HFCache(max_length)
+    def new_cache(self, max_length: int, rows: int = 1) -> HFCache:
+        return HFCache(max_length, rows)
 
     @torch.inference_mode()
     def __call__(
         self,
-        tokens: torch.Tensor,  # [k] int64
+        tokens: torch.Tensor,  # [n] int64
+        positions: torch.Tensor,  # [n] int64
         cache: HFCache,
-    ) -> torch.Tensor:  # [k, vocab] logits
-        num_tokens = tokens.shape[0]
-        if cache.length + num_tokens > cache.max_length:
-            raise ValueError(f"position {cache.length + num_tokens - 1} is past the context length {cache.max_length}")
-        positions = torch.arange(cache.length, cache.length + num_tokens, device=tokens.device)
-        output = self.model(
-            input_ids=tokens[None], position_ids=positions[None], past_key_values=cache.inner, use_cache=True,
-        )
-        cache.length += num_tokens
-        return output.logits[0]
+        attention: Attention,
+        want_logits: bool = True,
+        want_hidden: bool = False,
+    ) -> ForwardOutput:
+        check_forward(tokens, positions, cache, attention)
+        if attention.has_trees:
+            raise ValueError("the transformers adapter verifies chains only; use --backend specdec for token trees")
+        offsets = attention.offsets
+        logits, hidden = [], []
+        # One model call per segment: each row has its own DynamicCache (rows roll back separately).
+        for segment, start, end in zip(attention.segments, offsets, offsets[1:]):
+            cache.trim(segment.row)
+            output = self.model(
+                input_ids=tokens[None, start:end], position_ids=positions[None, start:end],
+                past_key_values=cache.inner[segment.row], use_cache=True, output_hidden_states=want_hidden,
+            )
+            cache.written[segment.row] += segment.count
+            logits.append(output.logits[0])
+            if want_hidden:
+                hidden.append(output.hidden_states[-1][0])
+        return ForwardOutput(torch.cat(logits) if want_logits else None, torch.cat(hidden) if want_hidden else None)

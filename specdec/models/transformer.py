@@ -5,8 +5,10 @@ SwiGLU, tied or untied embeddings, optional qkv bias (qwen2) and sliding-window 
 (mistral). The q/k/v and gate/up projections are fused into one matmul each at load time: on a
 CPU most of a small model's time is per-op overhead, so fewer, larger ops are faster.
 
-``forward(tokens, cache)`` feeds a block of k tokens at absolute positions cache.length ..
-cache.length + k - 1: one token when decoding, k tokens when verifying a draft.
+``forward(tokens, positions, cache, attention)`` scores a ragged block (see models/base.py):
+one token when decoding, a chain or a tree of drafts when verifying, several requests at once.
+The linear layers run over the whole flattened block; attention runs per segment, over that
+segment's cache row.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.models.base import Attention, ForwardOutput, Segment, check_forward, tree_visibility
 from specdec.models.cache import KVCache
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -142,25 +145,28 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [k, hidden]
-        cos: torch.Tensor,  # [k, head_dim]
-        sin: torch.Tensor,  # [k, head_dim]
-        mask: torch.Tensor | None,  # [k, length + k] bool, True = may attend
+        x: torch.Tensor,  # [n, hidden], every segment's new tokens
+        cos: torch.Tensor,  # [n, head_dim]
+        sin: torch.Tensor,  # [n, head_dim]
+        plans: list[SegmentPlan],
         cache: KVCache,
         layer_index: int,
-        per_row: bool = False,
-    ) -> torch.Tensor:  # [k, hidden]
+    ) -> torch.Tensor:  # [n, hidden]
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x)).view(num_tokens, -1, self.head_dim).transpose(0, 1)
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, k, d]
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys, values = cache.write(layer_index, k, v)  # [kv_heads, length + k, d]
-        if per_row:
-            attended = torch.cat([self.attend(q[:, row : row + 1], keys, values, keys.shape[1] - num_tokens + row + 1)
-                                  for row in range(num_tokens)], dim=1)
-        else:
-            attended = self.attend(q, keys, values, keys.shape[1], mask)  # [heads, k, d]
+        attended = []
+        for plan in plans:
+            rows = slice(plan.start, plan.end)
+            keys, values = cache.write(layer_index, plan.row, k[:, rows], v[:, rows])  # [kv_heads, length + k, d]
+            if plan.per_query is not None:  # each query alone over exactly the keys it sees
+                attended += [self.attend(q[:, i : i + 1], keys[:, slots], values[:, slots], None)
+                             for i, slots in zip(range(plan.start, plan.end), plan.per_query[self.window])]
+            else:
+                attended.append(self.attend(q[:, rows], keys, values, plan.masks.get(self.window)))
+        attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)  # [heads, n, d]
         x = x + self.o_proj(attended.transpose(0, 1).reshape(num_tokens, -1))
         gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
@@ -170,16 +176,57 @@ class DecoderLayer(nn.Module):
         q: torch.Tensor,  # [heads, k, d]
         keys: torch.Tensor,  # [kv_heads, length, d]
         values: torch.Tensor,  # [kv_heads, length, d]
-        end: int,  # keys[:, :end] exist for these queries
-        mask: torch.Tensor | None = None,  # [k, length] bool; None = the window (or all) before end
+        mask: torch.Tensor | None,  # [k, length] bool, True = may attend; None = all
     ) -> torch.Tensor:  # [heads, k, d]
-        start = 0
-        if mask is None and self.window is not None:
-            start = max(0, end - self.window)
         return F.scaled_dot_product_attention(
-            q, keys[:, start:end], values[:, start:end], attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
+            q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
+
+
+@dataclass
+class SegmentPlan:
+    """How one segment of a forward attends, worked out once for all layers."""
+
+    row: int
+    start: int  # its tokens are the block's start:end
+    end: int
+    masks: dict[int | None, torch.Tensor | None]  # per sliding window (None = full): [k, length + k] or None
+    # When attending one query at a time: per window, the key slots each query sees.
+    per_query: dict[int | None, list[torch.Tensor | slice]] | None = None
+
+
+def plan_segment(
+    segment: Segment, start: int, committed: int, positions: torch.Tensor, windows: set[int | None], per_query: bool,
+) -> SegmentPlan:
+    """Masks for one segment: the committed context plus its chain prefix or tree ancestors,
+    limited to each sliding window. positions: [k] of this segment's tokens."""
+    count, device = segment.count, positions.device
+    if segment.parents is None:
+        new_visible = torch.ones(count, count, dtype=torch.bool, device=device).tril()
+    else:
+        new_visible = tree_visibility(segment.parents).to(device)
+    visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device), new_visible], dim=1)
+    key_positions = torch.cat([torch.arange(committed, device=device), positions])  # [length + k]
+    masks: dict[int | None, torch.Tensor | None] = {}
+    for window in windows:
+        mask = visible if window is None else visible & (positions[:, None] - key_positions[None, :] < window)
+        # A query that sees every key needs no mask (a faster SDPA path).
+        masks[window] = None if bool(mask.all()) else mask
+    if not per_query:
+        return SegmentPlan(segment.row, start, start + count, masks)
+    # One query at a time, over exactly the keys it sees, in slot order: each token is scored as
+    # it would be alone, whatever else is in the block (see quantize.py). A chain's keys are a
+    # contiguous run of slots (a view); a tree node's are gathered.
+    slots: dict[int | None, list[torch.Tensor | slice]] = {}
+    for window, mask in masks.items():
+        if segment.parents is None:
+            slots[window] = [slice(0 if window is None else max(0, committed + i + 1 - window), committed + i + 1)
+                             for i in range(count)]
+        else:
+            rows = visible if mask is None else mask
+            slots[window] = [rows[i].nonzero()[:, 0] for i in range(count)]
+    return SegmentPlan(segment.row, start, start + count, masks, slots)
 
 
 class LlamaFamilyModel(nn.Module):
@@ -223,40 +270,35 @@ class LlamaFamilyModel(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def new_cache(self, max_length: int | None = None) -> KVCache:
+    def new_cache(self, max_length: int | None = None, rows: int = 1) -> KVCache:
         c = self.config
         return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_length or c.max_position_embeddings,
-                       self.dtype, self.device)
+                       self.dtype, self.device, rows)
 
     @torch.inference_mode()
     def forward(
         self,
-        tokens: torch.Tensor,  # [k] int64, at positions cache.length .. cache.length + k - 1
+        tokens: torch.Tensor,  # [n] int64, every segment's new tokens, flattened
+        positions: torch.Tensor,  # [n] int64, absolute positions
         cache: KVCache,
-    ) -> torch.Tensor:  # [k, vocab] logits
-        num_tokens = tokens.shape[0]
-        positions = cache.positions(num_tokens)  # [k]
-        if cache.length + num_tokens > cache.max_length:
-            raise ValueError(f"position {cache.length + num_tokens - 1} is past the context length {cache.max_length}")
-        cache.reserve(cache.length + num_tokens)
-        cos = self.rope_cos[positions].to(self.dtype)
+        attention: Attention,
+        want_logits: bool = True,
+        want_hidden: bool = False,
+    ) -> ForwardOutput:
+        check_forward(tokens, positions, cache, attention)
+        cache.reserve(max(cache.lengths[s.row] + s.count for s in attention.segments))
+        cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
-        key_positions = torch.arange(cache.length + num_tokens, device=tokens.device)
-        causal = key_positions[None, :] <= positions[:, None]  # [k, length + k]
-        masks: dict[int | None, torch.Tensor | None] = {}
-        # After the prefill, a quantized model attends one query row at a time: see quantize.py.
-        per_row = self.quantized and cache.length > 0
+        windows = {layer.window for layer in self.layers}
+        offsets = attention.offsets
+        plans = [
+            # A quantized model attends one query at a time after the prefill: see quantize.py.
+            plan_segment(segment, start, cache.lengths[segment.row], positions[start:end], windows,
+                         per_query=self.quantized and cache.lengths[segment.row] > 0)
+            for segment, start, end in zip(attention.segments, offsets, offsets[1:])
+        ]
         x = self.embed_tokens(tokens)
         for index, layer in enumerate(self.layers):
-            if per_row:
-                x = layer(x, cos, sin, None, cache, index, per_row=True)
-                continue
-            if layer.window not in masks:
-                mask = causal
-                if layer.window is not None:
-                    mask = mask & (positions[:, None] - key_positions[None, :] < layer.window)
-                # A single token that sees the whole cache needs no mask (a faster SDPA path).
-                masks[layer.window] = None if bool(mask.all()) else mask
-            x = layer(x, cos, sin, masks[layer.window], cache, index)
-        cache.advance(num_tokens)
-        return self.lm_head(self.norm(x))
+            x = layer(x, cos, sin, plans, cache, index)
+        logits = self.lm_head(self.norm(x)) if want_logits else None
+        return ForwardOutput(logits, x if want_hidden else None)

@@ -1,0 +1,149 @@
+"""SpeculativeDecoder: the public API. Text in, text out, one request or a batch; the engine
+underneath sees token ids only, and the text layer (specdec.text) sits on top of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
+
+from specdec.drafting.base import Drafter
+from specdec.engine import Engine, Request, TokenSource, token_sources
+from specdec.metrics import SpecStats
+from specdec.models.base import LanguageModel
+from specdec.policy import DraftLengthPolicy
+from specdec.sampling import SamplingParams
+from specdec.text import TextStream, encode_prompt
+
+Prompt = str | Sequence[int]
+SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens only (an EOS that ended generation included)
+    prompt_ids: list[int]
+    finish_reason: str  # "eos", "stop", "max_new_tokens" or "context"
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+@dataclass
+class StreamChunk:
+    """The tokens one step emitted (after stop conditions), and the text now safe to show."""
+
+    token_ids: list[int] = field(default_factory=list)
+    sources: list[TokenSource] = field(default_factory=list)  # one per token
+    pieces: list[tuple[str, TokenSource]] = field(default_factory=list)  # released text, by source
+    result: GenerationResult | None = None  # set on the last chunk only
+
+    @property
+    def text(self) -> str:
+        return "".join(piece for piece, _ in self.pieces)
+
+
+def sampling_params(sampling: SamplingParams | None, options: dict) -> SamplingParams:
+    """SamplingParams from either the dataclass or its fields as keyword arguments."""
+    unknown = set(options) - SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown generation options {sorted(unknown)}; known: {sorted(SAMPLING_FIELDS)}")
+    if sampling is not None and options:
+        raise TypeError("pass either sampling=SamplingParams(...) or its fields as keywords, not both")
+    return sampling if sampling is not None else SamplingParams(**options)
+
+
+def is_batch(prompt: Prompt | Sequence[Prompt]) -> bool:
+    """A list of strings or of id lists is a batch; a string or a list of ints is one prompt."""
+    return not isinstance(prompt, str) and len(prompt) > 0 and not isinstance(prompt[0], int)
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of ``target`` with ``drafter`` proposing ``gamma`` tokens a step.
+
+    drafter may be a Drafter, a LanguageModel (wrapped in a ModelDrafter) or None, which gives
+    plain target-only decoding through the same loop (the baseline). policy is a name or a
+    policy object that every request copies. Every generate() or stream() call has its own
+    cache rows, so calls never disturb each other.
+    """
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        drafter: Drafter | LanguageModel | None = None,
+        gamma: int = 4,
+        policy: str | DraftLengthPolicy = "fixed",
+    ) -> None:
+        self.engine = Engine(target, drafter, gamma, policy)
+        self.target = target
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.engine.drafter
+
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, **options) -> Iterator[StreamChunk]:
+        """Yield the tokens of each step as they are verified; the last chunk holds the result.
+        Options are SamplingParams fields (temperature, top_k, top_p, min_p, seed,
+        max_new_tokens, stop)."""
+        for _, chunk in self.run([prompt], [sampling_params(sampling, options)]):
+            yield chunk
+
+    def generate(
+        self, prompt: Prompt | Sequence[Prompt], sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        **options,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Decode to the end. A list of prompts is decoded as one batch (one target forward per
+        step for all of them) and gives a list of results in order; sampling may then be a list
+        with one SamplingParams per prompt."""
+        prompts = list(prompt) if is_batch(prompt) else [prompt]
+        if isinstance(sampling, Sequence):
+            if len(sampling) != len(prompts):
+                raise ValueError(f"{len(sampling)} SamplingParams for {len(prompts)} prompts")
+            samplings = [sampling_params(s, options) for s in sampling]
+        else:
+            samplings = [sampling_params(sampling, options)] * len(prompts)
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        for index, chunk in self.run(prompts, samplings):
+            if chunk.result is not None:
+                results[index] = chunk.result
+        return results if is_batch(prompt) else results[0]
+
+    def run(self, prompts: Sequence[Prompt], samplings: Sequence[SamplingParams]) -> Iterator[tuple[int, StreamChunk]]:
+        """Decode the prompts together; yield (prompt index, chunk) after every step."""
+        if not prompts:
+            raise ValueError("no prompts given")
+        started = time.perf_counter()
+        tokenizer = self.target.tokenizer
+        requests = [self.engine.new_request(encode_prompt(tokenizer, prompt, self.target.name), sampling, row)
+                    for row, (prompt, sampling) in enumerate(zip(prompts, samplings))]
+        texts = [TextStream(tokenizer, sampling.stop) for sampling in samplings]
+        cache = self.target.new_cache(rows=len(requests))
+        self.engine.prefill(requests, cache)
+        active = list(requests)
+        while active:
+            lengths = [request.length for request in active]
+            outcomes = self.engine.step(active, cache)
+            for request, outcome, length in zip(active, outcomes, lengths):
+                yield request.row, self.chunk(request, outcome, length, texts[request.row], started)
+            active = [request for request in active if request.finish_reason is None]
+
+    @staticmethod
+    def chunk(request: Request, outcome, length: int, text: TextStream, started: float) -> StreamChunk:
+        """What the step added to ``request`` (whose context had ``length`` tokens before)."""
+        chunk = StreamChunk()
+        sources = token_sources(outcome)
+        for index, token in enumerate(request.tokens[length : request.length].tolist()):
+            chunk.token_ids.append(token)
+            chunk.sources.append(sources[index])
+            if text.push(token, sources[index]):
+                request.finish_reason = "stop"
+                request.truncate(length + index + 1)
+                break
+        chunk.pieces = text.release(final=request.finish_reason is not None)
+        stats = request.stats
+        stats.generated_tokens = request.length - len(request.prompt_ids)
+        if request.finish_reason is not None:
+            stats.total_seconds = time.perf_counter() - started
+            chunk.result = GenerationResult(text=text.text, token_ids=request.generated_ids,
+                                            prompt_ids=request.prompt_ids, finish_reason=request.finish_reason,
+                                            stats=stats)
+        return chunk

@@ -1,0 +1,118 @@
+"""The text layer, outside the engine: prompts to ids, ids to streamed text, stop strings.
+
+Text is released only when it can no longer turn out to be part of a stop string: a delta that
+ends with the beginning of a stop string is held back until the next tokens show whether the
+stop string completes (then the text stops before it) or not (then the held text is released).
+So the streamed text is always exactly a prefix of the final text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) -> list[int]:
+    """Token ids of a prompt given as text (needs the tokenizer) or as ids."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if tokenizer is None:
+            raise ValueError(f"{model_name} has no tokenizer; pass the prompt as token ids")
+        return list(tokenizer.encode(prompt))
+    return [int(token) for token in prompt]
+
+
+class IncrementalDetokenizer:
+    """Text deltas for a growing list of ids, without re-decoding everything each time.
+    A delta is held back while it ends in an incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = self.read_offset = 0
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        if self.tokenizer is None:
+            return ""
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset])
+        full = decode(self.ids[self.prefix_offset :])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += delta
+        return delta
+
+
+def held_back_length(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+class TextStream:
+    """Token ids (with a label each, such as how the token came about) in, released text out.
+
+    push() returns whether a stop string completed; release() returns the text that is now
+    safe to show, as (text, label) pieces in order."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.stops = [stop for stop in stops if stop]
+        self.pieces: list[tuple[str, Any]] = []  # text not yet released, with labels
+        self.released = 0  # characters of detokenizer.text released so far
+        self.stop_at: int | None = None  # where the final text ends, once a stop string completed
+
+    @property
+    def text(self) -> str:
+        """The final text so far (cut before a stop string once one completed)."""
+        return self.detokenizer.text[: self.stop_at]
+
+    def push(self, token_id: int, label: Any = None) -> bool:
+        before = len(self.detokenizer.text)
+        delta = self.detokenizer.push(token_id)
+        self.pieces.append((delta, label))
+        text = self.detokenizer.text
+        # A stop string newly completed must end inside the text this token added.
+        hits = [text.find(stop, max(0, before - len(stop) + 1)) for stop in self.stops]
+        hits = [hit for hit in hits if hit >= 0]
+        if hits:
+            self.stop_at = min(hits)
+        return self.stop_at is not None
+
+    def release(self, final: bool = False) -> list[tuple[str, Any]]:
+        """Text that no later token can retract; everything left when ``final``."""
+        text = self.detokenizer.text
+        if self.stop_at is not None:
+            end = self.stop_at
+        elif final:
+            end = len(text)
+        else:
+            end = len(text) - held_back_length(text[self.released :], self.stops)
+        out: list[tuple[str, Any]] = []
+        budget = max(0, end - self.released)
+        while self.pieces and budget > 0:
+            piece, label = self.pieces[0]
+            taken = piece[:budget]
+            out.append((taken, label))
+            budget -= len(taken)
+            self.released += len(taken)
+            if len(taken) < len(piece):
+                self.pieces[0] = (piece[len(taken) :], label)
+            else:
+                self.pieces.pop(0)
+        if final or self.stop_at is not None:
+            self.pieces.clear()
+        # Tokens that added no text still count (an EOS, a partial UTF-8 sequence).
+        while self.pieces and not self.pieces[0][0]:
+            out.append(self.pieces.pop(0))
+        return out
