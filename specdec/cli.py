@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", action="store_true", help="print the stats as JSON instead of a table")
     add_train_parser(commands)
     add_bench_parser(commands)
+    from specdec.bench import batch
+
+    batch.add_parser(commands, add_model_options)
     forward = commands.add_parser("bench-forward", help="time per token: own forward vs transformers, and T(k)")
     for name, default in [("hidden", 384), ("layers", 8), ("vocab", 8192), ("heads", 6), ("kv-heads", 2),
                           ("intermediate", 1024), ("repeats", 50)]:
@@ -356,6 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_bench(args, console, errors)
         if args.command == "bench-forward":
             return run_bench_forward(args, console)
+        if args.command == "bench-batch":
+            from specdec.bench import batch
+
+            return batch.run(args, console, errors, load_models)
     except (ValueError, FileNotFoundError) as error:
         errors.print(f"[red]error:[/] {error}")
         return 2

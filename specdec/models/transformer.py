@@ -201,32 +201,46 @@ def plan_segment(
 ) -> SegmentPlan:
     """Masks for one segment: the committed context plus its chain prefix or tree ancestors,
     limited to each sliding window. positions: [k] of this segment's tokens."""
+    count, length, device = segment.count, committed + segment.count, positions.device
+    chain = segment.parents is None
+    if per_query:
+        # One query at a time, over exactly the keys it sees, in slot order: each token is scored
+        # as it would be alone, whatever else is in the block (see quantize.py). A chain's keys
+        # are a contiguous run of slots (a view); a tree node's are gathered.
+        if chain:
+            slots = {window: [slice(0 if window is None else max(0, committed + i + 1 - window), committed + i + 1)
+                              for i in range(count)] for window in windows}
+        else:
+            masks = segment_masks(segment, committed, positions, windows)
+            visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device),
+                                 tree_visibility(segment.parents).to(device)], dim=1)
+            slots = {window: [(visible if mask is None else mask)[i].nonzero()[:, 0] for i in range(count)]
+                     for window, mask in masks.items()}
+        return SegmentPlan(segment.row, start, start + count, {}, slots)
+    if chain and all(window is None or length <= window for window in windows):
+        # The common case, without building a mask per layer kind: one query sees every key;
+        # a block sees the committed context and the block up to itself.
+        mask = None if count == 1 else torch.ones(count, length, dtype=torch.bool, device=device).tril(committed)
+        return SegmentPlan(segment.row, start, start + count, dict.fromkeys(windows, mask))
+    return SegmentPlan(segment.row, start, start + count, segment_masks(segment, committed, positions, windows))
+
+
+def segment_masks(
+    segment: Segment, committed: int, positions: torch.Tensor, windows: set[int | None],
+) -> dict[int | None, torch.Tensor | None]:  # per window: [k, committed + k] bool, or None = all
     count, device = segment.count, positions.device
     if segment.parents is None:
         new_visible = torch.ones(count, count, dtype=torch.bool, device=device).tril()
     else:
         new_visible = tree_visibility(segment.parents).to(device)
     visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device), new_visible], dim=1)
-    key_positions = torch.cat([torch.arange(committed, device=device), positions])  # [length + k]
+    key_positions = torch.cat([torch.arange(committed, device=device), positions])  # [committed + k]
     masks: dict[int | None, torch.Tensor | None] = {}
     for window in windows:
         mask = visible if window is None else visible & (positions[:, None] - key_positions[None, :] < window)
         # A query that sees every key needs no mask (a faster SDPA path).
         masks[window] = None if bool(mask.all()) else mask
-    if not per_query:
-        return SegmentPlan(segment.row, start, start + count, masks)
-    # One query at a time, over exactly the keys it sees, in slot order: each token is scored as
-    # it would be alone, whatever else is in the block (see quantize.py). A chain's keys are a
-    # contiguous run of slots (a view); a tree node's are gathered.
-    slots: dict[int | None, list[torch.Tensor | slice]] = {}
-    for window, mask in masks.items():
-        if segment.parents is None:
-            slots[window] = [slice(0 if window is None else max(0, committed + i + 1 - window), committed + i + 1)
-                             for i in range(count)]
-        else:
-            rows = visible if mask is None else mask
-            slots[window] = [rows[i].nonzero()[:, 0] for i in range(count)]
-    return SegmentPlan(segment.row, start, start + count, masks, slots)
+    return masks
 
 
 class LlamaFamilyModel(nn.Module):

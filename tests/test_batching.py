@@ -1,0 +1,141 @@
+"""Requests decoded together: a batch gives each request what it gets alone (greedy outputs,
+seeded samples, the law of each row), and requests never share state (policies, streams)."""
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.policy import POLICIES
+from table_lm import table_model
+from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
+
+DRAFT_KINDS = ("same", "independent", "perturbed")
+
+
+def batch_prompts(seed: int, vocab_size: int, count: int = 8) -> list[list[int]]:
+    """Prompts of different lengths, some repetitive (so n-gram lookup finds something)."""
+    rng = random.Random(seed)
+    prompts = []
+    for index in range(count):
+        prompt = [rng.randrange(vocab_size) for _ in range(rng.randint(1, 14))]
+        prompts.append(prompt * 2 if index % 2 else prompt)
+    return prompts
+
+
+@pytest.mark.parametrize("backend", ["specdec", "transformers"])
+def test_batched_greedy_equals_single_request(tiny_pair, backend):
+    target = load(tiny_pair["target"], dtype="float64", backend=backend)
+    drafters = {kind: make_drafter("model", load(tiny_pair[kind], dtype="float64", backend=backend))
+                for kind in DRAFT_KINDS}
+    drafters["ngram"] = make_drafter("ngram")
+    prompts = batch_prompts(0, target.vocab_size)
+    plain = [SpeculativeDecoder(target).generate(p, max_new_tokens=20).token_ids for p in prompts]
+    for name, drafter in drafters.items():
+        decoder = SpeculativeDecoder(target, drafter, gamma=4)
+        alone = [decoder.generate(p, max_new_tokens=20) for p in prompts]
+        together = decoder.generate(prompts, max_new_tokens=20)
+        assert [r.token_ids for r in together] == [r.token_ids for r in alone] == plain, name
+        assert [r.stats.accepted for r in together] == [r.stats.accepted for r in alone], name
+        if name == "perturbed":  # ragged acceptance: rows accept different numbers of drafts
+            assert len({round(r.stats.alpha, 3) for r in together}) > 1
+    target_only = SpeculativeDecoder(target).generate(prompts, max_new_tokens=20)
+    assert [r.token_ids for r in target_only] == plain
+
+
+def test_batched_greedy_on_the_bundled_pair():
+    from specdec.defaults import default_model, heldout_prompts
+    import json
+
+    target, draft = load(default_model("target"), dtype="float64"), load(default_model("draft"), dtype="float64")
+    prompts = [item["prompt"] for item in json.loads(heldout_prompts().read_text())[:8]]
+    decoder = SpeculativeDecoder(target, draft, gamma=4)
+    together = decoder.generate(prompts, max_new_tokens=24)
+    alone = [SpeculativeDecoder(target).generate(p, max_new_tokens=24) for p in prompts]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.text for r in together] == [r.text for r in alone]
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "staged"])
+def test_per_request_seeds_give_the_same_samples_alone_and_in_any_batch(drafter_kind):
+    target = table_model(6, seed=100)
+    decoder = SpeculativeDecoder(target, table_drafter(drafter_kind, 6), gamma=3)
+    prompts = [[start, *PROMPT] for start in range(5)]
+    samplings = [SamplingParams(temperature=1.0, seed=40 + i, max_new_tokens=12 + i, top_k=4 * (i % 2))
+                 for i in range(5)]
+    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings)]
+    assert len(set(map(tuple, alone))) > 1
+    together = [r.token_ids for r in decoder.generate(prompts, samplings)]
+    order = [3, 0, 4, 1]  # another batch, another order, one request left out
+    shuffled = [r.token_ids for r in decoder.generate([prompts[i] for i in order], [samplings[i] for i in order])]
+    assert together == alone
+    assert shuffled == [alone[i] for i in order]
+
+
+def test_law_of_every_row_of_a_batch():
+    """Chi-square per row: 4 rows with different prompts and sampling, decoded together."""
+    vocab, length, samples = 6, 3, 6000
+    target = table_model(vocab, seed=100)
+    decoder = SpeculativeDecoder(target, table_drafter("model", vocab), gamma=2)
+    cases = list(SAMPLING_CASES.values())[:4]
+    prompts = [[row, *PROMPT] for row in range(4)]
+    laws = [exact_sequence_law(target, p, length, s) for p, s in zip(prompts, cases)]
+    counts = [dict.fromkeys(law, 0) for law in laws]
+    for seed in range(samples):
+        samplings = [dataclasses.replace(s, seed=seed * 4 + row, max_new_tokens=length) for row, s in enumerate(cases)]
+        for row, result in enumerate(decoder.generate(prompts, samplings)):
+            counts[row][tuple(result.token_ids)] += 1
+    for row, (law, count) in enumerate(zip(laws, counts)):
+        support = [s for s in law if law[s] > 0]
+        assert sum(count[s] for s in law if law[s] == 0) == 0, row
+        expected = np.array([law[s] for s in support])
+        expected *= samples / expected.sum()
+        observed = np.array([count[s] for s in support], dtype=float)
+        rare = expected < 5
+        if rare.any():
+            expected = np.append(expected[~rare], expected[rare].sum())
+            observed = np.append(observed[~rare], observed[rare].sum())
+        assert chisquare(observed, expected).pvalue > 1e-3, row
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_repeated_generate_with_one_seed_gives_one_output(policy):
+    """Each generation starts from a fresh copy of the policy (its learned state used to leak)."""
+    target = table_model(6, seed=100)
+    decoder = SpeculativeDecoder(target, table_drafter("model", 6), gamma=3, policy=policy)
+    sampling = SamplingParams(temperature=1.0, seed=5, max_new_tokens=40)
+    first = decoder.generate(PROMPT, sampling)
+    for _ in range(3):
+        again = decoder.generate(PROMPT, sampling)
+        assert again.token_ids == first.token_ids
+        assert again.stats.drafted_at == first.stats.drafted_at  # the same draft lengths, step by step
+
+
+def test_two_open_streams_on_one_decoder_are_independent(tiny_pair):
+    target = load(tiny_pair["target"], dtype="float64")
+    decoder = SpeculativeDecoder(target, load(tiny_pair["perturbed"], dtype="float64"), gamma=4)
+    first, second = [5, 6, 7], [9, 1, 2, 3, 4]
+    expected = [decoder.generate(p, max_new_tokens=30).token_ids for p in (first, second)]
+    streams = [decoder.stream(first, max_new_tokens=30), decoder.stream(second, max_new_tokens=30)]
+    tokens: list[list[int]] = [[], []]
+    done = [False, False]
+    while not all(done):
+        for index, stream in enumerate(streams):
+            if done[index]:
+                continue
+            chunk = next(stream)
+            tokens[index] += chunk.token_ids
+            done[index] = chunk.result is not None
+        decoder.generate([1, 2], max_new_tokens=5)  # a third user in between
+    assert tokens == expected
+
+
+def test_generate_checks_its_batch_arguments(tiny_pair):
+    decoder = SpeculativeDecoder(load(tiny_pair["target"]))
+    with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
+        decoder.generate([[1], [2], [3]], [SamplingParams(), SamplingParams()])
+    with pytest.raises(TypeError, match="unknown generation options"):
+        decoder.generate([1, 2], temprature=1.0)

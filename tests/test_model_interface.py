@@ -1,0 +1,155 @@
+"""The v2 model interface: explicit positions, chain and tree attention over ragged batches,
+and the cache verbs (commit, rollback, compact), each checked against plain chain forwards."""
+
+import pytest
+import torch
+
+from specdec import Attention, load
+from specdec.models.base import Segment, tree_depths
+from tiny import save_random_model
+
+# Node i's parent (-1 = the committed context): two branches off the root, a second root.
+PARENTS = [-1, 0, 0, 1, 1, 2, -1, 6, 3]
+PREFIX = 10
+
+
+@pytest.fixture(scope="module")
+def tree_models(model_dir):
+    return {
+        "llama": save_random_model(model_dir / "tree-llama", "llama", seed=20, init_scale=0.3),
+        "qwen2-bias": save_random_model(model_dir / "tree-qwen2", "qwen2", seed=21, init_scale=0.3),
+        "mistral-window": save_random_model(model_dir / "tree-mistral", "mistral", seed=22, init_scale=0.3,
+                                            sliding_window=6),
+    }
+
+
+def path_to(node: int) -> list[int]:
+    path = [node]
+    while PARENTS[path[-1]] >= 0:
+        path.append(PARENTS[path[-1]])
+    return path[::-1]
+
+
+def tree_forward(model, prefix, nodes):
+    """Logits of every tree node, one forward, after a committed prefix."""
+    cache = model.new_cache()
+    model.extend(prefix, cache)
+    positions = torch.tensor([PREFIX + depth for depth in tree_depths(PARENTS)])
+    return model.forward(nodes, positions, cache, Attention.tree(PARENTS)).logits, cache
+
+
+def chain_logits(model, tokens):  # [k] -> [k, vocab], a fresh chain forward
+    return model.extend(tokens, model.new_cache())
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2-bias", "mistral-window"])
+def test_tree_nodes_get_the_logits_of_their_root_to_node_chain(tree_models, kind):
+    model = load(tree_models[kind], dtype="float64")
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, model.vocab_size, (PREFIX,), generator=generator)
+    nodes = torch.randint(0, model.vocab_size, (len(PARENTS),), generator=generator)
+    logits, _ = tree_forward(model, prefix, nodes)
+    for node in range(len(PARENTS)):
+        expected = chain_logits(model, torch.cat([prefix, nodes[path_to(node)]]))[-1]
+        torch.testing.assert_close(logits[node], expected, atol=1e-10, rtol=0, msg=f"node {node}")
+
+
+def test_int8_tree_nodes_are_bit_identical_to_their_chains(tree_models):
+    """int8 attends one query at a time over exactly its keys: a tree changes no bit."""
+    model = load(tree_models["llama"], quantize="int8")
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, model.vocab_size, (PREFIX,), generator=generator)
+    nodes = torch.randint(0, model.vocab_size, (len(PARENTS),), generator=generator)
+    logits, _ = tree_forward(model, prefix, nodes)
+    for node in range(len(PARENTS)):
+        cache = model.new_cache()
+        model.extend(prefix, cache)  # the prefill, then the path one token at a time
+        alone = [model.extend(token[None], cache) for token in nodes[path_to(node)]][-1][0]
+        assert torch.equal(logits[node], alone), f"node {node}"
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral-window"])
+def test_compact_leaves_the_cache_of_a_fresh_chain_prefill(tree_models, kind):
+    model = load(tree_models[kind], dtype="float64")
+    generator = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, model.vocab_size, (PREFIX,), generator=generator)
+    nodes = torch.randint(0, model.vocab_size, (len(PARENTS),), generator=generator)
+    _, cache = tree_forward(model, prefix, nodes)
+    accepted = path_to(8)  # 0 -> 1 -> 3 -> 8: nodes spread over the block
+    cache.compact(0, accepted)
+    fresh = model.new_cache()
+    model.extend(torch.cat([prefix, nodes[accepted]]), fresh)
+    length = PREFIX + len(accepted)
+    assert cache.lengths[0] == fresh.lengths[0] == length
+    torch.testing.assert_close(cache.keys[..., :length, :], fresh.keys[..., :length, :], atol=1e-12, rtol=0)
+    torch.testing.assert_close(cache.values[..., :length, :], fresh.values[..., :length, :], atol=1e-12, rtol=0)
+    # and decoding goes on from it as from the fresh cache
+    token = torch.tensor([3])
+    torch.testing.assert_close(model.extend(token, cache), model.extend(token, fresh), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["specdec", "transformers"])
+def test_a_ragged_batch_scores_each_row_as_alone(tiny_pair, backend):
+    """Rows of different lengths and block sizes in one forward; each row's logits equal its
+    own single-row forward; commit and rollback act per row."""
+    model = load(tiny_pair["target"], dtype="float64", backend=backend)
+    generator = torch.Generator().manual_seed(3)
+    prefixes = [torch.randint(0, model.vocab_size, (n,), generator=generator) for n in (5, 1, 12)]
+    blocks = [torch.randint(0, model.vocab_size, (k,), generator=generator) for k in (3, 1, 5)]
+    cache = model.new_cache(rows=3)
+    for row, prefix in enumerate(prefixes):
+        model.extend(prefix, cache, row)
+    tokens = torch.cat(blocks)
+    positions = torch.cat([torch.arange(p.shape[0], p.shape[0] + b.shape[0]) for p, b in zip(prefixes, blocks)])
+    attention = Attention(tuple(Segment(row, b.shape[0]) for row, b in enumerate(blocks)))
+    logits = model.forward(tokens, positions, cache, attention).logits
+    for row, (prefix, block) in enumerate(zip(prefixes, blocks)):
+        start = attention.offsets[row]
+        expected = chain_logits(model, torch.cat([prefix, block]))[prefix.shape[0]:]
+        torch.testing.assert_close(logits[start : start + block.shape[0]], expected, atol=1e-10, rtol=0)
+    # keep two tokens of row 0, none of row 1, everything of row 2; then one more token each
+    for row, kept in enumerate((2, 0, 5)):
+        cache.commit(row, kept)
+    assert cache.lengths == [7, 1, 17]
+    cache.rollback(2, 14)
+    nxt = torch.tensor([7, 8, 9])
+    out = model.forward(nxt, torch.tensor([7, 1, 14]), cache, Attention(tuple(Segment(r, 1) for r in range(3)))).logits
+    histories = [torch.cat([prefixes[0], blocks[0][:2]]), prefixes[1], torch.cat([prefixes[2], blocks[2][:2]])]
+    for row, history in enumerate(histories):
+        expected = chain_logits(model, torch.cat([history, nxt[row : row + 1]]))[-1]
+        torch.testing.assert_close(out[row], expected, atol=1e-10, rtol=0)
+
+
+def test_hidden_states_on_request(tiny_pair):
+    model = load(tiny_pair["target"], dtype="float64")
+    cache = model.new_cache()
+    output = model.forward(torch.tensor([1, 2, 3]), torch.arange(3), cache, Attention.chain(3), want_hidden=True)
+    assert output.hidden.shape == (3, 32) and output.logits.shape == (3, model.vocab_size)
+    assert model.forward(torch.tensor([1]), torch.arange(1), cache, Attention.chain(1), want_logits=False).logits is None
+
+
+def test_the_adapter_refuses_trees_clearly(tiny_pair):
+    model = load(tiny_pair["target"], backend="transformers")
+    cache = model.new_cache()
+    with pytest.raises(ValueError, match="chains only; use --backend specdec for token trees"):
+        model.forward(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 1]), cache, Attention.tree([-1, 0, 0]))
+    model.extend(torch.tensor([1, 2]), cache)
+    with pytest.raises(ValueError, match="keeps chain prefixes only"):
+        cache.compact(0, [1])
+
+
+def test_bad_attention_and_verbs_are_named(tiny_pair):
+    model = load(tiny_pair["target"])
+    cache = model.new_cache(rows=2)
+    with pytest.raises(ValueError, match=r"parents\[i\] < i; nodes \[1\]"):
+        Attention.tree([-1, 1])
+    with pytest.raises(ValueError, match="cache row 2 does not exist"):
+        model.forward(torch.tensor([1]), torch.tensor([0]), cache, Attention.chain(1, row=2))
+    with pytest.raises(ValueError, match="attention covers 2 tokens, the block has 1"):
+        model.forward(torch.tensor([1]), torch.tensor([0]), cache, Attention.chain(2))
+    with pytest.raises(ValueError, match="past the context length 128"):
+        model.forward(torch.zeros(129, dtype=torch.long), torch.arange(129), cache, Attention.chain(129))
+    with pytest.raises(ValueError, match="cannot roll row 0 of length 0 back to 3"):
+        cache.rollback(0, 3)
+    with pytest.raises(ValueError, match="increasing offsets"):
+        cache.compact(0, [2, 1])
