@@ -88,36 +88,41 @@ def test_compact_leaves_the_cache_of_a_fresh_chain_prefill(tree_models, kind):
     torch.testing.assert_close(model.extend(token, cache), model.extend(token, fresh), atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("backend", ["specdec", "transformers"])
-def test_a_ragged_batch_scores_each_row_as_alone(tiny_pair, backend):
-    """Rows of different lengths and block sizes in one forward; each row's logits equal its
-    own single-row forward; commit and rollback act per row."""
-    model = load(tiny_pair["target"], dtype="float64", backend=backend)
+@pytest.mark.parametrize("kind, backend", [("target", "specdec"), ("target", "transformers"),
+                                           ("mistral-window", "specdec")])
+def test_a_ragged_batch_scores_each_row_as_alone(tiny_pair, tree_models, kind, backend):
+    """Rows of different lengths and block sizes in one forward, in rows out of order; each
+    row's logits equal its own single-row forward; commit and rollback act per row."""
+    folder = tiny_pair["target"] if kind == "target" else tree_models[kind]
+    model = load(folder, dtype="float64", backend=backend)
     generator = torch.Generator().manual_seed(3)
     prefixes = [torch.randint(0, model.vocab_size, (n,), generator=generator) for n in (5, 1, 12)]
     blocks = [torch.randint(0, model.vocab_size, (k,), generator=generator) for k in (3, 1, 5)]
+    rows = (2, 0, 1)  # segment s lives in cache row rows[s]
     cache = model.new_cache(rows=3)
-    for row, prefix in enumerate(prefixes):
+    for row, prefix in zip(rows, prefixes):
         model.extend(prefix, cache, row)
     tokens = torch.cat(blocks)
     positions = torch.cat([torch.arange(p.shape[0], p.shape[0] + b.shape[0]) for p, b in zip(prefixes, blocks)])
-    attention = Attention(tuple(Segment(row, b.shape[0]) for row, b in enumerate(blocks)))
+    attention = Attention(tuple(Segment(row, b.shape[0]) for row, b in zip(rows, blocks)))
     logits = model.forward(tokens, positions, cache, attention).logits
-    for row, (prefix, block) in enumerate(zip(prefixes, blocks)):
-        start = attention.offsets[row]
+    for segment, (prefix, block) in enumerate(zip(prefixes, blocks)):
+        start = attention.offsets[segment]
         expected = chain_logits(model, torch.cat([prefix, block]))[prefix.shape[0]:]
         torch.testing.assert_close(logits[start : start + block.shape[0]], expected, atol=1e-10, rtol=0)
-    # keep two tokens of row 0, none of row 1, everything of row 2; then one more token each
-    for row, kept in enumerate((2, 0, 5)):
+    # keep two tokens of segment 0, none of segment 1, all of segment 2, then roll segment 2 back
+    for row, kept in zip(rows, (2, 0, 5)):
         cache.commit(row, kept)
-    assert cache.lengths == [7, 1, 17]
-    cache.rollback(2, 14)
-    nxt = torch.tensor([7, 8, 9])
-    out = model.forward(nxt, torch.tensor([7, 1, 14]), cache, Attention(tuple(Segment(r, 1) for r in range(3)))).logits
+    assert cache.lengths == [1, 17, 7]
+    cache.rollback(1, 14)
     histories = [torch.cat([prefixes[0], blocks[0][:2]]), prefixes[1], torch.cat([prefixes[2], blocks[2][:2]])]
-    for row, history in enumerate(histories):
-        expected = chain_logits(model, torch.cat([history, nxt[row : row + 1]]))[-1]
-        torch.testing.assert_close(out[row], expected, atol=1e-10, rtol=0)
+    # one more token for segments 2 and 0 only: a subset of rows, not in order
+    nxt = torch.tensor([7, 9])
+    step = Attention((Segment(rows[2], 1), Segment(rows[0], 1)))
+    out = model.forward(nxt, torch.tensor([14, 7]), cache, step).logits
+    for index, segment in enumerate((2, 0)):
+        expected = chain_logits(model, torch.cat([histories[segment], nxt[index : index + 1]]))[-1]
+        torch.testing.assert_close(out[index], expected, atol=1e-10, rtol=0)
 
 
 def test_hidden_states_on_request(tiny_pair):

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.base import Attention, ForwardOutput, Segment, check_forward, tree_visibility
+from specdec.models.attention import AttentionPlan, plan_attention
+from specdec.models.base import Attention, ForwardOutput, check_forward
 from specdec.models.cache import KVCache
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -148,7 +149,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,  # [n, hidden], every segment's new tokens
         cos: torch.Tensor,  # [n, head_dim]
         sin: torch.Tensor,  # [n, head_dim]
-        plans: list[SegmentPlan],
+        plan: AttentionPlan,
         cache: KVCache,
         layer_index: int,
     ) -> torch.Tensor:  # [n, hidden]
@@ -157,90 +158,34 @@ class DecoderLayer(nn.Module):
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        attended = []
-        for plan in plans:
-            rows = slice(plan.start, plan.end)
-            keys, values = cache.write(layer_index, plan.row, k[:, rows], v[:, rows])  # [kv_heads, length + k, d]
-            if plan.per_query is not None:  # each query alone over exactly the keys it sees
-                attended += [self.attend(q[:, i : i + 1], keys[:, slots], values[:, slots], None)
-                             for i, slots in zip(range(plan.start, plan.end), plan.per_query[self.window])]
-            else:
-                attended.append(self.attend(q[:, rows], keys, values, plan.masks.get(self.window)))
-        attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)  # [heads, n, d]
+        if plan.padded is not None:
+            attended = plan.padded.attend(self, q, k, v, cache, layer_index)
+        else:
+            attended = []
+            for segment in plan.segments:
+                rows = slice(segment.start, segment.end)
+                keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows])  # [kv_heads, length + k, d]
+                if segment.per_query is not None:  # each query alone over exactly the keys it sees
+                    attended += [self.attend(q[:, i : i + 1], keys[:, slots], values[:, slots], None)
+                                 for i, slots in zip(range(segment.start, segment.end), segment.per_query[self.window])]
+                else:
+                    attended.append(self.attend(q[:, rows], keys, values, segment.masks.get(self.window)))
+            attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)  # [heads, n, d]
         x = x + self.o_proj(attended.transpose(0, 1).reshape(num_tokens, -1))
         gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
     def attend(
         self,
-        q: torch.Tensor,  # [heads, k, d]
-        keys: torch.Tensor,  # [kv_heads, length, d]
-        values: torch.Tensor,  # [kv_heads, length, d]
-        mask: torch.Tensor | None,  # [k, length] bool, True = may attend; None = all
-    ) -> torch.Tensor:  # [heads, k, d]
+        q: torch.Tensor,  # [..., heads, k, d]
+        keys: torch.Tensor,  # [..., kv_heads, length, d]
+        values: torch.Tensor,  # [..., kv_heads, length, d]
+        mask: torch.Tensor | None,  # [..., k, length] bool, True = may attend; None = all
+    ) -> torch.Tensor:  # [..., heads, k, d]
         return F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-
-
-@dataclass
-class SegmentPlan:
-    """How one segment of a forward attends, worked out once for all layers."""
-
-    row: int
-    start: int  # its tokens are the block's start:end
-    end: int
-    masks: dict[int | None, torch.Tensor | None]  # per sliding window (None = full): [k, length + k] or None
-    # When attending one query at a time: per window, the key slots each query sees.
-    per_query: dict[int | None, list[torch.Tensor | slice]] | None = None
-
-
-def plan_segment(
-    segment: Segment, start: int, committed: int, positions: torch.Tensor, windows: set[int | None], per_query: bool,
-) -> SegmentPlan:
-    """Masks for one segment: the committed context plus its chain prefix or tree ancestors,
-    limited to each sliding window. positions: [k] of this segment's tokens."""
-    count, length, device = segment.count, committed + segment.count, positions.device
-    chain = segment.parents is None
-    if per_query:
-        # One query at a time, over exactly the keys it sees, in slot order: each token is scored
-        # as it would be alone, whatever else is in the block (see quantize.py). A chain's keys
-        # are a contiguous run of slots (a view); a tree node's are gathered.
-        if chain:
-            slots = {window: [slice(0 if window is None else max(0, committed + i + 1 - window), committed + i + 1)
-                              for i in range(count)] for window in windows}
-        else:
-            masks = segment_masks(segment, committed, positions, windows)
-            visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device),
-                                 tree_visibility(segment.parents).to(device)], dim=1)
-            slots = {window: [(visible if mask is None else mask)[i].nonzero()[:, 0] for i in range(count)]
-                     for window, mask in masks.items()}
-        return SegmentPlan(segment.row, start, start + count, {}, slots)
-    if chain and all(window is None or length <= window for window in windows):
-        # The common case, without building a mask per layer kind: one query sees every key;
-        # a block sees the committed context and the block up to itself.
-        mask = None if count == 1 else torch.ones(count, length, dtype=torch.bool, device=device).tril(committed)
-        return SegmentPlan(segment.row, start, start + count, dict.fromkeys(windows, mask))
-    return SegmentPlan(segment.row, start, start + count, segment_masks(segment, committed, positions, windows))
-
-
-def segment_masks(
-    segment: Segment, committed: int, positions: torch.Tensor, windows: set[int | None],
-) -> dict[int | None, torch.Tensor | None]:  # per window: [k, committed + k] bool, or None = all
-    count, device = segment.count, positions.device
-    if segment.parents is None:
-        new_visible = torch.ones(count, count, dtype=torch.bool, device=device).tril()
-    else:
-        new_visible = tree_visibility(segment.parents).to(device)
-    visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device), new_visible], dim=1)
-    key_positions = torch.cat([torch.arange(committed, device=device), positions])  # [committed + k]
-    masks: dict[int | None, torch.Tensor | None] = {}
-    for window in windows:
-        mask = visible if window is None else visible & (positions[:, None] - key_positions[None, :] < window)
-        # A query that sees every key needs no mask (a faster SDPA path).
-        masks[window] = None if bool(mask.all()) else mask
-    return masks
 
 
 class LlamaFamilyModel(nn.Module):
@@ -304,15 +249,10 @@ class LlamaFamilyModel(nn.Module):
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
         windows = {layer.window for layer in self.layers}
-        offsets = attention.offsets
-        plans = [
-            # A quantized model attends one query at a time after the prefill: see quantize.py.
-            plan_segment(segment, start, cache.lengths[segment.row], positions[start:end], windows,
-                         per_query=self.quantized and cache.lengths[segment.row] > 0)
-            for segment, start, end in zip(attention.segments, offsets, offsets[1:])
-        ]
+        # A quantized model attends one query at a time after the prefill: see quantize.py.
+        plan = plan_attention(attention, positions, cache, windows, per_query=self.quantized)
         x = self.embed_tokens(tokens)
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, plans, cache, index)
+            x = layer(x, cos, sin, plan, cache, index)
         logits = self.lm_head(self.norm(x)) if want_logits else None
         return ForwardOutput(logits, x if want_hidden else None)

@@ -1,0 +1,166 @@
+"""How a forward attends, worked out once for all layers: per segment (its cache row, chain or
+tree masks, or one query at a time for batch invariance), or, for a batch of chains, as padded
+rows in a single attention call per layer.
+
+Why two ways: on a CPU a small model's step is dominated by per-op overhead, and attending row
+by row costs a few ops per request per layer; padded rows cost a few ops per layer in all. The
+per-segment way stays for a single request (its arithmetic is then exactly what it was alone),
+for trees, and for int8 models, where every row must be scored bit-for-bit as alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.models.base import Attention, Cache, Segment, tree_visibility
+
+
+@dataclass
+class SegmentPlan:
+    """How one segment of a forward attends, worked out once for all layers."""
+
+    row: int
+    start: int  # its tokens are the block's start:end
+    end: int
+    masks: dict[int | None, torch.Tensor | None]  # per sliding window (None = full): [k, length + k] or None
+    # When attending one query at a time: per window, the key slots each query sees.
+    per_query: dict[int | None, list[torch.Tensor | slice]] | None = None
+
+
+def plan_segment(
+    segment: Segment, start: int, committed: int, positions: torch.Tensor, windows: set[int | None], per_query: bool,
+) -> SegmentPlan:
+    """Masks for one segment: the committed context plus its chain prefix or tree ancestors,
+    limited to each sliding window. positions: [k] of this segment's tokens."""
+    count, length, device = segment.count, committed + segment.count, positions.device
+    chain = segment.parents is None
+    if per_query:
+        # One query at a time, over exactly the keys it sees, in slot order: each token is scored
+        # as it would be alone, whatever else is in the block (see quantize.py). A chain's keys
+        # are a contiguous run of slots (a view); a tree node's are gathered.
+        if chain:
+            slots = {window: [slice(0 if window is None else max(0, committed + i + 1 - window), committed + i + 1)
+                              for i in range(count)] for window in windows}
+        else:
+            masks = segment_masks(segment, committed, positions, windows)
+            visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device),
+                                 tree_visibility(segment.parents).to(device)], dim=1)
+            slots = {window: [(visible if mask is None else mask)[i].nonzero()[:, 0] for i in range(count)]
+                     for window, mask in masks.items()}
+        return SegmentPlan(segment.row, start, start + count, {}, slots)
+    if chain and all(window is None or length <= window for window in windows):
+        # The common case, without building a mask per layer kind: one query sees every key;
+        # a block sees the committed context and the block up to itself.
+        mask = None if count == 1 else torch.ones(count, length, dtype=torch.bool, device=device).tril(committed)
+        return SegmentPlan(segment.row, start, start + count, dict.fromkeys(windows, mask))
+    return SegmentPlan(segment.row, start, start + count, segment_masks(segment, committed, positions, windows))
+
+
+def segment_masks(
+    segment: Segment, committed: int, positions: torch.Tensor, windows: set[int | None],
+) -> dict[int | None, torch.Tensor | None]:  # per window: [k, committed + k] bool, or None = all
+    count, device = segment.count, positions.device
+    if segment.parents is None:
+        new_visible = torch.ones(count, count, dtype=torch.bool, device=device).tril()
+    else:
+        new_visible = tree_visibility(segment.parents).to(device)
+    visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device), new_visible], dim=1)
+    key_positions = torch.cat([torch.arange(committed, device=device), positions])  # [committed + k]
+    masks: dict[int | None, torch.Tensor | None] = {}
+    for window in windows:
+        mask = visible if window is None else visible & (positions[:, None] - key_positions[None, :] < window)
+        # A query that sees every key needs no mask (a faster SDPA path).
+        masks[window] = None if bool(mask.all()) else mask
+    return masks
+
+
+@dataclass
+class PaddedChains:
+    """Several chain segments as rows of one padded attention: R rows of up to C new tokens
+    (short rows repeat their last query; the copies are dropped), keys up to the longest row."""
+
+    rows: torch.Tensor  # [R] cache rows
+    contiguous: bool  # rows are 0..R-1: the cache rows are a view, not a copy
+    token_rows: torch.Tensor  # [n] cache row of each new token
+    token_slots: torch.Tensor  # [n] the slot it is written to
+    gather: torch.Tensor  # [R * C] which new token fills each padded query
+    scatter: torch.Tensor  # [n] where each new token's output sits among the R * C
+    key_length: int
+    masks: dict[int | None, torch.Tensor | None]  # per window: [R, 1, C, key_length] bool, or None = all
+
+    @staticmethod
+    def build(attention: Attention, positions: torch.Tensor, cache: Cache, windows: set[int | None]) -> PaddedChains:
+        device = positions.device
+        segments, offsets = attention.segments, attention.offsets
+        rows = [s.row for s in segments]
+        committed = torch.tensor([cache.lengths[r] for r in rows], device=device)  # [R]
+        counts = torch.tensor([s.count for s in segments], device=device)  # [R]
+        width = int(counts.max())
+        key_length = int((committed + counts).max())
+        index = torch.arange(width, device=device)  # [C]
+        clamped = torch.minimum(index[None, :], counts[:, None] - 1)  # [R, C]
+        starts = torch.tensor(offsets[:-1], device=device)
+        gather = (starts[:, None] + clamped).reshape(-1)
+        scatter = torch.cat([torch.arange(r * width, r * width + s.count, device=device) for r, s in enumerate(segments)])
+        token_rows = torch.repeat_interleave(torch.tensor(rows, device=device), counts)
+        token_slots = torch.cat([torch.arange(cache.lengths[s.row], cache.lengths[s.row] + s.count, device=device)
+                                 for s in segments])
+        slots = torch.arange(key_length, device=device)  # [L]
+        query_slots = committed[:, None] + clamped  # [R, C]
+        visible = slots[None, None, :] <= query_slots[:, :, None]  # [R, C, L]
+        masks: dict[int | None, torch.Tensor | None] = {}
+        for window in windows:
+            mask = visible
+            if window is not None:
+                key_positions = slots.repeat(len(rows), 1)  # [R, L]: committed slots hold positions 0..
+                key_positions[torch.repeat_interleave(torch.arange(len(rows), device=device), counts), token_slots] = positions
+                query_positions = positions[gather].view(len(rows), width)
+                mask = mask & (query_positions[:, :, None] - key_positions[:, None, :] < window)
+            masks[window] = None if bool(mask.all()) else mask[:, None]
+        contiguous = rows == list(range(len(rows)))
+        return PaddedChains(torch.tensor(rows, device=device), contiguous, token_rows, token_slots, gather, scatter,
+                            key_length, masks)
+
+    def attend(
+        self,
+        layer,  # a DecoderLayer: its attend() and window
+        q: torch.Tensor,  # [heads, n, d]
+        k: torch.Tensor,  # [kv_heads, n, d]
+        v: torch.Tensor,  # [kv_heads, n, d]
+        cache,
+        layer_index: int,
+    ) -> torch.Tensor:  # [heads, n, d]
+        cache.keys[layer_index][self.token_rows, :, self.token_slots] = k.transpose(0, 1)
+        cache.values[layer_index][self.token_rows, :, self.token_slots] = v.transpose(0, 1)
+        if self.contiguous:
+            keys = cache.keys[layer_index, : self.rows.shape[0], :, : self.key_length]  # [R, kv_heads, L, d]
+            values = cache.values[layer_index, : self.rows.shape[0], :, : self.key_length]
+        else:
+            keys = cache.keys[layer_index, :, :, : self.key_length].index_select(0, self.rows)
+            values = cache.values[layer_index, :, :, : self.key_length].index_select(0, self.rows)
+        heads, _, head_dim = q.shape
+        padded = q.transpose(0, 1).index_select(0, self.gather).view(self.rows.shape[0], -1, heads, head_dim)
+        out = layer.attend(padded.transpose(1, 2), keys, values, self.masks[layer.window])  # [R, heads, C, d]
+        return out.transpose(1, 2).reshape(-1, heads, head_dim).index_select(0, self.scatter).transpose(0, 1)
+
+
+@dataclass
+class AttentionPlan:
+    segments: list[SegmentPlan]  # used when padded is None
+    padded: PaddedChains | None = None
+
+
+def plan_attention(
+    attention: Attention, positions: torch.Tensor, cache: Cache, windows: set[int | None], per_query: bool,
+) -> AttentionPlan:
+    """per_query: attend one query at a time over exactly its keys (after each row's prefill)."""
+    if len(attention.segments) > 1 and not attention.has_trees and not per_query:
+        return AttentionPlan([], PaddedChains.build(attention, positions, cache, windows))
+    offsets = attention.offsets
+    return AttentionPlan([
+        plan_segment(segment, start, cache.lengths[segment.row], positions[start:end], windows,
+                     per_query=per_query and cache.lengths[segment.row] > 0)
+        for segment, start, end in zip(attention.segments, offsets, offsets[1:])
+    ])
