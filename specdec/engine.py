@@ -26,7 +26,7 @@ from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, make_policy
 from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import greedy_verify, rejection_sample
+from specdec.verify import greedy_verify_tokens, rejection_sample
 
 
 class TokenSource(str, enum.Enum):
@@ -183,17 +183,20 @@ class Engine:
             draft_seconds.append(time.perf_counter() - began)
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
-        tokens = torch.cat([torch.cat([r.tokens[r.length - 1 : r.length], d.tokens]) for r, d in zip(requests, drafts)])
-        positions = torch.cat([torch.arange(r.length - 1, r.length + d.gamma, device=tokens.device)
-                               for r, d in zip(requests, drafts)])
+        device = self.target.device
+        tokens = torch.cat([piece for r, d in zip(requests, drafts) for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
+        positions = torch.tensor([p for r, d in zip(requests, drafts) for p in range(r.length - 1, r.length + d.gamma)],
+                                 device=device)
         attention = Attention(tuple(Segment(r.row, d.gamma + 1) for r, d in zip(requests, drafts)))
         want_hidden = self.drafter is not None and self.drafter.wants_hidden
         output = self.target.forward(tokens, positions, cache, attention, want_hidden=want_hidden)
+        # One argmax for the whole batch when any request is greedy.
+        argmax = output.logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
         for request, draft, start, end in zip(requests, drafts, attention.offsets, attention.offsets[1:]):
             target_logits = output.logits[start:end]  # [gamma + 1, vocab]
             if request.sampling.greedy:
-                emitted = greedy_verify(draft.tokens, target_logits)
+                emitted = greedy_verify_tokens(draft.tokens, argmax[start:end])
             else:
                 target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
                 emitted = rejection_sample(draft.tokens, draft.probs, target_probs, request.generator)

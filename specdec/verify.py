@@ -17,10 +17,19 @@ def greedy_verify(
     target_logits: torch.Tensor,  # [gamma + 1, vocab]
 ) -> torch.LongTensor:  # [n_accepted + 1]
     """Longest prefix of the draft that equals the target's argmax, then the target's token."""
+    return greedy_verify_tokens(draft_tokens, target_logits.argmax(-1))
+
+
+def greedy_verify_tokens(
+    draft_tokens: torch.Tensor,  # [gamma] int64
+    target_tokens: torch.Tensor,  # [gamma + 1] int64, the target's argmax at each position
+) -> torch.LongTensor:  # [n_accepted + 1]
+    """greedy_verify with the argmax already taken (an engine takes it once for a whole batch)."""
     gamma = draft_tokens.shape[0]
-    target_tokens = target_logits.argmax(-1)  # [gamma + 1]
+    if gamma == 0:
+        return target_tokens[:1].clone()
     matches = draft_tokens == target_tokens[:gamma]
-    n_accepted = int(matches.cumprod(0).sum()) if gamma else 0
+    n_accepted = int(matches.cumprod(0).sum())
     return target_tokens[: n_accepted + 1].clone()
 
 

@@ -158,3 +158,14 @@ def test_bad_attention_and_verbs_are_named(tiny_pair):
         cache.rollback(0, 3)
     with pytest.raises(ValueError, match="increasing offsets"):
         cache.compact(0, [2, 1])
+
+
+def test_unused_cache_slots_are_finite(tiny_pair):
+    """A padded batch attends, masked, over slots other rows have not written: they must hold
+    finite numbers (a NaN survives a mask), so the cache starts zeroed and grows zeroed."""
+    model = load(tiny_pair["target"])
+    cache = model.new_cache(rows=3)
+    model.extend(torch.tensor([1, 2, 3]), cache, row=1)
+    cache.reserve(cache.capacity + 1)  # growth keeps the written slots and zeroes the new ones
+    assert torch.isfinite(cache.keys).all() and torch.isfinite(cache.values).all()
+    assert cache.keys[:, 0].abs().sum() == 0 and cache.keys[:, 1, :, :3].abs().sum() > 0

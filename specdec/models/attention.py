@@ -85,8 +85,8 @@ class PaddedChains:
     contiguous: bool  # rows are 0..R-1: the cache rows are a view, not a copy
     token_rows: torch.Tensor  # [n] cache row of each new token
     token_slots: torch.Tensor  # [n] the slot it is written to
-    gather: torch.Tensor  # [R * C] which new token fills each padded query
-    scatter: torch.Tensor  # [n] where each new token's output sits among the R * C
+    gather: torch.Tensor | None  # [R * C] which new token fills each padded query (None: every row has C)
+    scatter: torch.Tensor | None  # [n] where each new token's output sits among the R * C (None: all of them)
     key_length: int
     masks: dict[int | None, torch.Tensor | None]  # per window: [R, 1, C, key_length] bool, or None = all
 
@@ -120,6 +120,8 @@ class PaddedChains:
                 mask = mask & (query_positions[:, :, None] - key_positions[:, None, :] < window)
             masks[window] = None if bool(mask.all()) else mask[:, None]
         contiguous = rows == list(range(len(rows)))
+        if bool((counts == width).all()):  # no padding (plain decoding, or equal draft lengths): views suffice
+            gather = scatter = None
         return PaddedChains(torch.tensor(rows, device=device), contiguous, token_rows, token_slots, gather, scatter,
                             key_length, masks)
 
@@ -141,9 +143,15 @@ class PaddedChains:
             keys = cache.keys[layer_index, :, :, : self.key_length].index_select(0, self.rows)
             values = cache.values[layer_index, :, :, : self.key_length].index_select(0, self.rows)
         heads, _, head_dim = q.shape
-        padded = q.transpose(0, 1).index_select(0, self.gather).view(self.rows.shape[0], -1, heads, head_dim)
-        out = layer.attend(padded.transpose(1, 2), keys, values, self.masks[layer.window])  # [R, heads, C, d]
-        return out.transpose(1, 2).reshape(-1, heads, head_dim).index_select(0, self.scatter).transpose(0, 1)
+        padded = q.transpose(0, 1)  # [n, heads, d]
+        if self.gather is not None:
+            padded = padded.index_select(0, self.gather)
+        padded = padded.reshape(self.rows.shape[0], -1, heads, head_dim).transpose(1, 2)  # [R, heads, C, d]
+        out = layer.attend(padded, keys, values, self.masks[layer.window])  # [R, heads, C, d]
+        out = out.transpose(1, 2).reshape(-1, heads, head_dim)  # [R * C, heads, d]
+        if self.scatter is not None:
+            out = out.index_select(0, self.scatter)
+        return out.transpose(0, 1)
 
 
 @dataclass

@@ -51,8 +51,10 @@ class KVCache:
         # Grow geometrically so that callers who do not reserve still pay O(log n) copies.
         capacity = min(max(capacity, 2 * self.capacity), self.max_length)
         layers, rows, heads, _, head_dim = self._shape
-        keys = torch.empty((layers, rows, heads, capacity, head_dim), dtype=self._dtype, device=self._device)
-        values = torch.empty_like(keys)
+        # Zeros, not empty: a padded batch attends (masked) over other rows' unused slots, and
+        # uninitialised memory can hold NaN, which a mask does not remove (NaN * 0 = NaN).
+        keys = torch.zeros((layers, rows, heads, capacity, head_dim), dtype=self._dtype, device=self._device)
+        values = torch.zeros_like(keys)
         used = max(self.lengths)
         keys[..., :used, :] = self.keys[..., :used, :]
         values[..., :used, :] = self.values[..., :used, :]

@@ -155,9 +155,9 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [n, hidden]
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x)).view(num_tokens, -1, self.head_dim).transpose(0, 1)
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
+        qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one go: fewer ops per layer
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=0)
         if plan.padded is not None:
             attended = plan.padded.attend(self, q, k, v, cache, layer_index)
         else:
