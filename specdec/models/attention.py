@@ -94,36 +94,35 @@ class PaddedChains:
     def build(attention: Attention, positions: torch.Tensor, cache: Cache, windows: set[int | None]) -> PaddedChains:
         device = positions.device
         segments, offsets = attention.segments, attention.offsets
+        # Index bookkeeping in Python lists, then one tensor each: a few ops per forward, not per row.
         rows = [s.row for s in segments]
-        committed = torch.tensor([cache.lengths[r] for r in rows], device=device)  # [R]
-        counts = torch.tensor([s.count for s in segments], device=device)  # [R]
-        width = int(counts.max())
-        key_length = int((committed + counts).max())
-        index = torch.arange(width, device=device)  # [C]
-        clamped = torch.minimum(index[None, :], counts[:, None] - 1)  # [R, C]
-        starts = torch.tensor(offsets[:-1], device=device)
-        gather = (starts[:, None] + clamped).reshape(-1)
-        scatter = torch.cat([torch.arange(r * width, r * width + s.count, device=device) for r, s in enumerate(segments)])
-        token_rows = torch.repeat_interleave(torch.tensor(rows, device=device), counts)
-        token_slots = torch.cat([torch.arange(cache.lengths[s.row], cache.lengths[s.row] + s.count, device=device)
-                                 for s in segments])
+        committed = [cache.lengths[r] for r in rows]
+        counts = [s.count for s in segments]
+        width = max(counts)
+        key_length = max(c + n for c, n in zip(committed, counts))
+        clamped = [[min(i, n - 1) for i in range(width)] for n in counts]  # padded query -> real query of its row
+        gather = [start + i for start, row in zip(offsets, clamped) for i in row]
+        scatter = [r * width + i for r, n in enumerate(counts) for i in range(n)]
+        token_rows = [row for row, n in zip(rows, counts) for _ in range(n)]
+        token_slots = [c + i for c, n in zip(committed, counts) for i in range(n)]
+        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped)], device=device)  # [R, C]
         slots = torch.arange(key_length, device=device)  # [L]
-        query_slots = committed[:, None] + clamped  # [R, C]
         visible = slots[None, None, :] <= query_slots[:, :, None]  # [R, C, L]
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in windows:
             mask = visible
             if window is not None:
                 key_positions = slots.repeat(len(rows), 1)  # [R, L]: committed slots hold positions 0..
-                key_positions[torch.repeat_interleave(torch.arange(len(rows), device=device), counts), token_slots] = positions
+                local_rows = [r for r, n in enumerate(counts) for _ in range(n)]
+                key_positions[local_rows, token_slots] = positions
                 query_positions = positions[gather].view(len(rows), width)
                 mask = mask & (query_positions[:, :, None] - key_positions[:, None, :] < window)
             masks[window] = None if bool(mask.all()) else mask[:, None]
-        contiguous = rows == list(range(len(rows)))
-        if bool((counts == width).all()):  # no padding (plain decoding, or equal draft lengths): views suffice
-            gather = scatter = None
-        return PaddedChains(torch.tensor(rows, device=device), contiguous, token_rows, token_slots, gather, scatter,
-                            key_length, masks)
+        as_tensor = lambda values: torch.tensor(values, device=device)  # noqa: E731
+        uniform = all(n == width for n in counts)  # no padding (plain decoding, equal drafts): views suffice
+        return PaddedChains(as_tensor(rows), rows == list(range(len(rows))), as_tensor(token_rows),
+                            as_tensor(token_slots), None if uniform else as_tensor(gather),
+                            None if uniform else as_tensor(scatter), key_length, masks)
 
     def attend(
         self,
