@@ -48,9 +48,15 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     from specdec.policy import POLICIES
 
     parser.add_argument("--gamma", type=int, default=4,
-                        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold)")
-    parser.add_argument("--drafter", default="model", choices=DRAFTERS,
-                        help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram stage")
+                        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
+                             "a tree's depth limit)")
+    parser.add_argument("--drafter", default="model", metavar="|".join(DRAFTERS),
+                        help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram "
+                             "stage; tree / ngram-tree: token trees; A+B: both, merged into one tree")
+    parser.add_argument("--tree", action="store_true",
+                        help="draft token trees: model -> tree (dynamic draft-model tree), ngram -> ngram-tree "
+                             "(several earlier occurrences as branches); A+B merges two drafters into one tree")
+    parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
     parser.add_argument("--policy", default="fixed", choices=POLICIES, help="how many tokens to draft each step")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
@@ -308,13 +314,14 @@ def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
 def run_generate(args: argparse.Namespace, console: Console, errors: Console) -> int:
     from specdec.drafting import make_drafter
 
-    needs_model = not args.no_draft and args.drafter != "ngram"
+    needs_model = not args.no_draft and any(k not in ("ngram", "ngram-tree") for k in args.drafter.split("+"))
     target, draft = load_models(args, errors, want_draft=needs_model)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
     drafter = None
-    if not args.no_draft and (draft is not None or args.drafter == "ngram"):
-        drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min)
+    if not args.no_draft and (draft is not None or not needs_model):
+        drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
+                               tree_budget=args.tree_budget)
     decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
     result = None
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -23,10 +23,10 @@ import torch
 from specdec.drafting.base import Draft, Drafter, StepOutcome, StopRule
 from specdec.drafting.model import ModelDrafter
 from specdec.metrics import SpecStats
-from specdec.models.base import Attention, Cache, LanguageModel, Segment
+from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
 from specdec.policy import DraftLengthPolicy, make_policy
 from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import greedy_verify_tokens, rejection_sample
+from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample, tree_rejection_sample
 
 
 class TokenSource(str, enum.Enum):
@@ -81,6 +81,18 @@ class Request:
     def truncate(self, length: int) -> None:
         """Drop context tokens past ``length`` (text after a stop string); the request is done."""
         self.length = min(self.length, length)
+
+
+def block_parents(draft: Draft) -> tuple[int, ...] | None:
+    """The verify block is [last context token, draft nodes...]: a tree's root token is node 0."""
+    return None if draft.parents is None else (-1, *(parent + 1 for parent in draft.parents))
+
+
+def block_depths(draft: Draft) -> list[int]:
+    """Position offsets of the block's tokens from the last context token."""
+    if draft.parents is None:
+        return list(range(draft.gamma + 1))
+    return [0, *(depth + 1 for depth in tree_depths(draft.parents))]
 
 
 def as_drafter(drafter: Drafter | LanguageModel | None) -> Drafter | None:
@@ -185,30 +197,46 @@ class Engine:
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
         device = self.target.device
         tokens = torch.cat([piece for r, d in zip(requests, drafts) for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
-        positions = torch.tensor([p for r, d in zip(requests, drafts) for p in range(r.length - 1, r.length + d.gamma)],
+        positions = torch.tensor([r.length - 1 + depth for r, d in zip(requests, drafts) for depth in block_depths(d)],
                                  device=device)
-        attention = Attention(tuple(Segment(r.row, d.gamma + 1) for r, d in zip(requests, drafts)))
+        attention = Attention(tuple(Segment(r.row, d.gamma + 1, block_parents(d)) for r, d in zip(requests, drafts)))
         want_hidden = self.drafter is not None and self.drafter.wants_hidden
         output = self.target.forward(tokens, positions, cache, attention, want_hidden=want_hidden)
         # One argmax for the whole batch when any request is greedy.
         argmax = output.logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
         for request, draft, start, end in zip(requests, drafts, attention.offsets, attention.offsets[1:]):
-            target_logits = output.logits[start:end]  # [gamma + 1, vocab]
-            if request.sampling.greedy:
-                emitted = greedy_verify_tokens(draft.tokens, argmax[start:end])
-            else:
-                target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
-                emitted = rejection_sample(draft.tokens, draft.probs, target_probs, request.generator)
+            emitted, path = self.verify(request, draft, output.logits[start:end], None if argmax is None else argmax[start:end])
             # Keep the entries of the last context token and the accepted drafts.
-            cache.commit(request.row, emitted.shape[0])
-            hidden = output.hidden[start : start + emitted.shape[0]] if want_hidden else None
-            outcomes.append(StepOutcome(emitted, draft.gamma, hidden))
+            if path is None:
+                kept = list(range(emitted.shape[0]))
+                cache.commit(request.row, emitted.shape[0])
+            else:
+                kept = [0, *(node + 1 for node in path.tolist())]
+                cache.compact(request.row, kept)
+            hidden = output.hidden[[start + k for k in kept]] if want_hidden else None
+            outcomes.append(StepOutcome(emitted, draft.gamma, hidden, path))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.commit(request, outcome, seconds, verify_seconds)
             self.check_finished(request, outcome)
         return outcomes
+
+    @staticmethod
+    def verify(
+        request: Request,
+        draft: Draft,
+        target_logits: torch.Tensor,  # [gamma + 1, vocab]: after the last context token, after each draft node
+        target_argmax: torch.Tensor | None,  # [gamma + 1], when greedy
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # emitted [m + 1], accepted tree path [m] (None: a chain)
+        if request.sampling.greedy:
+            if draft.parents is None:
+                return greedy_verify_tokens(draft.tokens, target_argmax), None
+            return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)
+        target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
+        if draft.parents is None:
+            return rejection_sample(draft.tokens, draft.probs, target_probs, request.generator), None
+        return tree_rejection_sample(draft.tokens, draft.parents, draft.probs, target_probs, request.generator)
 
     def commit(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         """Append the emitted tokens and tell the drafter, the policy and the stats."""

@@ -92,3 +92,94 @@ def rejection_sample(
         final_dist = target_probs[gamma]
     final_token = torch.multinomial(final_dist, 1, generator=generator)
     return torch.cat([draft_tokens[:n_accepted], final_token])
+
+
+def children_of(parents: list[int], node: int) -> list[int]:
+    """Tree indices of node's children (-1 = the root), in tree order (the order drawn)."""
+    return [i for i, parent in enumerate(parents) if parent == node]
+
+
+def sibling_rejection_step(
+    target_probs: torch.Tensor,  # [vocab], p at this node after the siblings rejected so far
+    draft_probs: torch.Tensor,  # [vocab], q at this node without the siblings tried so far
+    token: int,  # the next sibling, drawn from draft_probs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # acceptance [], p if rejected [vocab], q if rejected [vocab]
+    """One sibling of recursive rejection sampling: accept with min(1, p(x) / q(x)); if rejected,
+    the next sibling is judged against norm(max(p - q, 0)) and q without x (it was drawn
+    without replacement), renormalised."""
+    tiny = torch.finfo(draft_probs.dtype).tiny
+    acceptance = torch.clamp(target_probs[token] / draft_probs[token].clamp_min(tiny), max=1.0)
+    residual = residual_distribution(draft_probs[None], target_probs[None])[0]
+    remaining = draft_probs.clone()
+    remaining[token] = 0.0
+    return acceptance, residual, remaining / remaining.sum().clamp_min(tiny)
+
+
+def tree_rejection_sample(
+    tree_tokens: torch.Tensor,  # [n] int64, parents before children, siblings in the order drawn
+    parents: torch.Tensor | list[int],  # [n] int64: parent index, -1 for children of the root
+    draft_probs: torch.Tensor | None,  # [n + 1, vocab]: row 0 = q at the root, row i + 1 = q at node i
+    target_probs: torch.Tensor,  # [n + 1, vocab]: row 0 = p at the root, row i + 1 = p after node i
+    generator: torch.Generator | None = None,
+) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
+    """Recursive rejection sampling over a token tree (Jeon et al. 2024, "Recursive Speculative
+    Decoding"): at a node, try its children in the order they were drawn (without replacement
+    from the node's q). Accept child x with probability min(1, p(x) / q(x)); on rejection
+    p <- norm(max(p - q, 0)) and q <- q without x, renormalised; an accepted child becomes the
+    node. When every child is rejected (or the node is a leaf), emit a sample of the current p.
+    draft_probs None means deterministic guesses: q is a point mass on each sibling in turn.
+    A chain gives exactly rejection_sample's law; the emitted tokens have the target's law."""
+    parents = [int(parent) for parent in parents]
+    count = tree_tokens.shape[0]
+    if len(parents) != count or target_probs.shape[0] != count + 1:
+        raise ValueError(f"a tree of {count} nodes needs {count} parents and {count + 1} rows of target_probs, "
+                         f"got {len(parents)} and {target_probs.shape[0]}")
+    tokens = tree_tokens.tolist()
+    dtype = torch.float64 if draft_probs is None else draft_probs.dtype
+    node, path = -1, []
+    while True:
+        p = target_probs[node + 1].to(dtype)
+        q = None if draft_probs is None else draft_probs[node + 1].to(dtype)
+        accepted = None
+        for child in children_of(parents, node):
+            x = tokens[child]
+            q_x = point_mass_probs(tree_tokens[child : child + 1], p.shape[-1])[0].to(dtype) if q is None else q
+            accept, p_rejected, q_rejected = sibling_rejection_step(p, q_x, x)
+            if torch.rand((), generator=generator, device=p.device, dtype=dtype) < accept:
+                accepted = child
+                break
+            p, q = p_rejected, None if q is None else q_rejected
+        if accepted is None:
+            final = torch.multinomial(p, 1, generator=generator)
+            emitted = torch.tensor([tokens[i] for i in path], dtype=torch.long, device=tree_tokens.device)
+            return torch.cat([emitted, final.to(tree_tokens.device)]), torch.tensor(path, dtype=torch.long)
+        path.append(accepted)
+        node = accepted
+
+
+def greedy_tree_verify(
+    tree_tokens: torch.Tensor,  # [n] int64
+    parents: torch.Tensor | list[int],  # [n] int64
+    target_logits: torch.Tensor,  # [n + 1, vocab]: row 0 after the committed context, row i + 1 after node i
+) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
+    """Follow the target's argmax down the tree: the longest root-to-node path the target
+    itself would have produced, then its next token."""
+    return greedy_tree_verify_tokens(tree_tokens, parents, target_logits.argmax(-1))
+
+
+def greedy_tree_verify_tokens(
+    tree_tokens: torch.Tensor,  # [n] int64
+    parents: torch.Tensor | list[int],  # [n] int64
+    target_tokens: torch.Tensor,  # [n + 1] int64, the target's argmax at the root and after each node
+) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
+    parents = [int(parent) for parent in parents]
+    tokens, best = tree_tokens.tolist(), target_tokens.tolist()
+    node, path = -1, []
+    while True:
+        match = next((child for child in children_of(parents, node) if tokens[child] == best[node + 1]), None)
+        if match is None:
+            emitted = [tokens[i] for i in path] + [best[node + 1]]
+            return (torch.tensor(emitted, dtype=torch.long, device=tree_tokens.device),
+                    torch.tensor(path, dtype=torch.long))
+        path.append(match)
+        node = match

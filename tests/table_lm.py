@@ -52,10 +52,17 @@ class TableNetwork:
         check_forward(tokens, positions, cache, attention)
         logits = []
         for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:]):
-            assert segment.parents is None, "the table model runs chains only"
             row, committed = segment.row, cache.lengths[segment.row]
             cache.tokens[row, committed : committed + segment.count] = tokens[start:end]
-            logits += [self.logits(cache.tokens[row, : committed + i + 1].tolist()) for i in range(segment.count)]
+            history = cache.tokens[row, :committed].tolist()
+            new = tokens[start:end].tolist()
+            parents = segment.parents or tuple(range(-1, segment.count - 1))  # a chain: each after the last
+            for node in range(segment.count):
+                path, at = [], node
+                while at >= 0:
+                    path.append(new[at])
+                    at = parents[at]
+                logits.append(self.logits(history + path[::-1]))
         return ForwardOutput(torch.stack(logits) if want_logits else None)
 
     def logits(self, prefix: list[int]) -> torch.Tensor:  # [vocab], next-token logits after prefix

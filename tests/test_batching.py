@@ -4,12 +4,11 @@ seeded samples, the law of each row), and requests never share state (policies, 
 import dataclasses
 import random
 
-import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.policy import POLICIES
+from law import assert_matches_law
 from table_lm import table_model
 from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
 
@@ -89,16 +88,7 @@ def test_law_of_every_row_of_a_batch():
         for row, result in enumerate(decoder.generate(prompts, samplings)):
             counts[row][tuple(result.token_ids)] += 1
     for row, (law, count) in enumerate(zip(laws, counts)):
-        support = [s for s in law if law[s] > 0]
-        assert sum(count[s] for s in law if law[s] == 0) == 0, row
-        expected = np.array([law[s] for s in support])
-        expected *= samples / expected.sum()
-        observed = np.array([count[s] for s in support], dtype=float)
-        rare = expected < 5
-        if rare.any():
-            expected = np.append(expected[~rare], expected[rare].sum())
-            observed = np.append(observed[~rare], observed[rare].sum())
-        assert chisquare(observed, expected).pvalue > 1e-3, row
+        assert_matches_law(count, law, f"row {row}")
 
 
 @pytest.mark.parametrize("policy", POLICIES)

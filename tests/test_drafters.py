@@ -61,8 +61,8 @@ def test_ngram_sizes_are_checked():
 
 
 def test_unknown_drafter_and_policy_are_named():
-    with pytest.raises(ValueError, match="unknown drafter 'tree'"):
-        make_drafter("tree")
+    with pytest.raises(ValueError, match="unknown drafter 'forest'"):
+        make_drafter("forest")
     with pytest.raises(ValueError, match="needs a draft model"):
         make_drafter("staged")
     with pytest.raises(ValueError, match="unknown policy 'magic'"):

@@ -200,6 +200,7 @@ class CorruptedOracleDrafter:
             tokens.append(token)
             if len(tokens) < gamma:  # the draft model reads each proposal, as a real drafter would
                 state.model.forward(torch.tensor([token], device=context.device))
+        state.model.drafted = tokens
         return Draft(torch.tensor(tokens, dtype=torch.long, device=context.device))
 
 

@@ -1,21 +1,35 @@
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
+from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.drafting.staged import StagedDrafter
+from specdec.drafting.tree import ModelTreeDrafter
 
-DRAFTERS = ("model", "ngram", "staged")
+DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree")
+TREE_KINDS = {"model": "tree", "ngram": "ngram-tree"}  # what --tree turns a chain drafter into
 
 
-def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1) -> Drafter:
-    """A drafter by name: "model" and "staged" need the draft model, "ngram" needs none."""
+def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tree: bool = False,
+                 tree_budget: int = 16) -> Drafter:
+    """A drafter by name: "model", "staged" and "tree" need the draft model; "ngram" and
+    "ngram-tree" (the continuations of several earlier occurrences as branches) need none;
+    "A+B" merges the proposals of A and B into one tree. tree=True turns "model" into "tree"
+    and "ngram" into "ngram-tree"."""
+    kinds = kind.split("+")
+    if len(kinds) > 1:
+        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget) for k in kinds],
+                             budget=tree_budget)
+    kind = TREE_KINDS.get(kind, kind) if tree else kind
     if kind not in DRAFTERS:
-        raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)}")
-    if kind == "ngram":
-        return NGramDrafter(max_n, min_n)
+        raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
+    if kind in ("ngram", "ngram-tree"):
+        return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
     if draft_model is None:
         raise ValueError(f"the {kind!r} drafter needs a draft model (--draft)")
+    if kind == "tree":
+        return ModelTreeDrafter(draft_model, budget=tree_budget)
     return ModelDrafter(draft_model) if kind == "model" else StagedDrafter(draft_model, max_n, min_n)
 
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "ModelDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter",
+__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter",
            "make_drafter"]

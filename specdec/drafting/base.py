@@ -17,13 +17,15 @@ StopRule = Callable[[int, float], bool]
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed continuation. probs is q at each drafted node (p = target, q = draft, as in
-    Leviathan et al. 2023, Algorithm 1); None means the drafter is deterministic (point masses),
-    or decoding is greedy and verification needs no q. parents is None for a chain; for a tree,
-    parents[i] is node i's parent (-1 = the last committed token), in topological order."""
+    """Proposed continuation (p = target, q = draft, as in Leviathan et al. 2023, Algorithm 1).
+    parents is None for a chain; for a tree, parents[i] is node i's parent (-1 = the last
+    committed token), parents before children, siblings in the order they were drawn.
+    probs is q: for a chain, row i is the q token i was drawn from; for a tree, row 0 is q at
+    the root and row i + 1 is q at node i (as verify.tree_rejection_sample takes it). None means
+    deterministic guesses (point masses), or greedy decoding, where verification needs no q."""
 
     tokens: torch.Tensor  # [gamma] int64
-    probs: torch.Tensor | None = None  # [gamma, vocab]
+    probs: torch.Tensor | None = None  # chain: [gamma, vocab]; tree: [gamma + 1, vocab]
     parents: tuple[int, ...] | None = None
 
     @property
@@ -41,7 +43,9 @@ class StepOutcome:
 
     emitted: torch.Tensor  # [n_accepted + 1] int64: accepted drafts, then the target's token
     num_drafted: int
-    hidden: torch.Tensor | None = None  # [n_accepted + 1, hidden]: the target's, when a drafter asks
+    hidden: torch.Tensor | None = None  # [n_accepted + 1, hidden]: the target's at the positions that
+    # predicted each emitted token (the last context token, then each accepted draft), when asked for
+    path: torch.Tensor | None = None  # [n_accepted]: tree indices of the accepted nodes (None for a chain)
 
     @property
     def num_accepted(self) -> int:

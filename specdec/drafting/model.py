@@ -21,6 +21,7 @@ class DraftModelState:
         self.model = model
         self.cache = model.new_cache()
         self.pending = prompt_ids  # [m] int64
+        self.drafted: list[int] = []  # the last draft's tokens; the cache holds a prefix of them
 
     def room(self, context_length: int) -> int:
         """How many tokens can still be drafted after context_length (the cache will hold the
@@ -51,10 +52,15 @@ class DraftModelState:
         if fed < before:  # nothing was drafted: the cache did not move
             self.pending = torch.cat([self.pending, emitted])
             return
-        # Cache entries past `before` are drafted tokens in order; the accepted ones stay.
-        keep = min(fed, before + emitted.shape[0] - 1)
-        self.cache.rollback(0, keep)
-        self.pending = emitted[keep - before :]
+        # Cache entries past `before` hold this drafter's own tokens (self.drafted, in order);
+        # those the target accepted stay. (Another drafter's branch may have won: compare.)
+        in_cache = self.drafted[: fed - before]
+        accepted = emitted[:-1].tolist()
+        agree = 0
+        while agree < min(len(in_cache), len(accepted)) and in_cache[agree] == accepted[agree]:
+            agree += 1
+        self.cache.rollback(0, before + agree)
+        self.pending = emitted[agree:]
 
 
 def sample_from_logits(
@@ -115,4 +121,6 @@ class ModelDrafter:
                 if stop_early(len(tokens), chain_probability):
                     break
             logits = state.forward(token)
-        return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
+        draft = torch.cat(tokens)
+        state.drafted = draft.tolist()
+        return Draft(draft, torch.cat(probs) if probs else None)

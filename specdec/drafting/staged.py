@@ -87,5 +87,6 @@ class StagedDrafter:
                         break
             if stop:
                 break
+        state.model.drafted = drafted  # the cache holds a prefix of these past the context
         tokens = torch.tensor(drafted[:gamma], dtype=torch.long, device=context.device)
         return Draft(tokens, torch.cat(probs)[:gamma] if probs else None)

@@ -1,0 +1,95 @@
+"""Several drafters at once: their proposals merged into one token tree (shared prefixes once),
+verified in one target forward. For example the n-gram drafter and a draft model: the n-gram
+wins on repeated text, the model elsewhere, and the target's single pass picks whichever agrees.
+
+The merged tree is verified with point masses (no q): a node from one drafter and its sibling
+from another were not drawn without replacement from one q, so recursive rejection sampling
+with q would not apply. The point-mass rule accepts a guess x with probability p(x) and keeps
+the target's law exactly for any guesses made without looking at the target's random draws;
+when greedy nothing changes. Each drafter keeps its own state and sees the outcome as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome, StopRule
+from specdec.drafting.ngram import merge_branches
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class SubRequest:
+    """One member drafter's view of a request: the request, with that drafter's own state."""
+
+    request: DraftRequest
+    draft_state: Any
+
+    @property
+    def context(self) -> torch.Tensor:
+        return self.request.context
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.request.generator
+
+    @property
+    def stop_early(self) -> StopRule | None:
+        return self.request.stop_early
+
+
+def root_paths(draft: Draft) -> list[list[int]]:
+    """A draft as the token paths from the root to each leaf, in node order."""
+    tokens = draft.tokens.tolist()
+    parents = list(draft.parents) if draft.parents is not None else list(range(-1, len(tokens) - 1))
+    has_child = {parent for parent in parents}
+    paths = []
+    for leaf in (node for node in range(len(tokens)) if node not in has_child):
+        path, node = [], leaf
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        paths.append(path[::-1])
+    return paths
+
+
+class MergedDrafter:
+    """Runs each drafter and merges the proposals into one tree of at most ``budget`` nodes,
+    earlier drafters first when the budget runs out."""
+
+    wants_hidden = False
+    vocab_size = None  # point masses: no q
+
+    def __init__(self, drafters: Sequence[Drafter], budget: int = 24) -> None:
+        if len(drafters) < 2:
+            raise ValueError("a merged drafter needs at least two drafters")
+        vocabularies = {d.vocab_size for d in drafters if d.vocab_size is not None}
+        if len(vocabularies) > 1:
+            raise ValueError(f"the merged drafters have different vocabularies: {sorted(vocabularies)}")
+        self.drafters, self.budget = list(drafters), budget
+        self.wants_hidden = any(d.wants_hidden for d in drafters)
+
+    def start(self, prompt_ids: torch.Tensor) -> list[Any]:
+        return [drafter.start(prompt_ids) for drafter in self.drafters]
+
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        device = request.context.device
+        paths = []
+        for drafter, state in zip(self.drafters, request.draft_state):
+            paths += root_paths(drafter.propose(SubRequest(request, state), gamma))
+        tokens, parents = merge_branches(paths, self.budget)
+        if not tokens:
+            return Draft.empty(device)
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None, tuple(parents))
+
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        for drafter, state in zip(self.drafters, request.draft_state):
+            drafter.observe(SubRequest(request, state), outcome)

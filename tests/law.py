@@ -1,0 +1,20 @@
+"""A chi-square check of sampled sequences against an enumerated law, shared by the law tests."""
+
+import numpy as np
+from scipy.stats import chisquare
+
+
+def assert_matches_law(counts: dict, law: dict, label: str = "") -> None:
+    """counts: sequence -> times sampled; law: sequence -> exact probability."""
+    samples = sum(counts.values())
+    assert sum(counts.get(s, 0) for s in law if law[s] == 0) == 0, f"{label}: sampled an impossible sequence"
+    support = [s for s in law if law[s] > 0]
+    expected = np.array([law[s] for s in support])
+    expected *= samples / expected.sum()  # a float32 law sums to 1 only up to ~1e-7
+    observed = np.array([counts.get(s, 0) for s in support], dtype=float)
+    # pool the rare cells so that every expected count is >= 5, as the chi-square test needs
+    rare = expected < 5
+    if rare.any():
+        expected = np.append(expected[~rare], expected[rare].sum())
+        observed = np.append(observed[~rare], observed[rare].sum())
+    assert chisquare(observed, expected).pvalue > 1e-3, label

@@ -1,0 +1,107 @@
+"""Decoding with token trees: greedy output equals target-only, sampled output has the target's
+law (chi-square against the enumerated law), and the adapter refuses trees clearly."""
+
+import dataclasses
+
+import pytest
+
+from specdec import SamplingParams, SpeculativeDecoder, load
+from specdec.drafting import ModelTreeDrafter
+from law import assert_matches_law
+from table_lm import table_model
+from test_distribution import PROMPT, exact_sequence_law
+from test_greedy_equality import DRAFT_KINDS, check_equality, lean_models  # noqa: F401 (fixture)
+
+
+def test_tree_drafts_equal_target_only(lean_models):  # noqa: F811
+    target, drafts = lean_models
+    drafters = {kind: ModelTreeDrafter(drafts[kind], budget=8, branching=3) for kind in DRAFT_KINDS}
+    counts = check_equality(target, drafters, "fixed")
+    assert counts["same"][0] > 0
+    # an independent draft is rarely right, a perturbed one often: trees really branch and get verified
+    assert counts["independent"][0] < counts["perturbed"][0]
+
+
+def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
+    target = load(tiny_pair["target"], quantize="int8")
+    drafter = ModelTreeDrafter(load(tiny_pair["perturbed"], quantize="int8"), budget=8, branching=3)
+    baseline, decoder = SpeculativeDecoder(target), SpeculativeDecoder(target, drafter, gamma=4)
+    for start in range(20):
+        prompt = [(start * 7 + i) % 96 for i in range(start % 9 + 1)]
+        assert decoder.generate(prompt, max_new_tokens=24).token_ids == \
+            baseline.generate(prompt, max_new_tokens=24).token_ids, prompt
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=3)],
+                         ids=["temperature", "top-k"])
+def test_tree_law_of_three_tokens(sampling):
+    """Trees of depth <= 3 and 1-3 children per node over a 6-token vocabulary; 20k seeded
+    3-token generations against the enumerated target law."""
+    vocab, length, samples = 6, 3, 20000
+    target = table_model(vocab, seed=100)
+    drafter = ModelTreeDrafter(table_model(vocab, seed=101, sharpness=1.0), budget=6, branching=3)
+    decoder = SpeculativeDecoder(target, drafter, gamma=3)
+    law = exact_sequence_law(target, PROMPT, length, sampling)
+    counts = dict.fromkeys(law, 0)
+    accepted = drafted = 0
+    for seed in range(samples):
+        result = decoder.generate(PROMPT, dataclasses.replace(sampling, seed=seed, max_new_tokens=length))
+        counts[tuple(result.token_ids)] += 1
+        accepted += result.stats.accepted
+        drafted += result.stats.drafted
+    assert 0 < accepted < drafted
+    assert_matches_law(counts, law)
+
+
+def test_trees_through_the_adapter_are_refused_clearly(tiny_pair):
+    target = load(tiny_pair["target"], backend="transformers")
+    decoder = SpeculativeDecoder(target, ModelTreeDrafter(load(tiny_pair["perturbed"]), budget=4))
+    with pytest.raises(ValueError, match="use --backend specdec for token trees"):
+        decoder.generate([1, 2, 3], max_new_tokens=8)
+
+
+def test_tree_budget_and_branching_are_checked(tiny_pair):
+    with pytest.raises(ValueError, match="budget >= 1 and branching >= 1"):
+        ModelTreeDrafter(load(tiny_pair["target"]), budget=0)
+
+
+def test_ngram_tree_worked_example():
+    from specdec.drafting import NGramDrafter
+    from specdec.drafting.base import ContextRequest
+    import torch
+
+    drafter = NGramDrafter(max_n=2, min_n=2, branches=4, budget=16)
+    context = torch.tensor([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
+    draft = drafter.propose(ContextRequest.started(drafter, context), 3)
+    # the continuations of the three earlier [1 2], newest first, merged where they share a prefix
+    assert draft.tokens.tolist() == [5, 1, 2, 4, 1, 2, 3, 1, 2]
+    assert draft.parents == (-1, 0, 1, -1, 3, 4, -1, 6, 7)
+    small = NGramDrafter(max_n=2, min_n=2, branches=4, budget=4)
+    assert small.propose(ContextRequest.started(small, context), 3).tokens.tolist() == [5, 1, 2, 4]
+
+
+@pytest.mark.parametrize("kind", ["ngram-tree", "tree+ngram", "model+ngram-tree"])
+def test_ngram_and_merged_trees_equal_target_only(lean_models, kind):  # noqa: F811
+    from specdec import make_drafter
+
+    target, drafts = lean_models
+    drafters = {name: make_drafter(kind, drafts[name], max_n=3, tree_budget=10) for name in ("same", "perturbed")}
+    counts = check_equality(target, drafters, "fixed")
+    assert counts["same"][0] > 0
+
+
+def test_merged_tree_law_of_three_tokens():
+    """A merged tree is verified with point masses: still the target's law."""
+    from specdec import make_drafter
+
+    vocab, length, samples = 6, 3, 10000
+    sampling = SamplingParams(temperature=0.9)
+    target = table_model(vocab, seed=100)
+    drafter = make_drafter("model+ngram-tree", table_model(vocab, seed=101, sharpness=1.0), max_n=2, tree_budget=6)
+    decoder = SpeculativeDecoder(target, drafter, gamma=3)
+    law = exact_sequence_law(target, PROMPT, length, sampling)
+    counts = dict.fromkeys(law, 0)
+    for seed in range(samples):
+        result = decoder.generate(PROMPT, temperature=0.9, seed=seed, max_new_tokens=length)
+        counts[tuple(result.token_ids)] += 1
+    assert_matches_law(counts, law)
