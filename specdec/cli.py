@@ -18,6 +18,7 @@ from specdec.sampling import SamplingParams
 # How --show colours each token: a person sees which tokens the draft got right.
 SOURCE_STYLES = {
     TokenSource.DRAFT: "green",
+    TokenSource.BRANCH: "cyan",
     TokenSource.CORRECTION: "bold red",
     TokenSource.BONUS: "bold blue",
     TokenSource.TARGET: "",
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
     generate.add_argument("--show", action="store_true",
-                          help="colour tokens: green = accepted draft, red = target's correction, blue = bonus")
+                          help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
+                               "red = target's correction, blue = bonus")
     generate.add_argument("--json", action="store_true", help="print the stats as JSON instead of a table")
     add_train_parser(commands)
     add_bench_parser(commands)
@@ -302,6 +304,7 @@ def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
         ("alpha (acceptance rate)", f"{stats.alpha:.3f}"),
         ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
         ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
+        *([("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))] if stats.tree_nodes_at else []),
         ("time: prefill / draft / verify / rest", f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
                                                  f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s"),
         ("tokens per second", f"{stats.tokens_per_second:.1f}"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ class TokenSource(str, enum.Enum):
     """How an emitted token came about (what `specdec generate --show` colours)."""
 
     DRAFT = "draft"  # proposed by the drafter, accepted by the target
+    BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
     TARGET = "target"  # plain decoding: nothing was drafted this step
@@ -42,9 +43,18 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
     """How each emitted token of a step came about."""
     if outcome.num_drafted == 0:
         last = TokenSource.TARGET
-    else:
+    elif outcome.parents is None:
         last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
-    return [TokenSource.DRAFT] * outcome.num_accepted + [last]
+    else:  # a tree: the bonus comes after a leaf, a correction after a node with children left
+        has_children = set(outcome.parents)
+        end = int(outcome.path[-1]) if outcome.num_accepted else -1
+        last = TokenSource.CORRECTION if end in has_children else TokenSource.BONUS
+    if outcome.parents is None:
+        return [TokenSource.DRAFT] * outcome.num_accepted + [last]
+    first_children = {parent: outcome.parents.index(parent) for parent in set(outcome.parents)}
+    accepted = [TokenSource.DRAFT if first_children[outcome.parents[node]] == node else TokenSource.BRANCH
+                for node in outcome.path.tolist()]
+    return accepted + [last]
 
 
 @dataclass
@@ -88,6 +98,14 @@ def block_parents(draft: Draft) -> tuple[int, ...] | None:
     return None if draft.parents is None else (-1, *(parent + 1 for parent in draft.parents))
 
 
+def tree_widths(parents: tuple[int, ...] | None) -> list[int] | None:
+    """Nodes at each depth of a drafted tree (None for a chain)."""
+    if parents is None:
+        return None
+    depths = tree_depths(parents)
+    return [depths.count(depth) for depth in range(max(depths, default=-1) + 1)]
+
+
 def block_depths(draft: Draft) -> list[int]:
     """Position offsets of the block's tokens from the last context token."""
     if draft.parents is None:
@@ -119,8 +137,12 @@ class Engine:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.target = target
         self.drafter = as_drafter(drafter)
-        # The template each request copies: learned state never leaks between generations.
-        self.policy = make_policy(policy, gamma) if isinstance(policy, str) else policy
+        # Each request gets a fresh policy: learned state never leaks between generations.
+        if isinstance(policy, str):
+            make_policy(policy, gamma)  # an unknown name fails here, not at the first request
+            self.new_policy: Callable[[], DraftLengthPolicy] = lambda: make_policy(policy, gamma)
+        else:
+            self.new_policy = lambda: copy.deepcopy(policy)
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
             raise ValueError(
@@ -152,7 +174,7 @@ class Engine:
         generator = torch.Generator(device=device)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         generator.manual_seed(seed)
-        request = Request(ids, sampling, tokens, len(ids), generator, copy.deepcopy(self.policy), row,
+        request = Request(ids, sampling, tokens, len(ids), generator, self.new_policy(), row,
                           stats=SpecStats(prompt_tokens=len(ids)))
         if self.drafter is not None:
             request.draft_state = self.drafter.start(tokens[: len(ids)])
@@ -215,7 +237,7 @@ class Engine:
                 kept = [0, *(node + 1 for node in path.tolist())]
                 cache.compact(request.row, kept)
             hidden = output.hidden[[start + k for k in kept]] if want_hidden else None
-            outcomes.append(StepOutcome(emitted, draft.gamma, hidden, path))
+            outcomes.append(StepOutcome(emitted, draft.gamma, hidden, path, draft.parents))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.commit(request, outcome, seconds, verify_seconds)
@@ -246,7 +268,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
             request.policy.update(outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds)
-        request.stats.observe(outcome.num_drafted, outcome.num_accepted)
+        request.stats.observe(outcome.num_drafted, outcome.num_accepted, tree_widths(outcome.parents))
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds
 

@@ -16,25 +16,32 @@ class SpecStats:
     target_forwards: int = 0  # verification forwards (the prefill is not counted)
     drafted: int = 0
     accepted: int = 0
-    drafted_at: list[int] = field(default_factory=list)  # [i]: steps that drafted position i
-    accepted_at: list[int] = field(default_factory=list)  # [i]: steps that accepted position i
+    drafted_at: list[int] = field(default_factory=list)  # [i]: steps that drafted position (tree depth) i
+    accepted_at: list[int] = field(default_factory=list)  # [i]: steps that accepted position (tree depth) i
+    tree_nodes_at: list[int] = field(default_factory=list)  # [i]: tree nodes drafted at depth i, all steps
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification
     total_seconds: float = 0.0
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """Record one speculative step."""
+    def observe(self, num_drafted: int, num_accepted: int, tree_widths: list[int] | None = None) -> None:
+        """Record one speculative step (for a tree: num_drafted nodes, tree_widths[d] of them at
+        depth d, and num_accepted the length of the accepted path)."""
         self.target_forwards += 1
         self.drafted += num_drafted
         self.accepted += num_accepted
-        if num_drafted > len(self.drafted_at):
-            grow = num_drafted - len(self.drafted_at)
+        depth = num_drafted if tree_widths is None else len(tree_widths)
+        if depth > len(self.drafted_at):
+            grow = depth - len(self.drafted_at)
             self.drafted_at += [0] * grow
             self.accepted_at += [0] * grow
-        for position in range(num_drafted):
+        for position in range(depth):
             self.drafted_at[position] += 1
             self.accepted_at[position] += position < num_accepted
+        if tree_widths is not None:
+            self.tree_nodes_at += [0] * (len(tree_widths) - len(self.tree_nodes_at))
+            for position, width in enumerate(tree_widths):
+                self.tree_nodes_at[position] += width
 
     @property
     def alpha(self) -> float:
@@ -47,6 +54,11 @@ class SpecStats:
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def mean_tree_width(self) -> list[float]:
+        """Mean number of tree nodes at each depth, over the steps that reached it."""
+        return [n / d if d else 0.0 for n, d in zip(self.tree_nodes_at, self.drafted_at)]
 
     @property
     def other_seconds(self) -> float:
@@ -76,6 +88,7 @@ class SpecStats:
             "alpha": self.alpha,
             "tau": self.tau,
             "acceptance_by_position": self.acceptance_by_position,
+            "mean_tree_width": self.mean_tree_width,
             "other_seconds": self.other_seconds,
             "tokens_per_second": self.tokens_per_second,
         }

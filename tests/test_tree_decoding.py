@@ -105,3 +105,23 @@ def test_merged_tree_law_of_three_tokens():
         result = decoder.generate(PROMPT, temperature=0.9, seed=seed, max_new_tokens=length)
         counts[tuple(result.token_ids)] += 1
     assert_matches_law(counts, law)
+
+
+def test_tree_stats_and_sources(lean_models):  # noqa: F811
+    """Per-depth stats add up, and --show's sources say when a tree's other branch won."""
+    from specdec import TokenSource
+
+    target, drafts = lean_models
+    decoder = SpeculativeDecoder(target, ModelTreeDrafter(drafts["perturbed"], budget=12, branching=3), gamma=4)
+    sources, totals = [], {"nodes": 0, "drafted": 0}
+    for start in range(30):
+        chunks = list(decoder.stream([start, (start * 5) % 96, 7], max_new_tokens=20))
+        stats = chunks[-1].result.stats
+        sources += [s for chunk in chunks for s in chunk.sources]
+        assert len(stats.drafted_at) <= 4 and 0 < stats.drafted_at[0] <= stats.target_forwards
+        totals["nodes"] += sum(stats.tree_nodes_at)
+        totals["drafted"] += stats.drafted
+    assert totals["nodes"] == totals["drafted"] > 0
+    assert TokenSource.BRANCH in sources and TokenSource.DRAFT in sources
+    assert set(sources) <= {TokenSource.DRAFT, TokenSource.BRANCH, TokenSource.CORRECTION, TokenSource.BONUS,
+                            TokenSource.TARGET}  # TARGET: a last step with no room to draft

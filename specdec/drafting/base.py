@@ -46,6 +46,7 @@ class StepOutcome:
     hidden: torch.Tensor | None = None  # [n_accepted + 1, hidden]: the target's at the positions that
     # predicted each emitted token (the last context token, then each accepted draft), when asked for
     path: torch.Tensor | None = None  # [n_accepted]: tree indices of the accepted nodes (None for a chain)
+    parents: tuple[int, ...] | None = None  # the drafted tree the path indexes (None for a chain)
 
     @property
     def num_accepted(self) -> int:

@@ -11,6 +11,7 @@ when greedy nothing changes. Each drafter keeps its own state and sees the outco
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +64,7 @@ def root_paths(draft: Draft) -> list[list[int]]:
 
 class MergedDrafter:
     """Runs each drafter and merges the proposals into one tree of at most ``budget`` nodes,
-    earlier drafters first when the budget runs out."""
+    taking root-to-leaf paths from the drafters in turns until the budget runs out."""
 
     wants_hidden = False
     vocab_size = None  # point masses: no q
@@ -82,9 +83,10 @@ class MergedDrafter:
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         device = request.context.device
-        paths = []
-        for drafter, state in zip(self.drafters, request.draft_state):
-            paths += root_paths(drafter.propose(SubRequest(request, state), gamma))
+        proposals = [root_paths(drafter.propose(SubRequest(request, state), gamma))
+                     for drafter, state in zip(self.drafters, request.draft_state)]
+        # Paths taken in turns from each drafter, so that one big tree cannot use up the budget.
+        paths = [path for turn in itertools.zip_longest(*proposals) for path in turn if path is not None]
         tokens, parents = merge_branches(paths, self.budget)
         if not tokens:
             return Draft.empty(device)

@@ -86,8 +86,9 @@ def token_confidence(
     return float(source[0, token])
 
 
-class ModelDrafter:
-    """Drafts autoregressively with its own model and a KV cache per request."""
+class DraftModelDrafter:
+    """What every drafter built on a draft model shares: one DraftModelState per request, and
+    observe() keeping the cache entries of the accepted drafts."""
 
     wants_hidden = False
 
@@ -100,6 +101,10 @@ class ModelDrafter:
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         request.draft_state.observe(request.context.shape[0], outcome.emitted)
+
+
+class ModelDrafter(DraftModelDrafter):
+    """Drafts a chain autoregressively with its own model and a KV cache per request."""
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: DraftModelState = request.draft_state

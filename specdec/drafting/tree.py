@@ -19,8 +19,8 @@ import heapq
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome
-from specdec.drafting.model import DraftModelState
+from specdec.drafting.base import Draft, DraftRequest
+from specdec.drafting.model import DraftModelDrafter, DraftModelState
 from specdec.models.base import Attention, LanguageModel, tree_depths
 from specdec.sampling import SamplingParams, logits_to_probs
 
@@ -46,24 +46,16 @@ def allocate_children(frontier: list[tuple[int, float]], q_rows: dict[int, torch
     return counts
 
 
-class ModelTreeDrafter:
+class ModelTreeDrafter(DraftModelDrafter):
     """A draft model proposing a tree of at most ``budget`` nodes, ``branching`` children per
-    node at most, and the policy's gamma as its depth limit."""
-
-    wants_hidden = False
+    node at most, with the policy's gamma as its depth limit; each depth gets an equal share of
+    the budget (at least one node), so trees are as deep as the policy asks, not wide and shallow."""
 
     def __init__(self, model: LanguageModel, budget: int = 16, branching: int = 4) -> None:
         if budget < 1 or branching < 1:
             raise ValueError(f"a tree needs budget >= 1 and branching >= 1, got {budget} and {branching}")
-        self.model, self.budget, self.branching = model, budget, branching
-        self.vocab_size = model.vocab_size
-
-    def start(self, prompt_ids: torch.Tensor) -> DraftModelState:
-        return DraftModelState(self.model, prompt_ids)
-
-    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
-        # The tree was never committed to the draft cache: the emitted tokens are fed next time.
-        request.draft_state.observe(request.context.shape[0], outcome.emitted)
+        super().__init__(model)  # observe(): the tree never enters the draft cache, only the emitted tokens do
+        self.budget, self.branching = budget, branching
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: DraftModelState = request.draft_state
@@ -80,8 +72,9 @@ class ModelTreeDrafter:
         parents: list[int] = []
         scores: list[float] = []
         frontier = [(-1, 1.0)]
+        per_depth = max(1, budget // gamma)
         for depth in range(gamma):
-            counts = allocate_children(frontier, q_rows, budget - len(tokens), self.branching)
+            counts = allocate_children(frontier, q_rows, min(per_depth, budget - len(tokens)), self.branching)
             new_nodes = []
             for node, score in frontier:
                 count = counts.get(node, 0)

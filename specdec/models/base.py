@@ -44,6 +44,13 @@ class Attention:
     """Who sees what in one forward: segments in the order of the flattened tokens."""
 
     segments: tuple[Segment, ...]
+    offsets: list[int] = field(init=False, repr=False, compare=False)  # segment s owns tokens offsets[s]:offsets[s + 1]
+
+    def __post_init__(self) -> None:
+        offsets = [0]
+        for segment in self.segments:
+            offsets.append(offsets[-1] + segment.count)
+        object.__setattr__(self, "offsets", offsets)
 
     @staticmethod
     def chain(count: int, row: int = 0) -> Attention:
@@ -54,16 +61,8 @@ class Attention:
         return Attention((Segment(row, len(parents), tuple(parents)),))
 
     @property
-    def offsets(self) -> list[int]:
-        """Cumulative token counts: segment s owns flattened tokens offsets[s]:offsets[s + 1]."""
-        offsets = [0]
-        for segment in self.segments:
-            offsets.append(offsets[-1] + segment.count)
-        return offsets
-
-    @property
     def num_tokens(self) -> int:
-        return sum(segment.count for segment in self.segments)
+        return self.offsets[-1]
 
     @property
     def has_trees(self) -> bool:
