@@ -352,7 +352,8 @@ def run_generate(args: argparse.Namespace, console: Console, errors: Console) ->
         errors.print_json(json.dumps({"finish_reason": result.finish_reason, **result.stats.to_dict()}))
     else:
         title = "target only" if drafter is None else \
-            f"speculative decoding: {args.drafter} drafter, {args.policy} policy, gamma {args.gamma}"
+            f"speculative decoding: {args.drafter}{' (trees)' if args.tree else ''} drafter, {args.policy} policy, " \
+            f"gamma {args.gamma}"
         errors.print(stats_table(result.stats, title))
     return 0
 

@@ -30,19 +30,15 @@ def draft_distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.
     return logits.float().softmax(-1) if sampling.greedy else logits_to_probs(logits, sampling)
 
 
-def allocate_children(frontier: list[tuple[int, float]], q_rows: dict[int, torch.Tensor], slots: int,
-                      branching: int) -> dict[int, int]:
+def allocate_children(scores: list[float], top_q: list[list[float]], slots: int) -> list[int]:
     """How many children each frontier node gets: the ``slots`` best (node, j) pairs by expected
-    score, score(node) * (j-th largest q at node). Decided before any child is drawn."""
-    candidates = []
-    for node, score in frontier:
-        q = q_rows[node]
-        available = min(branching, int((q > 0).sum()))
-        for j, value in enumerate(q.topk(available).values.tolist()):
-            candidates.append((score * value, node, j))
-    counts: dict[int, int] = {}
+    score, scores[node] * top_q[node][j] (the j-th largest q at the node). Decided before any
+    child is drawn. top_q: [frontier, branching], descending."""
+    candidates = [(score * value, node, j) for node, (score, values) in enumerate(zip(scores, top_q))
+                  for j, value in enumerate(values) if value > 0]
+    counts = [0] * len(scores)
     for _, node, _ in heapq.nlargest(slots, candidates):
-        counts[node] = counts.get(node, 0) + 1
+        counts[node] += 1
     return counts
 
 
@@ -66,28 +62,31 @@ class ModelTreeDrafter(DraftModelDrafter):
             return Draft.empty(context.device)
         state.cache.reserve(length + budget)
         root_logits = state.feed_pending()  # [1, vocab]
-        logits_rows = {-1: root_logits[0]}  # draft logits at the root and at each expanded node
-        q_rows = {-1: draft_distribution(root_logits, sampling)[0]}
+        frontier = [-1]  # nodes whose children are drawn next (-1 = the root)
+        frontier_q = draft_distribution(root_logits, sampling)  # [frontier, vocab]
+        frontier_scores = [1.0]
+        q_rows = {}  # q at every node that gets children (sampling)
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
-        frontier = [(-1, 1.0)]
         per_depth = max(1, budget // gamma)
         for depth in range(gamma):
-            counts = allocate_children(frontier, q_rows, min(per_depth, budget - len(tokens)), self.branching)
+            top = frontier_q.topk(min(self.branching, frontier_q.shape[-1]), dim=-1)  # [frontier, branching]
+            counts = allocate_children(frontier_scores, top.values.tolist(), min(per_depth, budget - len(tokens)))
             new_nodes = []
-            for node, score in frontier:
-                count = counts.get(node, 0)
+            for row, (node, count) in enumerate(zip(frontier, counts)):
                 if count == 0:
                     continue
-                if sampling.greedy:
-                    children = logits_rows[node].topk(count).indices
-                else:
-                    children = torch.multinomial(q_rows[node], count, replacement=False, generator=request.generator)
-                for token in children.tolist():
+                if sampling.greedy:  # the top tokens (any tree is exact when greedy)
+                    children, child_q = top.indices[row, :count], top.values[row, :count]
+                else:  # drawn one after another without replacement, as verification assumes
+                    q_rows[node] = frontier_q[row]
+                    children = torch.multinomial(frontier_q[row], count, replacement=False, generator=request.generator)
+                    child_q = frontier_q[row, children]
+                for token, probability in zip(children.tolist(), child_q.tolist()):
                     tokens.append(token)
                     parents.append(node)
-                    scores.append(score * float(q_rows[node][token]))
+                    scores.append(frontier_scores[row] * probability)
                     new_nodes.append(len(tokens) - 1)
             if depth == gamma - 1 or len(tokens) >= budget or not new_nodes:
                 break
@@ -95,15 +94,13 @@ class ModelTreeDrafter(DraftModelDrafter):
             positions = torch.tensor([length + d for d in tree_depths(parents)], device=context.device)
             block = torch.tensor(tokens, dtype=torch.long, device=context.device)
             logits = self.model.forward(block, positions, state.cache, Attention.tree(parents)).logits  # [n, vocab]
-            fresh = logits[new_nodes]
-            for node, row_logits, row_q in zip(new_nodes, fresh, draft_distribution(fresh, sampling)):
-                logits_rows[node], q_rows[node] = row_logits, row_q
-            frontier = [(node, scores[node]) for node in new_nodes]
+            frontier, frontier_scores = new_nodes, [scores[node] for node in new_nodes]
+            frontier_q = draft_distribution(logits[new_nodes], sampling)
         block = torch.tensor(tokens, dtype=torch.long, device=context.device)
         if sampling.greedy:
             return Draft(block, None, tuple(parents))
         # q per parent: row 0 at the root, row i + 1 at node i (zeros where a node has no children).
-        probs = torch.zeros(len(tokens) + 1, q_rows[-1].shape[-1], dtype=q_rows[-1].dtype, device=context.device)
+        probs = torch.zeros(len(tokens) + 1, frontier_q.shape[-1], dtype=frontier_q.dtype, device=context.device)
         for node, q in q_rows.items():
             probs[node + 1] = q
         return Draft(block, probs, tuple(parents))
