@@ -43,7 +43,7 @@ class DraftModelState:
         return logits
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, vocab]
-        return self.model.extend(tokens, self.cache)
+        return self.model.extend(tokens, self.cache, batch_invariant=False)  # a draft needs no exactness
 
     def observe(self, context_length: int, emitted: torch.Tensor) -> None:
         """The context now has context_length tokens, the last len(emitted) of them new."""

@@ -93,7 +93,7 @@ class ModelTreeDrafter(DraftModelDrafter):
             # q at the new nodes: one draft forward over the tree so far, committed to nothing.
             positions = torch.tensor([length + d for d in tree_depths(parents)], device=context.device)
             block = torch.tensor(tokens, dtype=torch.long, device=context.device)
-            logits = self.model.forward(block, positions, state.cache, Attention.tree(parents)).logits  # [n, vocab]
+            logits = self.model.forward(block, positions, state.cache, Attention.tree(parents, batch_invariant=False)).logits
             frontier, frontier_scores = new_nodes, [scores[node] for node in new_nodes]
             frontier_q = draft_distribution(logits[new_nodes], sampling)
         block = torch.tensor(tokens, dtype=torch.long, device=context.device)

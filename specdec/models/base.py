@@ -44,6 +44,10 @@ class Attention:
     """Who sees what in one forward: segments in the order of the flattened tokens."""
 
     segments: tuple[Segment, ...]
+    # Score every token bit-for-bit as it would be scored alone, whatever else is in the block
+    # (the target's verify blocks need it for exact greedy equality; a drafter's forwards do not:
+    # a draft only changes speed). Models whose kernels are batch-invariant anyway ignore it.
+    batch_invariant: bool = True
     offsets: list[int] = field(init=False, repr=False, compare=False)  # segment s owns tokens offsets[s]:offsets[s + 1]
 
     def __post_init__(self) -> None:
@@ -53,12 +57,12 @@ class Attention:
         object.__setattr__(self, "offsets", offsets)
 
     @staticmethod
-    def chain(count: int, row: int = 0) -> Attention:
-        return Attention((Segment(row, count),))
+    def chain(count: int, row: int = 0, batch_invariant: bool = True) -> Attention:
+        return Attention((Segment(row, count),), batch_invariant)
 
     @staticmethod
-    def tree(parents: Sequence[int], row: int = 0) -> Attention:
-        return Attention((Segment(row, len(parents), tuple(parents)),))
+    def tree(parents: Sequence[int], row: int = 0, batch_invariant: bool = True) -> Attention:
+        return Attention((Segment(row, len(parents), tuple(parents)),), batch_invariant)
 
     @property
     def num_tokens(self) -> int:
@@ -166,11 +170,11 @@ class LanguageModel:
     ) -> ForwardOutput:
         return self.network(tokens, positions, cache, attention, want_logits, want_hidden)
 
-    def extend(self, tokens: torch.Tensor, cache: Cache, row: int = 0) -> torch.Tensor:  # [k] -> [k, vocab]
-        """Feed a chain of tokens after row's committed context and commit them: the plain
-        left-to-right use (prefills, draft models, tests)."""
+    def extend(self, tokens: torch.Tensor, cache: Cache, row: int = 0, batch_invariant: bool = True) -> torch.Tensor:
+        """Feed a chain of tokens [k] after row's committed context and commit them; logits [k, vocab].
+        The plain left-to-right use (prefills, draft models, tests)."""
         start = cache.lengths[row]
         positions = torch.arange(start, start + tokens.shape[0], device=tokens.device)
-        logits = self.forward(tokens, positions, cache, Attention.chain(tokens.shape[0], row)).logits
+        logits = self.forward(tokens, positions, cache, Attention.chain(tokens.shape[0], row, batch_invariant)).logits
         cache.commit(row, tokens.shape[0])
         return logits

@@ -249,8 +249,9 @@ class LlamaFamilyModel(nn.Module):
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
         windows = {layer.window for layer in self.layers}
-        # A quantized model attends one query at a time after the prefill: see quantize.py.
-        plan = plan_attention(attention, positions, cache, windows, per_query=self.quantized)
+        # A quantized model attends one query at a time after the prefill (see quantize.py),
+        # where the caller needs each token scored as alone.
+        plan = plan_attention(attention, positions, cache, windows, per_query=self.quantized and attention.batch_invariant)
         x = self.embed_tokens(tokens)
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, plan, cache, index)
