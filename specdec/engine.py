@@ -208,7 +208,6 @@ class Engine:
         """One speculative step for each request: draft, one target forward for all, verify,
         commit the accepted entries, and append the emitted tokens to each request's context
         (cut at EOS or the end of the budget, which finish the request)."""
-        started = time.perf_counter()
         drafts, draft_seconds = [], []
         for request in requests:
             began = time.perf_counter()

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specdec import SamplingParams, SpeculativeDecoder
+from specdec import SpeculativeDecoder
 from specdec.bench.synthetic import CorruptedOracleDrafter, Shape, random_model, streamed_weight_bytes
 from specdec.cli import main
 from specdec.drafting.base import ContextRequest
