@@ -212,7 +212,9 @@ class Engine:
         for request in requests:
             began = time.perf_counter()
             gamma = self.draft_length(request)
-            drafts.append(self.drafter.propose(request, gamma) if gamma > 0 else Draft.empty(request.tokens.device))
+            draft = self.drafter.propose(request, gamma) if gamma > 0 else Draft.empty(request.tokens.device)
+            # A tree may hold more nodes than its depth: keep what fits in the target's context.
+            drafts.append(draft.truncated(self.target.max_context - request.length))
             draft_seconds.append(time.perf_counter() - began)
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.

@@ -125,3 +125,16 @@ def test_tree_stats_and_sources(lean_models):  # noqa: F811
     assert TokenSource.BRANCH in sources and TokenSource.DRAFT in sources
     assert set(sources) <= {TokenSource.DRAFT, TokenSource.BRANCH, TokenSource.CORRECTION, TokenSource.BONUS,
                             TokenSource.TARGET}  # TARGET: a last step with no room to draft
+
+
+@pytest.mark.parametrize("kind", ["tree", "ngram-tree"])
+def test_trees_near_the_end_of_the_context(tiny_pair, kind):
+    """A tree can hold more nodes than the context has room for: the engine keeps what fits."""
+    from specdec import make_drafter
+
+    target = load(tiny_pair["target"], dtype="float64")  # 128 positions
+    drafter = make_drafter(kind, load(tiny_pair["same"], dtype="float64"), tree_budget=16)
+    prompt = [5, 6, 7, 8] * 29  # 116 tokens, repetitive so the n-gram tree has branches
+    expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=50)
+    result = SpeculativeDecoder(target, drafter, gamma=4).generate(prompt, max_new_tokens=50)
+    assert result.token_ids == expected.token_ids and result.finish_reason == expected.finish_reason

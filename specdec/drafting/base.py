@@ -32,6 +32,15 @@ class Draft:
     def gamma(self) -> int:
         return int(self.tokens.shape[0])
 
+    def truncated(self, count: int) -> Draft:
+        """The first ``count`` nodes (parents come before children, so a tree stays a tree)."""
+        if count >= self.gamma:
+            return self
+        if self.parents is None:
+            return Draft(self.tokens[:count], None if self.probs is None else self.probs[:count])
+        return Draft(self.tokens[:count], None if self.probs is None else self.probs[: count + 1],
+                     self.parents[:count])
+
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> Draft:
         return Draft(torch.empty(0, dtype=torch.long, device=device))
