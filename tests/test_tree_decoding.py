@@ -133,8 +133,9 @@ def test_trees_near_the_end_of_the_context(tiny_pair, kind):
     from specdec import make_drafter
 
     target = load(tiny_pair["target"], dtype="float64")  # 128 positions
-    drafter = make_drafter(kind, load(tiny_pair["same"], dtype="float64"), tree_budget=16)
-    prompt = [5, 6, 7, 8] * 29  # 116 tokens, repetitive so the n-gram tree has branches
+    drafter = make_drafter(kind, load(tiny_pair["same"], dtype="float64"), max_n=2, tree_budget=16)
+    # 118 tokens where "9 5 6" recurs with four different continuations: the n-gram tree branches
+    prompt = [token for k in range(29) for token in (5, 6, 1 + k % 4, 9)] + [5, 6]
     expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=50)
     result = SpeculativeDecoder(target, drafter, gamma=4).generate(prompt, max_new_tokens=50)
     assert result.token_ids == expected.token_ids and result.finish_reason == expected.finish_reason
