@@ -46,7 +46,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     from specdec.drafting import DRAFTERS
-    from specdec.policy import POLICIES
+    from specdec.policy import POLICIES, TREE_POLICIES
 
     parser.add_argument("--gamma", type=int, default=4,
                         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
@@ -58,7 +58,9 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
                         help="draft token trees: model -> tree (dynamic draft-model tree), ngram -> ngram-tree "
                              "(several earlier occurrences as branches); A+B merges two drafters into one tree")
     parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
-    parser.add_argument("--policy", default="fixed", choices=POLICIES, help="how many tokens to draft each step")
+    parser.add_argument("--policy", default="fixed", choices=POLICIES + TREE_POLICIES,
+                        help="how many tokens to draft each step (tree-cost: a tree's node budget from measured "
+                             "tokens per second)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
 

@@ -88,6 +88,10 @@ class Request:
     def stop_early(self) -> StopRule | None:
         return self.policy.stop_early
 
+    @property
+    def node_budget(self) -> int | None:
+        return self.policy.node_budget
+
     def truncate(self, length: int) -> None:
         """Drop context tokens past ``length`` (text after a stop string); the request is done."""
         self.length = min(self.length, length)

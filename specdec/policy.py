@@ -15,6 +15,7 @@ from typing import Protocol
 class DraftLengthPolicy(Protocol):
     name: str
     stop_early: Callable[[int, float], bool] | None
+    node_budget: int | None  # for tree drafters: most nodes this step (None: the drafter's own)
 
     def next_gamma(self) -> int: ...
 
@@ -24,6 +25,7 @@ class DraftLengthPolicy(Protocol):
 class FixedPolicy:
     name = "fixed"
     stop_early = None  # never cuts a draft short
+    node_budget = None  # trees keep their drafter's budget
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
@@ -104,6 +106,7 @@ class CostModelPolicy:
     decay: float = 0.98  # forget old steps slowly: text difficulty drifts
     name: str = "cost"
     stop_early = None  # decides the length up front; never cuts a draft short
+    node_budget = None
     accepted_given_reached: list[RunningMean] = field(default_factory=list)
     draft_cost: RunningMean = field(default_factory=RunningMean)
     verify_cost: dict[int, RunningMean] = field(default_factory=dict)
@@ -168,7 +171,46 @@ class CostModelPolicy:
         self.verify_cost.setdefault(num_drafted + 1, RunningMean()).add(verify_seconds)
 
 
+class TreeBudgetPolicy(FixedPolicy):
+    """For token trees: depth gamma, and a node budget chosen online among a few sizes (gamma,
+    2 gamma, 4 gamma: one, two or four nodes per depth) by the rate each has measured, emitted
+    tokens over draft + verify seconds (decayed means). So trees shrink where width does not pay
+    for its verify and draft cost, and grow where it does. Each size is tried twice first, and a
+    size not tried for ``revisit`` steps is tried again (deterministic: no randomness)."""
+
+    name = "tree-cost"
+
+    def __init__(self, gamma: int, max_budget: int = 64, decay: float = 0.9, revisit: int = 16) -> None:
+        super().__init__(gamma)
+        self.budgets = sorted({min(max(gamma, 1) * width, max_budget) for width in (1, 2, 4)})
+        self.rates = {budget: RunningMean() for budget in self.budgets}
+        self.tries = dict.fromkeys(self.budgets, 0)
+        self.last_used = dict.fromkeys(self.budgets, 0)
+        self.decay, self.revisit, self.steps = decay, revisit, 0
+        self.node_budget = self.budgets[0]
+
+    def next_gamma(self) -> int:
+        self.steps += 1
+        untried = [b for b in self.budgets if self.tries[b] < 2]
+        stale = [b for b in self.budgets if self.steps - self.last_used[b] > self.revisit]
+        if untried or stale:
+            self.node_budget = (untried or stale)[0]
+        else:
+            self.node_budget = max(self.budgets, key=lambda b: self.rates[b].mean)
+        self.last_used[self.node_budget] = self.steps
+        return self.gamma
+
+    def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        if num_drafted == 0:
+            return
+        self.tries[self.node_budget] += 1
+        rate = self.rates[self.node_budget]
+        rate.total, rate.count = rate.total * self.decay, rate.count * self.decay
+        rate.add((num_accepted + 1) / max(draft_seconds + verify_seconds, 1e-9))
+
+
 POLICIES = ("fixed", "heuristic", "threshold", "cost")
+TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter it is the fixed policy)
 
 
 def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
@@ -181,4 +223,6 @@ def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
         return ThresholdPolicy(max_gamma=max(gamma, 8))
     if name == "cost":
         return CostModelPolicy(gamma=gamma)
-    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    if name == "tree-cost":
+        return TreeBudgetPolicy(gamma)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES + TREE_POLICIES)}")

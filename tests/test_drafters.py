@@ -160,3 +160,25 @@ def test_heuristic_policy_grows_and_shrinks():
     for _ in range(10):
         policy.update(5, 0, 0.0, 0.0)
     assert policy.next_gamma() == 1
+
+
+@pytest.mark.parametrize("width_pays", [False, True])
+def test_tree_budget_policy_shrinks_trees_where_width_does_not_pay(width_pays):
+    """Synthetic steps: with width_pays, bigger trees accept much more for a little more time;
+    without, they accept the same and cost more. The policy settles on the budget that pays."""
+    from specdec.policy import TreeBudgetPolicy
+
+    policy = TreeBudgetPolicy(gamma=4)
+    assert policy.budgets == [4, 8, 16]
+    chosen = []
+    for _ in range(200):
+        assert policy.next_gamma() == 4
+        budget = policy.node_budget
+        accepted = {4: 1, 8: 3, 16: 4}[budget] if width_pays else 2
+        seconds = 1.0 + budget * (0.01 if width_pays else 0.1)
+        policy.update(budget, accepted, 0.0, seconds)
+        chosen.append(budget)
+    late = chosen[-100:]
+    best = 16 if width_pays else 4
+    assert late.count(best) >= 80  # the rest: revisits of the other sizes
+    assert set(late) == {4, 8, 16}  # every size is still measured now and then

@@ -139,3 +139,10 @@ def test_trees_near_the_end_of_the_context(tiny_pair, kind):
     expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=50)
     result = SpeculativeDecoder(target, drafter, gamma=4).generate(prompt, max_new_tokens=50)
     assert result.token_ids == expected.token_ids and result.finish_reason == expected.finish_reason
+
+
+def test_tree_cost_policy_keeps_greedy_output(lean_models):  # noqa: F811
+    target, drafts = lean_models
+    drafters = {kind: ModelTreeDrafter(drafts[kind], budget=16, branching=3) for kind in ("same", "perturbed")}
+    counts = check_equality(target, drafters, "tree-cost")
+    assert counts["same"][0] > 0

@@ -75,6 +75,9 @@ class DraftRequest(Protocol):
     @property
     def stop_early(self) -> StopRule | None: ...  # the request's policy's rule, if it cuts drafts
 
+    @property
+    def node_budget(self) -> int | None: ...  # most tree nodes this step, if the policy sets it
+
 
 @runtime_checkable
 class Drafter(Protocol):
@@ -109,6 +112,7 @@ class ContextRequest:
     sampling: SamplingParams = SamplingParams()
     generator: torch.Generator | None = None
     stop_early: StopRule | None = None
+    node_budget: int | None = None
 
     @staticmethod
     def started(drafter: Drafter, context: torch.Tensor, **fields: Any) -> ContextRequest:

@@ -46,6 +46,10 @@ class SubRequest:
     def stop_early(self) -> StopRule | None:
         return self.request.stop_early
 
+    @property
+    def node_budget(self) -> int | None:
+        return self.request.node_budget
+
 
 def root_paths(draft: Draft) -> list[list[int]]:
     """A draft as the token paths from the root to each leaf, in node order."""
@@ -87,7 +91,7 @@ class MergedDrafter:
                      for drafter, state in zip(self.drafters, request.draft_state)]
         # Paths taken in turns from each drafter, so that one big tree cannot use up the budget.
         paths = [path for turn in itertools.zip_longest(*proposals) for path in turn if path is not None]
-        tokens, parents = merge_branches(paths, self.budget)
+        tokens, parents = merge_branches(paths, request.node_budget or self.budget)
         if not tokens:
             return Draft.empty(device)
         return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None, tuple(parents))

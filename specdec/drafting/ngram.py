@@ -108,7 +108,7 @@ class NGramDrafter:
         if gamma <= 0:
             return Draft.empty(device)
         if self.branches > 1:  # deterministic guesses: verified as point masses, lossless
-            tokens, parents = index.lookup_tree(gamma, self.budget)
+            tokens, parents = index.lookup_tree(gamma, request.node_budget or self.budget)
             if not tokens:
                 return Draft.empty(device)
             return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None, tuple(parents))

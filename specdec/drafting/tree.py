@@ -57,7 +57,7 @@ class ModelTreeDrafter(DraftModelDrafter):
         state: DraftModelState = request.draft_state
         context, sampling = request.context, request.sampling
         length = context.shape[0]
-        budget = min(self.budget, self.model.max_context - length)
+        budget = min(request.node_budget or self.budget, self.model.max_context - length)
         if gamma <= 0 or budget <= 0:
             return Draft.empty(context.device)
         state.cache.reserve(length + budget)
