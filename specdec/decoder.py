@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
-from specdec.drafting.base import Drafter
+from specdec.drafting.base import Drafter, StepOutcome
 from specdec.engine import Engine, Request, TokenSource, token_sources
 from specdec.metrics import SpecStats
 from specdec.models.base import LanguageModel
@@ -127,7 +127,7 @@ class SpeculativeDecoder:
             active = [request for request in active if request.finish_reason is None]
 
     @staticmethod
-    def chunk(request: Request, outcome, length: int, text: TextStream, started: float) -> StreamChunk:
+    def chunk(request: Request, outcome: StepOutcome, length: int, text: TextStream, started: float) -> StreamChunk:
         """What the step added to ``request`` (whose context had ``length`` tokens before)."""
         chunk = StreamChunk()
         sources = token_sources(outcome)
