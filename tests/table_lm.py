@@ -52,12 +52,12 @@ class TableNetwork:
         check_forward(tokens, positions, cache, attention)
         logits = []
         for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:]):
-            row, committed = segment.row, cache.lengths[segment.row]
-            cache.tokens[row, committed : committed + segment.count] = tokens[start:end]
+            row, committed, written = segment.row, cache.lengths[segment.row], segment.written
+            cache.tokens[row, committed + written : committed + written + segment.count] = tokens[start:end]
             history = cache.tokens[row, :committed].tolist()
-            new = tokens[start:end].tolist()
+            new = cache.tokens[row, committed : committed + written + segment.count].tolist()  # the tree so far
             parents = segment.parents or tuple(range(-1, segment.count - 1))  # a chain: each after the last
-            for node in range(segment.count):
+            for node in range(written, written + segment.count):
                 path, at = [], node
                 while at >= 0:
                     path.append(new[at])

@@ -169,3 +169,24 @@ def test_unused_cache_slots_are_finite(tiny_pair):
     cache.reserve(cache.capacity + 1)  # growth keeps the written slots and zeroes the new ones
     assert torch.isfinite(cache.keys).all() and torch.isfinite(cache.values).all()
     assert cache.keys[:, 0].abs().sum() == 0 and cache.keys[:, 1, :, :3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral-window"])
+def test_a_tree_grown_over_several_forwards_equals_one_forward(tree_models, kind):
+    """Nodes fed later attend to the nodes earlier forwards wrote (uncommitted): the logits are
+    those of the whole tree fed at once."""
+    model = load(tree_models[kind], dtype="float64")
+    generator = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, model.vocab_size, (PREFIX,), generator=generator)
+    nodes = torch.randint(0, model.vocab_size, (len(PARENTS),), generator=generator)
+    whole, _ = tree_forward(model, prefix, nodes)
+    cache = model.new_cache()
+    model.extend(prefix, cache)
+    depths = tree_depths(PARENTS)
+    pieces = []
+    for start, end in ((0, 3), (3, 6), (6, 9)):
+        positions = torch.tensor([PREFIX + d for d in depths[start:end]])
+        segment = Segment(0, end - start, tuple(PARENTS[:end]), written=start)
+        pieces.append(model.forward(nodes[start:end], positions, cache, Attention((segment,))).logits)
+    torch.testing.assert_close(torch.cat(pieces), whole, atol=1e-10, rtol=0)
+    assert cache.lengths[0] == PREFIX  # nothing committed

@@ -2,8 +2,8 @@
 
 The tree grows depth by depth under a node budget. At each depth the budget goes to the
 children with the highest expected cumulative draft probability (as EAGLE-2 expands its dynamic
-trees), then one draft forward over the whole tree (tree attention, nothing committed) gives q
-at the new nodes.
+trees), then one draft forward of the new nodes (tree attention over the nodes written by the
+earlier depths, nothing committed) gives q at them.
 
 Why this stays exactly lossless when sampling: verification (specdec.verify.tree_rejection_sample)
 assumes each node's children were drawn one after another without replacement from the node's
@@ -21,7 +21,7 @@ import torch
 
 from specdec.drafting.base import Draft, DraftRequest
 from specdec.drafting.model import DraftModelDrafter, DraftModelState
-from specdec.models.base import Attention, LanguageModel, tree_depths
+from specdec.models.base import Attention, LanguageModel, Segment, tree_depths
 from specdec.sampling import SamplingParams, logits_to_probs
 
 
@@ -90,12 +90,16 @@ class ModelTreeDrafter(DraftModelDrafter):
                     new_nodes.append(len(tokens) - 1)
             if depth == gamma - 1 or len(tokens) >= budget or not new_nodes:
                 break
-            # q at the new nodes: one draft forward over the tree so far, committed to nothing.
-            positions = torch.tensor([length + d for d in tree_depths(parents)], device=context.device)
-            block = torch.tensor(tokens, dtype=torch.long, device=context.device)
-            logits = self.model.forward(block, positions, state.cache, Attention.tree(parents, batch_invariant=False)).logits
+            # q at the new nodes: one draft forward of this depth's nodes, which attend to the
+            # nodes earlier forwards wrote (nothing is committed: the tree stays past the context).
+            written = new_nodes[0]
+            depths = tree_depths(parents)
+            positions = torch.tensor([length + depths[node] for node in new_nodes], device=context.device)
+            block = torch.tensor(tokens[written:], dtype=torch.long, device=context.device)
+            segment = Segment(0, len(new_nodes), tuple(parents), written)
+            logits = self.model.forward(block, positions, state.cache, Attention((segment,), batch_invariant=False)).logits
             frontier, frontier_scores = new_nodes, [scores[node] for node in new_nodes]
-            frontier_q = draft_distribution(logits[new_nodes], sampling)
+            frontier_q = draft_distribution(logits, sampling)
         block = torch.tensor(tokens, dtype=torch.long, device=context.device)
         if sampling.greedy:
             return Draft(block, None, tuple(parents))

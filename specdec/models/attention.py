@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.models.base import Attention, Cache, Segment, tree_visibility
+from specdec.models.base import Attention, Cache, Segment, tree_depths, tree_visibility
 
 
 @dataclass
@@ -24,6 +24,7 @@ class SegmentPlan:
     row: int
     start: int  # its tokens are the block's start:end
     end: int
+    written: int
     masks: dict[int | None, torch.Tensor | None]  # per sliding window (None = full): [k, length + k] or None
     # When attending one query at a time: per window, the key slots each query sees.
     per_query: dict[int | None, list[torch.Tensor | slice]] | None = None
@@ -46,16 +47,17 @@ def plan_segment(
         else:
             masks = segment_masks(segment, committed, positions, windows)
             visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device),
-                                 tree_visibility(segment.parents).to(device)], dim=1)
+                                 tree_visibility(segment.parents)[segment.written :].to(device)], dim=1)
             slots = {window: [(visible if mask is None else mask)[i].nonzero()[:, 0] for i in range(count)]
                      for window, mask in masks.items()}
-        return SegmentPlan(segment.row, start, start + count, {}, slots)
+        return SegmentPlan(segment.row, start, start + count, segment.written, {}, slots)
     if chain and all(window is None or length <= window for window in windows):
         # The common case, without building a mask per layer kind: one query sees every key;
         # a block sees the committed context and the block up to itself.
         mask = None if count == 1 else torch.ones(count, length, dtype=torch.bool, device=device).tril(committed)
-        return SegmentPlan(segment.row, start, start + count, dict.fromkeys(windows, mask))
-    return SegmentPlan(segment.row, start, start + count, segment_masks(segment, committed, positions, windows))
+        return SegmentPlan(segment.row, start, start + count, 0, dict.fromkeys(windows, mask))
+    return SegmentPlan(segment.row, start, start + count, segment.written,
+                       segment_masks(segment, committed, positions, windows))
 
 
 def segment_masks(
@@ -64,10 +66,15 @@ def segment_masks(
     count, device = segment.count, positions.device
     if segment.parents is None:
         new_visible = torch.ones(count, count, dtype=torch.bool, device=device).tril()
-    else:
-        new_visible = tree_visibility(segment.parents).to(device)
+    else:  # rows: this forward's nodes; columns: every node of the tree so far
+        new_visible = tree_visibility(segment.parents)[segment.written :].to(device)
     visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device), new_visible], dim=1)
-    key_positions = torch.cat([torch.arange(committed, device=device), positions])  # [committed + k]
+    if segment.written:  # earlier nodes' positions: committed length + depth, as for this forward's
+        earlier = torch.tensor(tree_depths(segment.parents)[: segment.written], device=device) + committed
+        positions_so_far = torch.cat([earlier, positions])
+    else:
+        positions_so_far = positions
+    key_positions = torch.cat([torch.arange(committed, device=device), positions_so_far])
     masks: dict[int | None, torch.Tensor | None] = {}
     for window in windows:
         mask = visible if window is None else visible & (positions[:, None] - key_positions[None, :] < window)

@@ -21,19 +21,26 @@ class Segment:
     """One request's new tokens inside a forward.
 
     parents is None for a causal chain (token i sees the committed context and new tokens
-    0..i); for a tree, parents[i] is the index (within this segment) of node i's parent, or -1
+    0..i); for a tree, parents[i] is the index (within the tree) of node i's parent, or -1
     for a node that hangs off the committed context. Nodes come in topological order
     (parents[i] < i) and each sees the committed context, its ancestors and itself.
+    A tree can grow over several forwards: ``written`` nodes were written past the committed
+    length by earlier forwards (and not committed); this forward's tokens are nodes
+    written .. written + count - 1, and parents covers all of them.
     """
 
     row: int  # cache row
     count: int  # new tokens
     parents: tuple[int, ...] | None = None
+    written: int = 0
 
     def __post_init__(self) -> None:
+        if self.parents is None and self.written:
+            raise ValueError("only a tree can extend nodes written by an earlier forward")
         if self.parents is not None:
-            if len(self.parents) != self.count:
-                raise ValueError(f"a tree of {self.count} nodes needs {self.count} parents, got {len(self.parents)}")
+            if len(self.parents) != self.written + self.count:
+                raise ValueError(f"a tree of {self.written + self.count} nodes needs as many parents, "
+                                 f"got {len(self.parents)}")
             bad = [i for i, parent in enumerate(self.parents) if not -1 <= parent < i]
             if bad:
                 raise ValueError(f"tree parents must satisfy -1 <= parents[i] < i; nodes {bad} do not")
@@ -136,7 +143,7 @@ def check_forward(tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, a
     for segment in attention.segments:
         if not 0 <= segment.row < cache.rows:
             raise ValueError(f"cache row {segment.row} does not exist (the cache has {cache.rows})")
-        end = cache.lengths[segment.row] + segment.count
+        end = cache.lengths[segment.row] + segment.written + segment.count
         if end > cache.max_length:
             raise ValueError(f"position {end - 1} is past the context length {cache.max_length}")
 

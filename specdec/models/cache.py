@@ -66,10 +66,11 @@ class KVCache:
         row: int,
         keys: torch.Tensor,  # [kv_heads, k, head_dim]
         values: torch.Tensor,  # [kv_heads, k, head_dim]
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + k, head_dim]
-        """Store k new tokens' keys and values past row's committed length (uncommitted), and
-        return the row's committed and new ones."""
-        start = self.lengths[row]
+        offset: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + offset + k, head_dim]
+        """Store k new tokens' keys and values ``offset`` slots past row's committed length
+        (uncommitted), and return every slot up to them."""
+        start = self.lengths[row] + offset
         end = start + keys.shape[1]
         if end > self.capacity:
             raise RuntimeError(f"KV cache holds {self.capacity} positions, {end} needed; call reserve() first")

@@ -164,7 +164,7 @@ class DecoderLayer(nn.Module):
             attended = []
             for segment in plan.segments:
                 rows = slice(segment.start, segment.end)
-                keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows])  # [kv_heads, length + k, d]
+                keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
                 if segment.per_query is not None:  # each query alone over exactly the keys it sees
                     attended += [self.attend(q[:, i : i + 1], keys[:, slots], values[:, slots], None)
                                  for i, slots in zip(range(segment.start, segment.end), segment.per_query[self.window])]
@@ -245,7 +245,7 @@ class LlamaFamilyModel(nn.Module):
         want_hidden: bool = False,
     ) -> ForwardOutput:
         check_forward(tokens, positions, cache, attention)
-        cache.reserve(max(cache.lengths[s.row] + s.count for s in attention.segments))
+        cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
         windows = {layer.window for layer in self.layers}
