@@ -24,12 +24,6 @@ class NGramIndex:
         self._recent: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending before this position are in the index
 
-    def reset(self) -> None:
-        self.tokens.clear()
-        self._latest.clear()
-        self._recent.clear()
-        self._indexed = 0
-
     def extend(self, new_tokens: list[int]) -> None:
         self.tokens.extend(new_tokens)
         # Index n-grams ending before the last token: the suffix itself must not match itself.

@@ -103,8 +103,3 @@ class KVCache:
             self.keys[:, row, :, target] = self.keys[:, row, :, source]
             self.values[:, row, :, target] = self.values[:, row, :, source]
         self.lengths[row] = start + len(keep)
-
-    def reset(self, row: int | None = None) -> None:
-        """Empty one row (or all)."""
-        for index in range(self.rows) if row is None else [row]:
-            self.lengths[index] = 0

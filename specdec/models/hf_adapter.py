@@ -27,7 +27,7 @@ class HFCache:
         self.max_length, self.rows = max_length, rows
         self.lengths = [0] * rows
         self.inner = [self._new_inner() for _ in range(rows)]
-        self.written = [0] * rows  # what each DynamicCache holds, committed or not
+        self.stored = [0] * rows  # what each DynamicCache holds, committed or not
 
     @staticmethod
     def _new_inner():
@@ -40,13 +40,13 @@ class HFCache:
 
     def trim(self, row: int) -> None:
         """Drop what a forward wrote past the committed length."""
-        excess = self.written[row] - self.lengths[row]
+        excess = self.stored[row] - self.lengths[row]
         if excess > 0:
             self.inner[row].crop(-excess)  # a negative count removes that many
-        self.written[row] = self.lengths[row]
+        self.stored[row] = self.lengths[row]
 
     def commit(self, row: int, count: int) -> None:
-        if not 0 <= count <= self.written[row] - self.lengths[row]:
+        if not 0 <= count <= self.stored[row] - self.lengths[row]:
             raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
         self.lengths[row] += count
         self.trim(row)
@@ -62,11 +62,6 @@ class HFCache:
         if list(keep) != list(range(len(keep))):
             raise ValueError("the transformers adapter keeps chain prefixes only; trees need --backend specdec")
         self.commit(row, len(keep))
-
-    def reset(self, row: int | None = None) -> None:
-        for index in range(self.rows) if row is None else [row]:
-            self.inner[index] = self._new_inner()
-            self.lengths[index] = self.written[index] = 0
 
 
 class HFNetwork:
@@ -98,7 +93,7 @@ class HFNetwork:
                 input_ids=tokens[None, start:end], position_ids=positions[None, start:end],
                 past_key_values=cache.inner[segment.row], use_cache=True, output_hidden_states=want_hidden,
             )
-            cache.written[segment.row] += segment.count
+            cache.stored[segment.row] += segment.count
             logits.append(output.logits[0])
             if want_hidden:
                 hidden.append(output.hidden_states[-1][0])
