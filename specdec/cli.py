@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.bench import batch
 
     batch.add_parser(commands, add_model_options)
+    from specdec.serving import server
+
+    server.add_parser(commands, add_model_options, add_drafting_options)
     forward = commands.add_parser("bench-forward", help="time per token: own forward vs transformers, and T(k)")
     for name, default in [("hidden", 384), ("layers", 8), ("vocab", 8192), ("heads", 6), ("kv-heads", 2),
                           ("intermediate", 1024), ("repeats", 50)]:
@@ -316,10 +319,11 @@ def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
     return table
 
 
-def run_generate(args: argparse.Namespace, console: Console, errors: Console) -> int:
+def build_drafter(args: argparse.Namespace, errors: Console):
+    """The target and the drafter that --drafter, --tree and --no-draft ask for."""
     from specdec.drafting import make_drafter
 
-    needs_model = not args.no_draft and any(k not in ("ngram", "ngram-tree") for k in args.drafter.split("+"))
+    needs_model = not args.no_draft and any(kind not in ("ngram", "ngram-tree") for kind in args.drafter.split("+"))
     target, draft = load_models(args, errors, want_draft=needs_model)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
@@ -327,6 +331,11 @@ def run_generate(args: argparse.Namespace, console: Console, errors: Console) ->
     if not args.no_draft and (draft is not None or not needs_model):
         drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
                                tree_budget=args.tree_budget)
+    return target, drafter
+
+
+def run_generate(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    target, drafter = build_drafter(args, errors)
     decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
     result = None
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -372,6 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_bench(args, console, errors)
         if args.command == "bench-forward":
             return run_bench_forward(args, console)
+        if args.command == "serve":
+            from specdec.serving import server
+
+            return server.run(args, errors, build_drafter)
         if args.command == "bench-batch":
             from specdec.bench import batch
 

@@ -123,27 +123,28 @@ class SpeculativeDecoder:
             lengths = [request.length for request in active]
             outcomes = self.engine.step(active, cache)
             for request, outcome, length in zip(active, outcomes, lengths):
-                yield request.row, self.chunk(request, outcome, length, texts[request.row], started)
+                yield request.row, step_chunk(request, outcome, length, texts[request.row], started)
             active = [request for request in active if request.finish_reason is None]
 
-    @staticmethod
-    def chunk(request: Request, outcome: StepOutcome, length: int, text: TextStream, started: float) -> StreamChunk:
-        """What the step added to ``request`` (whose context had ``length`` tokens before)."""
-        chunk = StreamChunk()
-        sources = token_sources(outcome)
-        for index, token in enumerate(request.tokens[length : request.length].tolist()):
-            chunk.token_ids.append(token)
-            chunk.sources.append(sources[index])
-            if text.push(token, sources[index]):
-                request.finish_reason = "stop"
-                request.truncate(length + index + 1)
-                break
-        chunk.pieces = text.release(final=request.finish_reason is not None)
-        stats = request.stats
-        stats.generated_tokens = request.length - len(request.prompt_ids)
-        if request.finish_reason is not None:
-            stats.total_seconds = time.perf_counter() - started
-            chunk.result = GenerationResult(text=text.text, token_ids=request.generated_ids,
-                                            prompt_ids=request.prompt_ids, finish_reason=request.finish_reason,
-                                            stats=stats)
-        return chunk
+
+def step_chunk(request: Request, outcome: StepOutcome, length: int, text: TextStream, started: float) -> StreamChunk:
+    """What a step added to ``request`` (whose context had ``length`` tokens before), after stop
+    strings (which finish the request); the result on the request's last chunk."""
+    chunk = StreamChunk()
+    sources = token_sources(outcome)
+    for index, token in enumerate(request.tokens[length : request.length].tolist()):
+        chunk.token_ids.append(token)
+        chunk.sources.append(sources[index])
+        if text.push(token, sources[index]):
+            request.finish_reason = "stop"
+            request.truncate(length + index + 1)
+            break
+    chunk.pieces = text.release(final=request.finish_reason is not None)
+    stats = request.stats
+    stats.generated_tokens = request.length - len(request.prompt_ids)
+    if request.finish_reason is not None:
+        stats.total_seconds = time.perf_counter() - started
+        chunk.result = GenerationResult(text=text.text, token_ids=request.generated_ids,
+                                        prompt_ids=request.prompt_ids, finish_reason=request.finish_reason,
+                                        stats=stats)
+    return chunk

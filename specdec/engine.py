@@ -202,20 +202,22 @@ class Engine:
         for request in requests:
             request.stats.prefill_seconds += seconds
 
-    def draft_length(self, request: Request) -> int:
-        if self.drafter is None:
+    def draft_length(self, request: Request, max_draft: int | None = None) -> int:
+        if self.drafter is None or max_draft == 0:
             return 0
+        gamma = request.policy.next_gamma() if max_draft is None else min(request.policy.next_gamma(), max_draft)
         # Every drafted token must still fit in the request's budget.
-        return max(0, min(request.policy.next_gamma(), request.budget_end - request.length - 1))
+        return max(0, min(gamma, request.budget_end - request.length - 1))
 
-    def step(self, requests: Sequence[Request], cache: Cache) -> list[StepOutcome]:
+    def step(self, requests: Sequence[Request], cache: Cache, max_draft: int | None = None) -> list[StepOutcome]:
         """One speculative step for each request: draft, one target forward for all, verify,
         commit the accepted entries, and append the emitted tokens to each request's context
-        (cut at EOS or the end of the budget, which finish the request)."""
+        (cut at EOS or the end of the budget, which finish the request). ``max_draft`` caps every
+        request's draft length this step (a server's choice for the whole batch; 0: no drafting)."""
         drafts, draft_seconds = [], []
         for request in requests:
             began = time.perf_counter()
-            gamma = self.draft_length(request)
+            gamma = self.draft_length(request, max_draft)
             draft = self.drafter.propose(request, gamma) if gamma > 0 else Draft.empty(request.tokens.device)
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.target.max_context - request.length))

@@ -92,29 +92,19 @@ class RunningMean:
 
 
 @dataclass
-class CostModelPolicy:
-    """Draft the gamma with the highest expected tokens per second (Leviathan et al. 2023,
-    with measured costs): E[tokens](g) = 1 + sum_{i<=g} prod_{j<=i} alpha_j, where alpha_j is
-    the online estimate of P(accept position j | positions before it accepted), and
-    time(g) = g * draft_cost + T(g + 1), with T(k) the measured verify cost of a k-token block
-    (a straight-line fit over the block sizes seen so far)."""
+class AcceptanceByPosition:
+    """Online estimates of alpha_j = P(accept draft position j | positions before it accepted),
+    decayed so that they follow the text's drifting difficulty. Each position's prior is the
+    estimate of the position before it (the first's is prior_alpha), so positions never drafted
+    yet inherit what was seen closer in instead of a fixed guess, and longer drafts get explored."""
 
-    gamma: int = 4  # used until there is something to estimate from
     max_gamma: int = 12
     prior_alpha: float = 0.6
     prior_weight: float = 2.0
-    decay: float = 0.98  # forget old steps slowly: text difficulty drifts
-    name: str = "cost"
-    stop_early = None  # decides the length up front; never cuts a draft short
-    node_budget = None
+    decay: float = 0.98
     accepted_given_reached: list[RunningMean] = field(default_factory=list)
-    draft_cost: RunningMean = field(default_factory=RunningMean)
-    verify_cost: dict[int, RunningMean] = field(default_factory=dict)
 
     def alphas(self) -> list[float]:
-        """Per-position conditional acceptance estimates. Each position's prior is the estimate
-        of the position before it (the first's is prior_alpha), so positions never drafted yet
-        inherit what was seen closer in instead of a fixed guess, and longer drafts get explored."""
         estimates, prior = [], self.prior_alpha
         for position in range(self.max_gamma):
             stat = self.accepted_given_reached[position] if position < len(self.accepted_given_reached) else None
@@ -122,6 +112,46 @@ class CostModelPolicy:
             prior = (total + prior * self.prior_weight) / (count + self.prior_weight)
             estimates.append(prior)
         return estimates
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E[tokens emitted by one step drafting gamma] = 1 + sum_{i<=gamma} prod_{j<=i} alpha_j."""
+        expected, reach = 1.0, 1.0
+        for alpha in self.alphas()[:gamma]:
+            reach *= alpha
+            expected += reach
+        return expected
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        for stat in self.accepted_given_reached:
+            stat.total *= self.decay
+            stat.count *= self.decay
+        while len(self.accepted_given_reached) < num_drafted:
+            self.accepted_given_reached.append(RunningMean())
+        # Positions 0..num_accepted were reached; all but the first rejected one were accepted.
+        for position in range(min(num_drafted, num_accepted + 1)):
+            self.accepted_given_reached[position].add(1.0 if position < num_accepted else 0.0)
+
+
+@dataclass
+class CostModelPolicy:
+    """Draft the gamma with the highest expected tokens per second (Leviathan et al. 2023,
+    with measured costs): E[tokens](g) from the per-position acceptance estimates, and
+    time(g) = g * draft_cost + T(g + 1), with T(k) the measured verify cost of a k-token block
+    (a straight-line fit over the block sizes seen so far)."""
+
+    gamma: int = 4  # used until there is something to estimate from
+    max_gamma: int = 12
+    decay: float = 0.98  # forget old steps slowly: text difficulty drifts
+    name: str = "cost"
+    stop_early = None  # decides the length up front; never cuts a draft short
+    node_budget = None
+    acceptance: AcceptanceByPosition | None = None
+    draft_cost: RunningMean = field(default_factory=RunningMean)
+    verify_cost: dict[int, RunningMean] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.acceptance is None:
+            self.acceptance = AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay)
 
     def verify_seconds(self, block: int) -> float | None:
         points = [(k, m.mean) for k, m in self.verify_cost.items() if m.mean is not None]
@@ -143,11 +173,7 @@ class CostModelPolicy:
         draft = self.draft_cost.mean
         if verify is None or (gamma > 0 and draft is None):
             return None
-        expected_tokens, reach = 1.0, 1.0
-        for alpha in self.alphas()[:gamma]:
-            reach *= alpha
-            expected_tokens += reach
-        return expected_tokens / (gamma * (draft or 0.0) + verify)
+        return self.acceptance.expected_tokens(gamma) / (gamma * (draft or 0.0) + verify)
 
     def next_gamma(self) -> int:
         rates = {g: self.expected_rate(g) for g in range(0, self.max_gamma + 1)}
@@ -158,14 +184,10 @@ class CostModelPolicy:
         return max(1, best)
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        for stat in [*self.accepted_given_reached, self.draft_cost, *self.verify_cost.values()]:
+        for stat in [self.draft_cost, *self.verify_cost.values()]:
             stat.total *= self.decay
             stat.count *= self.decay
-        while len(self.accepted_given_reached) < num_drafted:
-            self.accepted_given_reached.append(RunningMean())
-        # Positions 0..num_accepted were reached; all but the first rejected one were accepted.
-        for position in range(min(num_drafted, num_accepted + 1)):
-            self.accepted_given_reached[position].add(1.0 if position < num_accepted else 0.0)
+        self.acceptance.update(num_drafted, num_accepted)
         if num_drafted:
             self.draft_cost.add(draft_seconds / num_drafted)
         self.verify_cost.setdefault(num_drafted + 1, RunningMean()).add(verify_seconds)

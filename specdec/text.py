@@ -23,6 +23,20 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) 
     return [int(token) for token in prompt]
 
 
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation through the tokenizer's chat template, ending with the
+    assistant's turn opened. A tokenizer without a template (such as the bundled toy pair's)
+    gets plain "role: content" lines and a final "assistant:"."""
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer; this model has none")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    else:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    # The template already holds every special token it wants (a BOS included).
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 class IncrementalDetokenizer:
     """Text deltas for a growing list of ids, without re-decoding everything each time.
     A delta is held back while it ends in an incomplete UTF-8 sequence."""

@@ -9,7 +9,7 @@ from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 from specdec.drafting.base import ContextRequest
 from specdec.metrics import predicted_speedup
-from specdec.policy import CostModelPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
+from specdec.policy import AcceptanceByPosition, CostModelPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
 
 GREEDY = SamplingParams()
@@ -126,7 +126,7 @@ def test_cost_model_drafts_longer_when_acceptance_is_high():
 
 
 def test_cost_model_matches_the_leviathan_formula_on_known_costs():
-    policy = CostModelPolicy(max_gamma=10, prior_weight=1e-9)
+    policy = CostModelPolicy(max_gamma=10, acceptance=AcceptanceByPosition(max_gamma=10, prior_weight=1e-9))
     synthetic_steps(policy, 0.8, 2000, random.Random(1))
     alpha, c = 0.8, 0.1
 

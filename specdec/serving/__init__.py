@@ -1,0 +1,1 @@
+"""Serving: an OpenAI-compatible HTTP server over continuous batching (needs specdec[serve])."""

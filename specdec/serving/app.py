@@ -1,0 +1,189 @@
+"""The HTTP server: OpenAI-compatible routes over a continuous-batching Scheduler.
+
+Handlers run on the event loop and never touch the engine: they submit a request and read its
+chunks from an asyncio queue that the scheduler thread fills. A streaming client that goes away
+cancels its request (Starlette cancels the response's generator), which frees its cache row
+before the next step; a non-streaming one is polled for a disconnect while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.decoder import GenerationResult, StreamChunk
+from specdec.sampling import SamplingParams
+from specdec.serving.metrics import ServerMetrics
+from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, completion_object,
+                                      new_id, speculation_summary, usage)
+from specdec.serving.scheduler import QueueFullError, Scheduler
+from specdec.text import chat_prompt_ids, encode_prompt
+
+
+@dataclass
+class ServerLimits:
+    max_tokens: int = 2048  # the most new tokens one request may ask for
+    default_chat_tokens: int = 512  # when a chat request names no max_tokens
+    disconnect_poll_seconds: float = 0.5
+
+
+class Session:
+    """One request's chunks, from the scheduler thread into this event loop."""
+
+    def __init__(self, scheduler: Scheduler, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[StreamChunk | BaseException] = asyncio.Queue()
+        self.scheduler = scheduler
+        try:
+            self.ticket = scheduler.submit(prompt_ids, sampling, self.emit)
+        except QueueFullError as error:
+            raise ApiError(429, str(error), code="queue_full", kind="server_overloaded") from error
+        except ValueError as error:
+            raise ApiError(400, str(error), "prompt") from error
+
+    def emit(self, item: StreamChunk | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
+
+    async def chunks(self, http: Request | None = None, poll: float = 0.5) -> AsyncIterator[StreamChunk]:
+        """The request's chunks up to its result; cancels the request if the consumer stops
+        early or (when ``http`` is given) the client disconnects."""
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), poll) if http else await self.queue.get()
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        return
+                    continue
+                if isinstance(item, BaseException):
+                    raise ApiError(500, f"generation failed: {item}", kind="server_error") from item
+                yield item
+                if item.result is not None:
+                    return
+        finally:
+            self.scheduler.cancel(self.ticket)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | None = None,
+               metrics: ServerMetrics | None = None) -> FastAPI:
+    """The FastAPI app serving ``scheduler``'s engine as ``model_name``; the app's lifespan
+    starts and stops the scheduler thread."""
+    limits = limits or ServerLimits()
+    tokenizer = scheduler.engine.target.tokenizer
+    max_context = scheduler.engine.target.max_context
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="specdec", lifespan=lifespan)
+    app.state.scheduler = scheduler  # for tests and embedding programs
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        return await api_error(_, ApiError(400, f"invalid request body: {first.get('msg', error)}", where))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return await api_error(_, ApiError(error.status_code, str(error.detail)))
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model",
+                           code="model_not_found")
+
+    async def respond(kind: str, body: Any, prompt_ids: list[int], sampling: SamplingParams, http: Request):
+        session = Session(scheduler, prompt_ids, sampling)
+        request_id, created = new_id("cmpl" if kind == "completion" else "chatcmpl"), int(time.time())
+        if not body.stream:
+            result: GenerationResult | None = None
+            async for chunk in session.chunks(http, limits.disconnect_poll_seconds):
+                result = chunk.result or result
+            if result is None:  # the client went away
+                return Response(status_code=499)
+            response = completion_object(kind, request_id, model_name, result.text,
+                                         FINISH_REASONS.get(result.finish_reason), created)
+            response["usage"] = usage(len(result.prompt_ids), len(result.token_ids))
+            response["specdec"] = speculation_summary(result)
+            return response
+
+        async def events() -> AsyncIterator[str]:
+            first = True
+            async for chunk in session.chunks():
+                finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
+                if chunk.text or finish or first:
+                    yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
+                                                chunk=True, first=first))
+                    first = False
+                if chunk.result and body.stream_options and body.stream_options.include_usage:
+                    final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
+                    final["choices"] = []
+                    final["usage"] = usage(len(chunk.result.prompt_ids), len(chunk.result.token_ids))
+                    yield sse(final)
+            yield sse("[DONE]")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: Request):
+        check_model(body.model)
+        sampling = body.sampling(body.max_tokens, 16, limits.max_tokens)
+        try:
+            prompt_ids = encode_prompt(tokenizer, body.single_prompt(), model_name)
+        except ValueError as error:
+            raise ApiError(400, str(error), "prompt") from error
+        return await respond("completion", body, prompt_ids, sampling, http)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, http: Request):
+        check_model(body.model)
+        sampling = body.sampling(body.requested_max_tokens, limits.default_chat_tokens, limits.max_tokens)
+        try:
+            prompt_ids = chat_prompt_ids(tokenizer, [m.model_dump() for m in body.messages])
+        except ValueError as error:
+            raise ApiError(400, str(error), "messages") from error
+        return await respond("chat", body, prompt_ids, sampling, http)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                             "owned_by": "specdec", "max_model_len": max_context}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        running, waiting = scheduler.load
+        return {"status": "ok", "running": running, "waiting": waiting,
+                "draft_length": scheduler.controller.last_choice}
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        body = metrics.exposition() if metrics is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

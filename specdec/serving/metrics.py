@@ -1,0 +1,88 @@
+"""Prometheus metrics of a server, with vLLM's names where vLLM has one (prefix ``specdec:``).
+
+Each server has its own registry, so several servers (or tests) in one process never collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdec.drafting.base import StepOutcome
+
+if TYPE_CHECKING:
+    from specdec.serving.scheduler import Ticket
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   10.0, 20.0, 40.0)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("specdec:num_requests_running", "Requests in the running batch", registry=r)
+        self.waiting = Gauge("specdec:num_requests_waiting", "Requests waiting for a cache row", registry=r)
+        self.batch_size = Histogram("specdec:batch_size", "Requests per engine step", registry=r,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self.draft_length = Gauge("specdec:spec_decode_draft_length", "Draft length chosen for the last step",
+                                  registry=r)
+        self.drafts = Counter("specdec:spec_decode_num_drafts", "Request-steps that drafted", registry=r)
+        self.draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Drafted tokens", registry=r)
+        self.accepted_tokens = Counter("specdec:spec_decode_num_accepted_tokens", "Accepted draft tokens",
+                                       registry=r)
+        self.accepted_per_pos = Counter("specdec:spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by draft position", ["position"], registry=r)
+        self.acceptance_rate = Gauge("specdec:spec_decode_draft_acceptance_rate",
+                                     "Accepted / drafted tokens since start", registry=r)
+        self.mean_acceptance_length = Gauge("specdec:spec_decode_mean_acceptance_length",
+                                            "Tokens emitted per drafting step (accepted + 1) since start", registry=r)
+        self.generation_tokens = Counter("specdec:generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram("specdec:time_to_first_token_seconds", "Time to first token", registry=r,
+                              buckets=LATENCY_BUCKETS)
+        self.inter_token = Histogram("specdec:inter_token_latency_seconds",
+                                     "Time per output token after the first (a step's interval over its tokens)",
+                                     registry=r, buckets=LATENCY_BUCKETS)
+        self.requests = Counter("specdec:request_success", "Finished requests", ["finished_reason"], registry=r)
+        self.totals = {"drafted": 0, "accepted": 0, "drafting_steps": 0}
+
+    def set_load(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+
+    def observe_step(self, batch: int, draft_length: int, outcomes: Sequence[StepOutcome]) -> None:
+        self.batch_size.observe(batch)
+        self.draft_length.set(draft_length)
+        for outcome in outcomes:
+            if not outcome.num_drafted:
+                continue
+            self.drafts.inc()
+            self.draft_tokens.inc(outcome.num_drafted)
+            self.accepted_tokens.inc(outcome.num_accepted)
+            for position in range(outcome.num_accepted):
+                self.accepted_per_pos.labels(position=str(position)).inc()
+            self.totals["drafted"] += outcome.num_drafted
+            self.totals["accepted"] += outcome.num_accepted
+            self.totals["drafting_steps"] += 1
+        if self.totals["drafted"]:
+            self.acceptance_rate.set(self.totals["accepted"] / self.totals["drafted"])
+            self.mean_acceptance_length.set(1 + self.totals["accepted"] / self.totals["drafting_steps"])
+
+    def observe_chunk(self, ticket: Ticket, tokens: int, now: float) -> None:
+        """A chunk of ``tokens`` reached ``ticket`` at ``now``."""
+        if tokens == 0:
+            return
+        self.generation_tokens.inc(tokens)
+        if ticket.last_emit is None:  # the first chunk's tokens arrive with the first token
+            self.ttft.observe(now - ticket.submitted)
+            return
+        for _ in range(tokens):
+            self.inter_token.observe((now - ticket.last_emit) / tokens)
+
+    def finished(self, reason: str) -> None:
+        self.requests.labels(finished_reason=reason).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,138 @@
+"""The OpenAI wire format: request bodies, their validation into SamplingParams, response objects.
+
+Errors are ``ApiError``s that the app turns into OpenAI-style bodies:
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specdec.decoder import GenerationResult
+from specdec.sampling import SamplingParams
+
+# Our finish reasons in OpenAI's words.
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "context": "length"}
+MAX_TEMPERATURE = 2.0  # OpenAI's range: 0..2
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What completions and chat share. top_k and min_p are extensions (as vLLM's)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+
+    def sampling(self, max_tokens: int | None, default_max_tokens: int, limit: int) -> SamplingParams:
+        """SamplingParams, or an ApiError naming the offending field."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        if not 0.0 <= temperature <= MAX_TEMPERATURE:
+            raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}", "temperature")
+        if self.n != 1:
+            raise ApiError(400, f"only n=1 is supported, got {self.n}", "n")
+        max_tokens = default_max_tokens if max_tokens is None else max_tokens
+        if max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+        if max_tokens > limit:
+            raise ApiError(400, f"max_tokens is {max_tokens}, but this server allows at most {limit}", "max_tokens")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        try:
+            return SamplingParams(temperature=temperature, top_k=self.top_k or 0,
+                                  top_p=1.0 if self.top_p is None else self.top_p,
+                                  min_p=self.min_p or 0.0, seed=self.seed, max_new_tokens=max_tokens, stop=stop)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from error
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+
+    def single_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise ApiError(400, f"one prompt per request, got {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise ApiError(400, "prompt is empty", "prompt")
+        return prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | None = ""
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def speculation_summary(result: GenerationResult) -> dict[str, Any]:
+    """specdec's own extension of a response: what speculation did for this request."""
+    stats = result.stats
+    return {"drafted": stats.drafted, "accepted": stats.accepted, "target_forwards": stats.target_forwards,
+            "tokens_per_forward": round(stats.tau, 3)}
+
+
+def completion_object(kind: Literal["completion", "chat"], request_id: str, model: str, text: str,
+                      finish_reason: str | None, created: int | None = None, chunk: bool = False,
+                      first: bool = False) -> dict[str, Any]:
+    """A completion (or a streamed chunk of one): text_completion, chat.completion(.chunk)."""
+    created = created or int(time.time())
+    if kind == "completion":
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        name = "text_completion"
+    elif chunk:
+        delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        name = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish_reason}
+        name = "chat.completion"
+    return {"id": request_id, "object": name, "created": created, "model": model, "choices": [choice]}

@@ -1,0 +1,162 @@
+"""Continuous batching: requests join and leave the running batch between engine steps.
+
+One thread owns the engine and the KV cache (``max_batch`` rows). Each loop: admit waiting
+requests into free rows (one prefill forward for all newcomers), ask the controller how much to
+draft for this batch size, run one engine step for every running request, hand each request's
+chunk to its ``emit`` callback, and free the rows of finished or cancelled requests. Callers on
+other threads only submit and cancel; ``emit`` runs on the scheduler thread and must not block.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from specdec.decoder import StreamChunk, step_chunk
+from specdec.engine import Engine, Request
+from specdec.sampling import SamplingParams
+from specdec.serving.metrics import ServerMetrics
+from specdec.serving.speculation import SpeculationController
+from specdec.text import TextStream
+
+Emit = Callable[[StreamChunk | BaseException], None]
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server accepts."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One submitted request, as its caller sees it."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    emit: Emit
+    id: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    request: Request | None = None  # set once admitted into a cache row
+    text: TextStream | None = None
+    last_emit: float | None = None
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, controller: SpeculationController, max_batch: int = 32,
+                 max_waiting: int = 1024, metrics: ServerMetrics | None = None) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine, self.controller, self.metrics = engine, controller, metrics
+        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.cache = engine.target.new_cache(rows=max_batch)
+        self.free_rows = list(range(max_batch))
+        self.waiting: collections.deque[Ticket] = collections.deque()
+        self.running: list[Ticket] = []
+        self.ids = itertools.count()
+        self.wake = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.loop, name="specdec-scheduler", daemon=True)
+
+    def start(self) -> Scheduler:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        self.thread.join()
+
+    def submit(self, prompt_ids: Sequence[int], sampling: SamplingParams, emit: Emit) -> Ticket:
+        """Queue a request; its chunks go to ``emit``. Raises ValueError for a prompt the
+        engine cannot take and QueueFullError when too many requests wait."""
+        ticket = Ticket(self.engine.check_prompt(prompt_ids), sampling, emit, id=next(self.ids))
+        with self.wake:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFullError(f"{len(self.waiting)} requests are waiting (the limit); retry later")
+            self.waiting.append(ticket)
+            self.wake.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop ``ticket``: its row is freed before the next step."""
+        with self.wake:
+            ticket.cancelled = True
+            if ticket in self.waiting:
+                self.waiting.remove(ticket)
+            self.wake.notify()
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        return len(self.running), len(self.waiting)
+
+    def loop(self) -> None:
+        while True:
+            with self.wake:
+                while not self.stopping and not self.waiting and not self.running:
+                    self.wake.wait()
+                if self.stopping:
+                    return
+                admitted = []
+                while self.waiting and self.free_rows:
+                    admitted.append(self.waiting.popleft())
+                    admitted[-1].request = self.engine.new_request(admitted[-1].prompt_ids, admitted[-1].sampling,
+                                                                   self.free_rows.pop())
+            try:
+                self.advance(admitted)
+            except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
+                for ticket in [*self.running, *admitted]:
+                    ticket.emit(error)
+                    self.release(ticket)
+            if self.metrics is not None:
+                self.metrics.set_load(len(self.running), len(self.waiting))
+
+    def advance(self, admitted: list[Ticket]) -> None:
+        if admitted:
+            self.engine.prefill([ticket.request for ticket in admitted], self.cache)
+            for ticket in admitted:
+                ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
+                self.running.append(ticket)
+        for ticket in [t for t in self.running if t.cancelled]:
+            if self.metrics is not None:
+                self.metrics.finished("abort")
+            self.release(ticket)
+        if not self.running:
+            return
+        batch = [ticket.request for ticket in self.running]
+        gamma = self.controller.draft_length(len(batch))
+        lengths = [request.length for request in batch]
+        draft_before = sum(request.stats.draft_seconds for request in batch)
+        started = time.perf_counter()
+        outcomes = self.engine.step(batch, self.cache, max_draft=gamma)
+        seconds = time.perf_counter() - started
+        draft_seconds = sum(request.stats.draft_seconds for request in batch) - draft_before
+        self.controller.observe(len(batch), gamma, seconds - draft_seconds, draft_seconds,
+                                [(o.num_drafted, o.num_accepted) for o in outcomes])
+        now = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.observe_step(len(batch), gamma, outcomes)
+        for ticket, outcome, length in zip(list(self.running), outcomes, lengths):
+            chunk = step_chunk(ticket.request, outcome, length, ticket.text, ticket.submitted)
+            if self.metrics is not None:
+                self.metrics.observe_chunk(ticket, len(chunk.token_ids), now)
+            ticket.last_emit = now
+            ticket.emit(chunk)
+            if ticket.request.finish_reason is not None:
+                if self.metrics is not None:
+                    self.metrics.finished(ticket.request.finish_reason)
+                self.release(ticket)
+
+    def release(self, ticket: Ticket) -> None:
+        """Give the ticket's cache row back (its contents are forgotten) and drop its state."""
+        if ticket in self.running:
+            self.running.remove(ticket)
+        if ticket.request is not None:
+            self.cache.rollback(ticket.request.row, 0)
+            self.free_rows.append(ticket.request.row)
+            ticket.request = None  # the drafter's per-request state (a draft cache) goes with it

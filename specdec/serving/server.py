@@ -1,0 +1,93 @@
+"""`specdec serve`: build the engine, the scheduler and the app, and run them under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from specdec.drafting.base import Drafter
+from specdec.engine import Engine
+from specdec.models.base import LanguageModel
+from specdec.serving.speculation import MODES, SpeculationController, VerifyCostTable, profile_verify_costs
+
+if TYPE_CHECKING:  # the web stack loads only when a server is built, not for every CLI command
+    from fastapi import FastAPI
+
+    from specdec.serving.app import ServerLimits
+
+
+def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:
+    """Batch sizes (powers of two up to max_batch, and max_batch) and block lengths to measure."""
+    batches = sorted({*(2**i for i in range(max_batch.bit_length()) if 2**i <= max_batch), max_batch})
+    blocks = sorted({1, min(2, gamma + 1), (gamma + 2) // 2, gamma + 1})
+    return batches, blocks
+
+
+def build_app(
+    target: LanguageModel,
+    drafter: Drafter | LanguageModel | None,
+    model_name: str,
+    gamma: int = 4,
+    speculation: str = "auto",
+    policy: str = "fixed",
+    max_batch: int = 32,
+    max_waiting: int = 1024,
+    limits: ServerLimits | None = None,
+    costs: VerifyCostTable | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> FastAPI:
+    """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
+    with speculation "auto" and none given, it is measured here first."""
+    from specdec.serving.app import create_app
+    from specdec.serving.metrics import ServerMetrics
+    from specdec.serving.scheduler import Scheduler
+
+    engine = Engine(target, drafter, gamma=gamma, policy=policy)
+    if drafter is None:
+        speculation = "off"
+    if speculation == "auto" and costs is None:
+        batches, blocks = profile_grid(max_batch, gamma)
+        costs = profile_verify_costs(target, batches, blocks, progress=progress)
+    controller = SpeculationController(speculation, gamma, costs)
+    metrics = ServerMetrics()
+    scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics)
+    return create_app(scheduler, model_name, limits, metrics)
+
+
+def add_parser(commands, add_model_options, add_drafting_options) -> None:
+    serve = commands.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server with continuous batching",
+        description="Serves /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and "
+                    "/metrics. Requests join and leave the running batch between steps; with --speculation auto "
+                    "the draft length of each step comes from measured costs for the current batch size.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_options(serve)
+    add_drafting_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--speculation", default="auto", choices=MODES,
+                       help="auto: draft length per step from measured costs (0 when speculation does not pay); "
+                            "on: always --gamma; off: never draft")
+    serve.add_argument("--no-draft", action="store_true", help="serve the target alone")
+    serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together (cache rows)")
+    serve.add_argument("--max-waiting", type=int, default=1024, help="most queued requests; more get a 429")
+    serve.add_argument("--max-tokens", type=int, default=2048, help="most new tokens one request may ask for")
+    serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
+
+
+def run(args: argparse.Namespace, errors, build_drafter) -> int:
+    import uvicorn
+
+    from specdec.serving.app import ServerLimits
+
+    target, drafter = build_drafter(args, errors)
+    name = args.served_model_name or target.name
+    with errors.status("measuring verify costs") as status:
+        app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
+                        max_batch=args.max_batch, max_waiting=args.max_waiting,
+                        limits=ServerLimits(max_tokens=args.max_tokens),
+                        progress=lambda message: status.update(message))
+    errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation})")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,146 @@
+"""How much to speculate for the batch at hand, from measured costs (no hand-set thresholds).
+
+A server's step runs every active request through one target forward. With b requests each
+drafting g tokens, a step costs b * g * c_draft (drafting runs request by request) plus
+T(b, g + 1), the target forward over b blocks of g + 1 tokens, and emits b * E[tokens](g).
+While the batch is small the forward is bound by reading the weights and extra tokens are
+nearly free, so drafting pays; as the batch fills the forward becomes compute-bound, T grows
+with every token and speculation stops paying. The controller picks, before every step, the g
+in 0..gamma with the highest expected tokens per second: T measured at startup over a grid of
+batch sizes and block lengths and refined online from every step, c_draft and the acceptance
+per position (E[tokens]) learned online.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specdec.models.base import Attention, LanguageModel, Segment
+from specdec.policy import AcceptanceByPosition, RunningMean
+
+MODES = ("auto", "on", "off")
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through sorted (x, y) points; beyond the ends, the nearest segment's
+    slope (never negative: a bigger forward never costs less)."""
+    if len(points) == 1:
+        return points[0][1]
+    xs = [p[0] for p in points]
+    index = min(max(bisect.bisect_left(xs, x), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[index - 1], points[index]
+    slope = max(0.0, (y1 - y0) / (x1 - x0))
+    return max(1e-9, y0 + slope * (x - x0))
+
+
+class VerifyCostTable:
+    """T(batch, block): seconds of one verify step for ``batch`` requests of ``block`` tokens
+    each. Measured cells are decayed means; other cells are interpolated, first along the block
+    length within each measured batch size, then along the batch size."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.cells: dict[tuple[int, int], RunningMean] = {}
+
+    def add(self, batch: int, block: int, seconds: float) -> None:
+        cell = self.cells.setdefault((batch, block), RunningMean())
+        cell.total, cell.count = cell.total * self.decay, cell.count * self.decay
+        cell.add(seconds)
+
+    def estimate(self, batch: int, block: int) -> float | None:
+        by_batch: dict[int, list[tuple[float, float]]] = {}
+        for (cell_batch, cell_block), cell in sorted(self.cells.items()):
+            by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
+        if not by_batch:
+            return None
+        along_batch = [(b, interpolate(points, block)) for b, points in sorted(by_batch.items())]
+        return interpolate(along_batch, batch)
+
+
+class SpeculationController:
+    """Chooses each step's draft length for the whole batch: ``on`` always drafts gamma, ``off``
+    never drafts, ``auto`` maximizes expected tokens per second under the measured costs."""
+
+    def __init__(self, mode: str, gamma: int, costs: VerifyCostTable | None = None,
+                 acceptance: AcceptanceByPosition | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown speculation mode {mode!r}; choose one of {', '.join(MODES)}")
+        self.mode, self.gamma = mode, gamma
+        self.costs = costs or VerifyCostTable()
+        self.acceptance = acceptance or AcceptanceByPosition(max_gamma=max(gamma, 1))
+        self.draft_cost = RunningMean()  # seconds per drafted token, per request
+        self.last_choice = 0
+
+    def expected_rate(self, batch: int, gamma: int) -> float | None:
+        """Expected emitted tokens per second of a step of ``batch`` requests drafting gamma."""
+        verify = self.costs.estimate(batch, gamma + 1)
+        if verify is None or (gamma > 0 and self.draft_cost.mean is None):
+            return None
+        seconds = batch * gamma * (self.draft_cost.mean or 0.0) + verify
+        return batch * self.acceptance.expected_tokens(gamma) / seconds
+
+    def draft_length(self, batch: int) -> int:
+        if self.mode == "off" or self.gamma == 0:
+            choice = 0
+        elif self.mode == "on":
+            choice = self.gamma
+        else:
+            rates = {gamma: self.expected_rate(batch, gamma) for gamma in range(self.gamma + 1)}
+            # Nothing known yet (no draft cost measured): draft, and learn what it costs.
+            choice = self.gamma if any(r is None for r in rates.values()) else max(rates, key=rates.get)
+        self.last_choice = choice
+        return choice
+
+    def observe(self, batch: int, gamma: int, verify_seconds: float, draft_seconds: float,
+                outcomes: Sequence[tuple[int, int]]) -> None:
+        """One step's measurements: its verify time, its total draft time, and each request's
+        (drafted, accepted)."""
+        self.costs.add(batch, gamma + 1, verify_seconds)
+        drafted = sum(num_drafted for num_drafted, _ in outcomes)
+        if drafted:
+            self.draft_cost.total *= 0.9
+            self.draft_cost.count *= 0.9
+            self.draft_cost.add(draft_seconds / drafted)
+        for num_drafted, num_accepted in outcomes:
+            if num_drafted:
+                self.acceptance.update(num_drafted, num_accepted)
+
+
+def profile_verify_costs(
+    target: LanguageModel,
+    batch_sizes: Sequence[int],
+    blocks: Sequence[int],
+    context: int = 64,
+    repeats: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> VerifyCostTable:
+    """T(batch, block) on ``target``: a forward of ``batch`` rows of ``block`` tokens after a
+    ``context``-token prefix, the fastest of ``repeats`` (after one warm-up forward)."""
+    table = VerifyCostTable()
+    rows = max(batch_sizes)
+    context = min(context, target.max_context - max(blocks) - 1)
+    cache = target.new_cache(rows=rows)
+    cache.reserve(context + max(blocks))
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, target.vocab_size, (context,), generator=generator).to(target.device)
+    for row in range(rows):
+        target.extend(prefix, cache, row)
+    for batch in batch_sizes:
+        for block in blocks:
+            if progress is not None:
+                progress(f"measuring T(batch {batch}, {block} tokens)")
+            tokens = prefix[:block].repeat(batch)
+            positions = torch.arange(context, context + block, device=target.device).repeat(batch)
+            attention = Attention(tuple(Segment(row, block) for row in range(batch)))
+            timings = []
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                logits = target.forward(tokens, positions, cache, attention).logits
+                logits.argmax(-1).tolist()  # as a step does: wait for the result
+                timings.append(time.perf_counter() - started)
+            table.add(batch, block, min(timings[1:]))
+    return table

@@ -1,0 +1,171 @@
+"""The OpenAI-compatible server, through the official `openai` client on 127.0.0.1: outputs equal
+generate(), 100 concurrent streams, cancelled streams free their rows, bad requests get a 4xx
+with an OpenAI-style body and the server keeps serving, /metrics counts what happened."""
+
+import asyncio
+import gc
+import json
+import time
+import weakref
+
+import httpx
+import openai
+import pytest
+
+from specdec import SpeculativeDecoder, load, make_drafter
+from specdec.defaults import default_model, default_prompts
+from specdec.serving.app import ServerLimits
+from specdec.serving.server import build_app
+from specdec.text import chat_prompt_ids
+from serving import running_server
+
+MODEL = "toy-pair"
+MAX_BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # float64: outputs are identical whatever the batch composition, so the server's batched
+    # greedy output can be compared token for token with one request decoded alone.
+    return load(default_model("target"), dtype="float64"), load(default_model("draft"), dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    target, draft = pair
+    app = build_app(target, make_drafter("model", draft), MODEL, gamma=4, speculation="auto", max_batch=MAX_BATCH,
+                    max_waiting=200, limits=ServerLimits(max_tokens=256, disconnect_poll_seconds=0.1))
+    with running_server(app) as url:
+        yield url, app.state.scheduler
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    decoder = SpeculativeDecoder(pair[0])  # the target alone: what lossless output must equal
+    return lambda prompt, tokens: decoder.generate(prompt, max_new_tokens=tokens).text
+
+
+def client(url: str, cls=openai.OpenAI):
+    return cls(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def suite_prompts(count: int) -> list[str]:
+    prompts = [item["prompt"] for item in json.loads(default_prompts().read_text())]
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def test_completions_equal_generate_streaming_or_not(server, reference):
+    url, _ = server
+    api = client(url)
+    for prompt in suite_prompts(3):
+        whole = api.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        streamed = "".join(chunk.choices[0].text
+                           for chunk in api.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                               temperature=0, stream=True))
+        assert whole.choices[0].text == streamed == reference(prompt, 24)
+        assert whole.usage.completion_tokens == 24 and whole.choices[0].finish_reason == "length"
+        assert whole.model_extra["specdec"]["target_forwards"] >= 1
+
+
+def test_chat_equals_generate_on_the_templated_prompt(server, pair, reference):
+    url, _ = server
+    api = client(url)
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    expected = reference(chat_prompt_ids(pair[0].tokenizer, messages), 20)
+    whole = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == expected
+    chunks = list(api.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].usage.completion_tokens == 20
+
+
+def test_a_hundred_concurrent_streams_all_complete_with_the_right_text(server, reference):
+    url, scheduler = server
+    prompts = suite_prompts(100)
+    lengths = [6 + (index * 7) % 19 for index in range(100)]  # requests finish at different steps
+    api = client(url, openai.AsyncOpenAI)
+
+    async def one(prompt: str, tokens: int) -> str:
+        stream = await api.completions.create(model=MODEL, prompt=prompt, max_tokens=tokens, temperature=0,
+                                              stream=True)
+        return "".join([chunk.choices[0].text async for chunk in stream])
+
+    async def everything():
+        return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths)))
+
+    texts = asyncio.run(everything())
+    assert texts == [reference(p, n) for p, n in zip(prompts, lengths)]
+    assert scheduler.load == (0, 0)
+
+
+def wait_until_idle(scheduler, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while scheduler.load != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_cancelled_streams_free_their_rows_and_state(server):
+    url, scheduler = server
+    api = client(url)
+    streams = [api.completions.create(model=MODEL, prompt=p, max_tokens=256, temperature=0.8, stream=True)
+               for p in suite_prompts(4)]
+    for stream in streams:
+        next(iter(stream))  # the request is running
+    requests = [weakref.ref(ticket.request) for ticket in list(scheduler.running) if ticket.request is not None]
+    states = [weakref.ref(ticket.request.draft_state) for ticket in list(scheduler.running) if ticket.request]
+    assert len(requests) == 4
+    for stream in streams:
+        stream.close()
+    wait_until_idle(scheduler)
+    assert scheduler.load == (0, 0)
+    assert sorted(scheduler.free_rows) == list(range(MAX_BATCH))
+    assert scheduler.cache.lengths == [0] * MAX_BATCH
+    gc.collect()
+    assert all(ref() is None for ref in requests + states)  # draft caches included
+
+
+BAD_REQUESTS = [
+    ("malformed JSON", "/v1/completions", b'{"model": "toy-pair", "prompt": ', 400),
+    ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404),
+    ("negative max_tokens", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -3}, 400),
+    ("max_tokens over the limit", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, 400),
+    ("temperature out of range", "/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 7}, 400),
+    ("top_p out of range", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400),
+    ("prompt longer than the context", "/v1/completions", {"model": MODEL, "prompt": [5] * 5000}, 400),
+    ("n > 1", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400),
+    ("no messages", "/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
+    ("unknown role", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400),
+    ("no such route", "/v1/engines", {"model": MODEL}, 404),
+]
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=[case[0] for case in BAD_REQUESTS])
+def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, reference, case):
+    url, _ = server
+    _, path, body, status = case
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["message"] and error["type"]
+    good = client(url).completions.create(model=MODEL, prompt="def f(x):", max_tokens=8, temperature=0)
+    assert good.choices[0].text == reference("def f(x):", 8)
+
+
+def test_models_health_and_metrics(server):
+    url, _ = server
+    assert [m.id for m in client(url).models.list().data] == [MODEL]
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    client(url).completions.create(model=MODEL, prompt="class Stack:", max_tokens=16, temperature=0)
+    metrics = httpx.get(f"{url}/metrics").text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    assert values["specdec:spec_decode_num_draft_tokens_total"] > 0
+    assert values["specdec:spec_decode_num_accepted_tokens_total"] == sum(
+        value for name, value in values.items() if name.startswith("specdec:spec_decode_num_accepted_tokens_per_pos_total"))
+    assert values["specdec:time_to_first_token_seconds_count"] >= 1
+    assert values["specdec:num_requests_running"] == 0
