@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -178,7 +179,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     @app.get("/health")
     async def health() -> dict[str, Any]:
         running, waiting = scheduler.load
-        return {"status": "ok", "running": running, "waiting": waiting,
+        return {"status": "ok", "running": running, "waiting": waiting, "pid": os.getpid(),
                 "draft_length": scheduler.controller.last_choice}
 
     @app.get("/metrics")

@@ -1,0 +1,152 @@
+"""Continuous batching and the speculation controller, without HTTP: requests that join a running
+batch get what they get alone; the draft length follows the measured costs of the batch size."""
+
+import threading
+import time
+
+import pytest
+
+from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.engine import Engine
+from specdec.policy import AcceptanceByPosition
+from specdec.serving.scheduler import QueueFullError, Scheduler
+from specdec.serving.speculation import SpeculationController, VerifyCostTable, profile_verify_costs
+from test_batching import batch_prompts
+
+
+def bandwidth_bound_costs(batches=(1, 2, 4, 8, 16, 32), blocks=(1, 2, 3, 5)) -> VerifyCostTable:
+    """T = max(reading the weights, computing every token): flat while few tokens, then linear."""
+    table = VerifyCostTable()
+    for batch in batches:
+        for block in blocks:
+            table.add(batch, block, max(0.1, 0.01 * batch * block))
+    return table
+
+
+def learned_acceptance(alpha: float, steps: int = 200) -> AcceptanceByPosition:
+    acceptance = AcceptanceByPosition(max_gamma=4)
+    for step in range(steps):  # every position accepted with probability ~alpha, deterministically
+        accepted = next((i for i in range(4) if (step * 7 + i * 3) % 10 >= alpha * 10), 4)
+        acceptance.update(4, accepted)
+    return acceptance
+
+
+def test_cost_table_interpolates_and_never_decreases():
+    table = bandwidth_bound_costs()
+    assert table.estimate(4, 5) == pytest.approx(0.2)  # a measured cell
+    assert table.estimate(4, 4) == pytest.approx(0.16)  # between blocks 3 and 5
+    assert table.estimate(12, 5) == pytest.approx(0.6)  # between batches 8 and 16
+    assert table.estimate(64, 5) >= table.estimate(32, 5)  # beyond the grid: the last slope
+    assert VerifyCostTable().estimate(1, 1) is None
+    table.add(4, 5, 1.2)  # online measurements move the cell (decayed mean)
+    assert 0.2 < table.estimate(4, 5) < 1.2
+
+
+def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
+    controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(),
+                                       acceptance=learned_acceptance(0.8))
+    controller.draft_cost.add(0.002)
+    choices = {batch: controller.draft_length(batch) for batch in (1, 2, 4, 8, 16, 32)}
+    assert choices[1] == 4 and choices[32] == 0
+    assert all(choices[a] >= choices[b] for a, b in zip((1, 2, 4, 8, 16), (2, 4, 8, 16, 32)))
+    assert controller.draft_length(1) == 4  # and it returns when the batch empties
+    poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1))
+    poor.draft_cost.add(0.05)  # a slow drafter that is rarely right never pays
+    assert poor.draft_length(1) == 0
+
+
+def test_on_and_off_ignore_costs():
+    assert SpeculationController("on", gamma=3).draft_length(32) == 3
+    assert SpeculationController("off", gamma=3).draft_length(1) == 0
+    with pytest.raises(ValueError, match="speculation mode"):
+        SpeculationController("sometimes", gamma=3)
+
+
+def test_profile_measures_every_cell(tiny_pair):
+    target = load(tiny_pair["target"])
+    table = profile_verify_costs(target, [1, 2], [1, 3], context=8, repeats=1)
+    assert set(table.cells) == {(1, 1), (1, 3), (2, 1), (2, 3)}
+    assert all(cell.mean > 0 for cell in table.cells.values())
+
+
+def collect(scheduler: Scheduler, prompt, sampling: SamplingParams, results: dict, done: threading.Event, key):
+    def emit(item):
+        if isinstance(item, BaseException):
+            results[key] = item
+        elif item.result is not None:
+            results[key] = item.result.token_ids
+        if len(results) == done.expected:
+            done.set()
+
+    return scheduler.submit(prompt, sampling, emit)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, temperature):
+    target = load(tiny_pair["target"], dtype="float64")
+    drafter = make_drafter("model", load(tiny_pair["perturbed"], dtype="float64"))
+    prompts = batch_prompts(3, target.vocab_size, count=10)
+    samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=8 + 3 * index)
+                 for index in range(len(prompts))]
+    alone = SpeculativeDecoder(target, drafter, gamma=3)
+    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
+    scheduler = Scheduler(Engine(target, drafter, gamma=3), SpeculationController("on", 3), max_batch=4).start()
+    results, done = {}, threading.Event()
+    done.expected = len(prompts)
+    try:
+        for index, (prompt, sampling) in enumerate(zip(prompts, samplings)):
+            collect(scheduler, prompt, sampling, results, done, index)
+            if index == 2:  # let the first ones run a few steps before the rest arrive
+                while len(scheduler.running) < 3 and not results:
+                    time.sleep(0.001)
+        assert done.wait(120)
+    finally:
+        scheduler.stop()
+    assert results == expected
+    assert sorted(scheduler.free_rows) == [0, 1, 2, 3]
+
+
+class FailingDrafter:
+    """Raises for a context that holds the token 0; drafts nothing otherwise."""
+
+    wants_hidden = False
+
+    def start(self, prompt_ids):
+        return None
+
+    def propose(self, request, gamma):
+        if 0 in request.context.tolist():
+            raise RuntimeError("drafter exploded")
+        from specdec.drafting.base import Draft
+
+        return Draft.empty(request.context.device)
+
+    def observe(self, request, outcome):
+        pass
+
+
+def test_a_failing_step_fails_its_requests_not_the_server(tiny_pair):
+    target = load(tiny_pair["target"])
+    scheduler = Scheduler(Engine(target, FailingDrafter()), SpeculationController("on", 2), max_batch=2).start()
+    results, done = {}, threading.Event()
+    done.expected = 1
+    try:
+        collect(scheduler, [0, 5, 6], SamplingParams(max_new_tokens=4), results, done, "bad")
+        assert done.wait(60) and isinstance(results["bad"], RuntimeError)
+        done.clear()
+        done.expected = 2
+        collect(scheduler, [5, 6, 7], SamplingParams(max_new_tokens=4), results, done, "good")
+        assert done.wait(60) and len(results["good"]) == 4
+    finally:
+        scheduler.stop()
+
+
+def test_the_waiting_queue_is_bounded(tiny_pair):
+    target = load(tiny_pair["target"])
+    scheduler = Scheduler(Engine(target), SpeculationController("off", 0), max_batch=1, max_waiting=2)
+    for _ in range(2):  # not started: nothing leaves the queue
+        scheduler.submit([1, 2], SamplingParams(), lambda item: None)
+    with pytest.raises(QueueFullError, match="waiting"):
+        scheduler.submit([1, 2], SamplingParams(), lambda item: None)
+    with pytest.raises(ValueError, match="empty"):
+        scheduler.submit([], SamplingParams(), lambda item: None)
