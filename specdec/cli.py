@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_parser(commands, add_model_options)
     from specdec.serving import server
 
-    server.add_parser(commands, add_model_options, add_drafting_options)
+    server.add_parsers(commands, add_model_options, add_drafting_options)
     forward = commands.add_parser("bench-forward", help="time per token: own forward vs transformers, and T(k)")
     for name, default in [("hidden", 384), ("layers", 8), ("vocab", 8192), ("heads", 6), ("kv-heads", 2),
                           ("intermediate", 1024), ("repeats", 50)]:
@@ -381,10 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_bench(args, console, errors)
         if args.command == "bench-forward":
             return run_bench_forward(args, console)
-        if args.command == "serve":
+        if args.command in ("serve", "bench-serve"):
             from specdec.serving import server
 
-            return server.run(args, errors, build_drafter)
+            return server.run(args, console, errors, build_drafter)
         if args.command == "bench-batch":
             from specdec.bench import batch
 

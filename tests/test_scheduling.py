@@ -45,13 +45,13 @@ def test_cost_table_interpolates_and_never_decreases():
 def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
     controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(),
                                        acceptance=learned_acceptance(0.8))
-    controller.draft_cost.add(0.002)
+    controller.draft_costs.append(0.002)
     choices = {batch: controller.draft_length(batch) for batch in (1, 2, 4, 8, 16, 32)}
     assert choices[1] == 4 and choices[32] == 0
     assert all(choices[a] >= choices[b] for a, b in zip((1, 2, 4, 8, 16), (2, 4, 8, 16, 32)))
     assert controller.draft_length(1) == 4  # and it returns when the batch empties
     poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1))
-    poor.draft_cost.add(0.05)  # a slow drafter that is rarely right never pays
+    poor.draft_costs.append(0.05)  # a slow drafter that is rarely right never pays
     assert poor.draft_length(1) == 0
 
 

@@ -15,9 +15,8 @@ import pytest
 from specdec import SpeculativeDecoder, load, make_drafter
 from specdec.defaults import default_model, default_prompts
 from specdec.serving.app import ServerLimits
-from specdec.serving.server import build_app
+from specdec.serving.server import build_app, serve_in_thread
 from specdec.text import chat_prompt_ids
-from serving import running_server
 
 MODEL = "toy-pair"
 MAX_BATCH = 8
@@ -35,7 +34,7 @@ def server(pair):
     target, draft = pair
     app = build_app(target, make_drafter("model", draft), MODEL, gamma=4, speculation="auto", max_batch=MAX_BATCH,
                     max_waiting=200, limits=ServerLimits(max_tokens=256, disconnect_poll_seconds=0.1))
-    with running_server(app) as url:
+    with serve_in_thread(app) as url:
         yield url, app.state.scheduler
 
 

@@ -56,6 +56,7 @@ class Scheduler:
         self.free_rows = list(range(max_batch))
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.running: list[Ticket] = []
+        self.steps: collections.Counter[tuple[int, int]] = collections.Counter()  # (batch, draft length) -> steps
         self.ids = itertools.count()
         self.wake = threading.Condition()
         self.stopping = False
@@ -130,6 +131,7 @@ class Scheduler:
             return
         batch = [ticket.request for ticket in self.running]
         gamma = self.controller.draft_length(len(batch))
+        self.steps[len(batch), gamma] += 1
         lengths = [request.length for request in batch]
         draft_before = sum(request.stats.draft_seconds for request in batch)
         started = time.perf_counter()

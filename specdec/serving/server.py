@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from specdec.drafting.base import Drafter
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
-from specdec.serving.speculation import MODES, SpeculationController, VerifyCostTable, profile_verify_costs
+from specdec.serving.speculation import (MODES, SpeculationController, VerifyCostTable, profile_draft_cost,
+                                         profile_verify_costs)
 
 if TYPE_CHECKING:  # the web stack loads only when a server is built, not for every CLI command
     from fastapi import FastAPI
@@ -49,13 +53,40 @@ def build_app(
     if speculation == "auto" and costs is None:
         batches, blocks = profile_grid(max_batch, gamma)
         costs = profile_verify_costs(target, batches, blocks, progress=progress)
-    controller = SpeculationController(speculation, gamma, costs)
+    draft_cost = profile_draft_cost(engine, gamma) if speculation == "auto" else None
+    controller = SpeculationController(speculation, gamma, costs, draft_cost=draft_cost)
     metrics = ServerMetrics()
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics)
     return create_app(scheduler, model_name, limits, metrics)
 
 
-def add_parser(commands, add_model_options, add_drafting_options) -> None:
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve ``app`` on a free port in a background thread while the block runs; yields the base
+    URL (http://HOST:PORT). For tests and benchmarks."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="specdec-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def add_parsers(commands, add_model_options, add_drafting_options) -> None:
+    """`specdec serve` and `specdec bench-serve`."""
+    from specdec.bench import serve as bench_serve
+
+    bench_serve.add_parser(commands, add_model_options, add_drafting_options)
     serve = commands.add_parser(
         "serve", help="an OpenAI-compatible HTTP server with continuous batching",
         description="Serves /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and "
@@ -76,11 +107,15 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
 
 
-def run(args: argparse.Namespace, errors, build_drafter) -> int:
+def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
     import uvicorn
 
     from specdec.serving.app import ServerLimits
 
+    if args.command == "bench-serve":
+        from specdec.bench import serve as bench_serve
+
+        return bench_serve.run(args, console, errors, build_drafter)
     target, drafter = build_drafter(args, errors)
     name = args.served_model_name or target.name
     with errors.status("measuring verify costs") as status:

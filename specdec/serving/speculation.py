@@ -14,13 +14,17 @@ per position (E[tokens]) learned online.
 from __future__ import annotations
 
 import bisect
+import collections
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec.engine import Engine
 from specdec.models.base import Attention, LanguageModel, Segment
 from specdec.policy import AcceptanceByPosition, RunningMean
+from specdec.sampling import SamplingParams
 
 MODES = ("auto", "on", "off")
 
@@ -66,21 +70,29 @@ class SpeculationController:
     never drafts, ``auto`` maximizes expected tokens per second under the measured costs."""
 
     def __init__(self, mode: str, gamma: int, costs: VerifyCostTable | None = None,
-                 acceptance: AcceptanceByPosition | None = None) -> None:
+                 acceptance: AcceptanceByPosition | None = None, draft_cost: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown speculation mode {mode!r}; choose one of {', '.join(MODES)}")
         self.mode, self.gamma = mode, gamma
         self.costs = costs or VerifyCostTable()
         self.acceptance = acceptance or AcceptanceByPosition(max_gamma=max(gamma, 1))
-        self.draft_cost = RunningMean()  # seconds per drafted token, per request
+        # Seconds per drafted token, per request: the median of recent steps, because a step now
+        # and then also feeds the draft model a backlog (a new prompt, tokens of undrafted steps).
+        self.draft_costs: collections.deque[float] = collections.deque(maxlen=64)
+        if draft_cost is not None:
+            self.draft_costs.append(draft_cost)
         self.last_choice = 0
+
+    @property
+    def draft_cost(self) -> float | None:
+        return statistics.median(self.draft_costs) if self.draft_costs else None
 
     def expected_rate(self, batch: int, gamma: int) -> float | None:
         """Expected emitted tokens per second of a step of ``batch`` requests drafting gamma."""
         verify = self.costs.estimate(batch, gamma + 1)
-        if verify is None or (gamma > 0 and self.draft_cost.mean is None):
+        if verify is None or (gamma > 0 and self.draft_cost is None):
             return None
-        seconds = batch * gamma * (self.draft_cost.mean or 0.0) + verify
+        seconds = batch * gamma * (self.draft_cost or 0.0) + verify
         return batch * self.acceptance.expected_tokens(gamma) / seconds
 
     def draft_length(self, batch: int) -> int:
@@ -102,9 +114,7 @@ class SpeculationController:
         self.costs.add(batch, gamma + 1, verify_seconds)
         drafted = sum(num_drafted for num_drafted, _ in outcomes)
         if drafted:
-            self.draft_cost.total *= 0.9
-            self.draft_cost.count *= 0.9
-            self.draft_cost.add(draft_seconds / drafted)
+            self.draft_costs.append(draft_seconds / drafted)
         for num_drafted, num_accepted in outcomes:
             if num_drafted:
                 self.acceptance.update(num_drafted, num_accepted)
@@ -144,3 +154,20 @@ def profile_verify_costs(
                 timings.append(time.perf_counter() - started)
             table.add(batch, block, min(timings[1:]))
     return table
+
+
+def profile_draft_cost(engine: Engine, gamma: int, repeats: int = 3) -> float | None:
+    """Seconds per drafted token of ``engine``'s drafter for one request (a one-token context,
+    so a draft of gamma tokens is gamma draft steps), the fastest of ``repeats`` after a warm-up.
+    None when the drafter proposes nothing here (an n-gram table finds no match)."""
+    if engine.drafter is None or gamma == 0:
+        return None
+    timings = []
+    for _ in range(repeats + 1):
+        request = engine.new_request([0], SamplingParams(max_new_tokens=gamma + 1), row=0)
+        started = time.perf_counter()
+        draft = engine.drafter.propose(request, gamma)
+        if draft.gamma == 0:
+            return None
+        timings.append((time.perf_counter() - started) / draft.gamma)
+    return min(timings[1:])

@@ -1,0 +1,202 @@
+"""`specdec bench-serve`: a server's throughput and latency against concurrency, with speculation
+on, off and auto, through HTTP as clients see it.
+
+One server per mode runs at once on the same loaded models (idle servers use no CPU). For every
+concurrency C, for every mode in turn (interleaved, so drift hits every mode alike): C clients
+send --requests streaming requests between them, each client one after another (a closed loop). Recorded:
+generated tokens per second over the wall time, time to first token and time per output token
+after it (medians over requests), and the draft length the server chose (auto). Greedy texts are
+compared across modes per prompt: lossless speculation must not change them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from specdec.bench.suite import load_prompts, machine_description
+from specdec.defaults import default_prompts
+
+
+def add_parser(commands, add_model_options, add_drafting_options) -> None:
+    parser = commands.add_parser("bench-serve", help="server throughput and latency vs concurrency "
+                                 "(speculation on / off / auto)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_options(parser)
+    add_drafting_options(parser)
+    parser.add_argument("--no-draft", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--modes", nargs="+", default=["off", "on", "auto"], choices=["off", "on", "auto"])
+    parser.add_argument("--requests", type=int, default=32,
+                        help="requests per measurement, spread over the clients (at least one each)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per measurement; the median round is kept")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--prompts", help="JSON prompt file (default: the bundled suite)")
+    parser.add_argument("--out", default="runs/bench-serve")
+
+
+async def closed_loop(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
+                      temperature: float) -> dict:
+    """``clients`` concurrent clients, each sending ``per_client`` streaming requests in turn."""
+    import openai
+
+    api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
+    records = []
+
+    async def one(index: int) -> None:
+        sent = time.perf_counter()
+        arrivals, pieces = [], []
+        stream = await api.completions.create(model=model, prompt=prompts[index % len(prompts)], max_tokens=max_tokens,
+                                              temperature=temperature, seed=index, stream=True,
+                                              stream_options={"include_usage": True})
+        tokens = 0
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                arrivals.append(time.perf_counter())
+                pieces.append(chunk.choices[0].text)
+            if chunk.usage:
+                tokens = chunk.usage.completion_tokens
+        first = arrivals[0] if arrivals else time.perf_counter()
+        per_token = (arrivals[-1] - first) / (tokens - 1) if tokens > 1 and arrivals else 0.0
+        records.append({"index": index, "ttft": first - sent, "tpot": per_token, "tokens": tokens,
+                        "text": "".join(pieces)})
+
+    async def client(number: int) -> None:
+        for turn in range(per_client):
+            await one(number * per_client + turn)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(number) for number in range(clients)))
+    seconds = time.perf_counter() - started
+    await api.close()
+    tokens = sum(r["tokens"] for r in records)
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
+            "ttft_median": statistics.median(r["ttft"] for r in records),
+            "tpot_median": statistics.median(r["tpot"] for r in records),
+            "texts": {r["index"]: r["text"] for r in records}}
+
+
+def load_test(*args) -> dict:
+    """closed_loop, run to the end (what the client process runs)."""
+    return asyncio.run(closed_loop(*args))
+
+
+def step_summary(before: dict, after: dict) -> dict:
+    """Mean batch size and mean draft length over the steps between two snapshots of
+    Scheduler.steps."""
+    steps = {key: after[key] - before.get(key, 0) for key in after if after[key] - before.get(key, 0)}
+    total = sum(steps.values()) or 1
+    return {"steps": sum(steps.values()), "mean_batch": sum(b * n for (b, _), n in steps.items()) / total,
+            "mean_draft_length": sum(g * n for (_, g), n in steps.items()) / total}
+
+
+def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: argparse.Namespace, progress,
+                clients_process) -> dict:
+    """Every concurrency, every mode in turn; the clients run in ``clients_process`` (another
+    process, so that they never hold the server's interpreter lock)."""
+    rows, mismatches = [], []
+    for clients in sorted(set(args.concurrency)):
+        texts, rounds = {}, {mode: [] for mode in args.modes}
+        for round_number in range(args.repeats):
+            for mode in args.modes:
+                progress(f"concurrency {clients}, speculation {mode}, round {round_number + 1}/{args.repeats}")
+                scheduler = apps[mode].state.scheduler
+                before = dict(scheduler.steps)
+                load = clients_process.submit(load_test, urls[mode], model, prompts, clients, -(-args.requests // clients),
+                                              args.max_new_tokens, args.temperature).result()
+                texts[mode] = load.pop("texts")
+                rounds[mode].append({**load, **step_summary(before, dict(scheduler.steps))})
+        for mode in args.modes:  # the median round by throughput
+            ordered = sorted(rounds[mode], key=lambda r: r["tokens_per_second"])
+            rows.append({"mode": mode, "concurrency": clients, **ordered[len(ordered) // 2],
+                         "rounds_tokens_per_second": [r["tokens_per_second"] for r in rounds[mode]]})
+        if args.temperature == 0:
+            reference = args.modes[0]
+            for mode in args.modes[1:]:
+                differ = [i for i in texts[reference] if texts[mode].get(i) != texts[reference][i]]
+                if differ:
+                    mismatches.append(f"{mode} vs {reference} at concurrency {clients}: requests {differ[:5]}")
+    return {"rows": rows, "mismatches": mismatches}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in dict.fromkeys(r["mode"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["mode"] == mode]
+        concurrency = [r["concurrency"] for r in rows]
+        throughput.plot(concurrency, [r["tokens_per_second"] for r in rows], marker="o", label=f"speculation {mode}")
+        latency.plot(concurrency, [1000 * r["tpot_median"] for r in rows], marker="o", label=f"speculation {mode}")
+    for axes, label in ((throughput, "generated tokens / s (all clients)"),
+                        (latency, "median time per output token (ms)")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("concurrent clients")
+        axes.set_ylabel(label)
+        axes.legend()
+    figure.suptitle(f"{result['target']} + {result['drafter']}, {result['machine']}, {result['date'][:10]}",
+                    fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
+    from rich.table import Table
+
+    from specdec.serving.server import build_app, profile_grid, serve_in_thread
+    from specdec.serving.speculation import profile_verify_costs
+
+    if min(args.concurrency) < 1 or args.requests < 1 or args.repeats < 1:
+        raise ValueError("--concurrency, --requests and --repeats must be positive")
+    target, drafter = build_drafter(args, errors)
+    prompts = [p.text for p in load_prompts(Path(args.prompts) if args.prompts else default_prompts())]
+    max_batch = max(args.concurrency)
+    with errors.status("bench-serve") as status:
+        costs = None
+        if "auto" in args.modes:
+            costs = profile_verify_costs(target, *profile_grid(max_batch, args.gamma),
+                                         progress=lambda message: status.update(f"bench-serve: {message}"))
+        apps = {mode: build_app(target, drafter, "bench", gamma=args.gamma, speculation=mode, policy=args.policy,
+                                max_batch=max_batch, costs=costs) for mode in args.modes}
+        with contextlib.ExitStack() as servers:
+            urls = {mode: servers.enter_context(serve_in_thread(app)) for mode, app in apps.items()}
+            clients = servers.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
+            for mode in args.modes:  # warm up every server once
+                clients.submit(load_test, urls[mode], "bench", prompts, 1, 1, 8, args.temperature).result()
+            result = bench_serve(apps, urls, "bench", prompts, args,
+                                 lambda label: status.update(f"bench-serve: {label}"), clients)
+    result.update({"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
+                   "target": target.name, "drafter": f"{args.drafter} gamma {args.gamma}",
+                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                   "requests": args.requests, "repeats": args.repeats})
+    table = Table(title=f"bench-serve: {result['target']}, {result['machine']}, {result['date']}")
+    for column in ("concurrency", "speculation", "tokens/s", "vs off", "TTFT ms", "TPOT ms", "batch", "draft len"):
+        table.add_column(column, justify="right")
+    for row in result["rows"]:
+        off = next((r for r in result["rows"] if r["mode"] == "off" and r["concurrency"] == row["concurrency"]), None)
+        row["vs_off"] = row["tokens_per_second"] / off["tokens_per_second"] if off else None
+        table.add_row(str(row["concurrency"]), row["mode"], f"{row['tokens_per_second']:.1f}",
+                      f"{row['vs_off']:.2f}x" if off else "-", f"{1000 * row['ttft_median']:.0f}",
+                      f"{1000 * row['tpot_median']:.1f}", f"{row['mean_batch']:.1f}", f"{row['mean_draft_length']:.1f}")
+    console.print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / "serve.png")
+    errors.print(f"wrote {out / 'serve.json'} and {out / 'serve.png'}")
+    if result["mismatches"]:
+        errors.print("[red]greedy texts differ between modes:[/] " + "; ".join(result["mismatches"][:5]))
+        return 1
+    return 0
