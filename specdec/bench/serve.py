@@ -114,6 +114,8 @@ def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: ar
                                               args.max_new_tokens, args.temperature).result()
                 texts[mode] = load.pop("texts")
                 rounds[mode].append({**load, **step_summary(before, dict(scheduler.steps))})
+                progress(f"concurrency {clients}, speculation {mode}: {load['tokens_per_second']:.1f} tokens/s",
+                         done=True)
         for mode in args.modes:  # the median round by throughput
             ordered = sorted(rounds[mode], key=lambda r: r["tokens_per_second"])
             rows.append({"mode": mode, "concurrency": clients, **ordered[len(ordered) // 2],
@@ -175,8 +177,11 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
             clients = servers.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
             for mode in args.modes:  # warm up every server once
                 clients.submit(load_test, urls[mode], "bench", prompts, 1, 1, 8, args.temperature).result()
-            result = bench_serve(apps, urls, "bench", prompts, args,
-                                 lambda label: status.update(f"bench-serve: {label}"), clients)
+            def progress(label: str, done: bool = False) -> None:
+                # Finished measurements as lines (readable in a log that is not a terminal).
+                errors.print(label) if done else status.update(f"bench-serve: {label}")
+
+            result = bench_serve(apps, urls, "bench", prompts, args, progress, clients)
     result.update({"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
                    "target": target.name, "drafter": f"{args.drafter} gamma {args.gamma}",
                    "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,

@@ -105,22 +105,25 @@ class Scheduler:
                     return
                 admitted = []
                 while self.waiting and self.free_rows:
-                    admitted.append(self.waiting.popleft())
-                    admitted[-1].request = self.engine.new_request(admitted[-1].prompt_ids, admitted[-1].sampling,
-                                                                   self.free_rows.pop())
+                    admitted.append((self.waiting.popleft(), self.free_rows.pop()))
             try:
                 self.advance(admitted)
             except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
-                for ticket in [*self.running, *admitted]:
+                for ticket in dict.fromkeys([*self.running, *(ticket for ticket, _ in admitted)]):
                     ticket.emit(error)
                     self.release(ticket)
+                # Every newcomer's row is free again (also one whose request could not be built).
+                self.free_rows = list(set(self.free_rows).union(row for _, row in admitted))
             if self.metrics is not None:
                 self.metrics.set_load(len(self.running), len(self.waiting))
 
-    def advance(self, admitted: list[Ticket]) -> None:
+    def advance(self, admitted: list[tuple[Ticket, int]]) -> None:
+        """Admit the newcomers (ticket, free row), then one step for every running request."""
         if admitted:
-            self.engine.prefill([ticket.request for ticket in admitted], self.cache)
-            for ticket in admitted:
+            for ticket, row in admitted:
+                ticket.request = self.engine.new_request(ticket.prompt_ids, ticket.sampling, row)
+            self.engine.prefill([ticket.request for ticket, _ in admitted], self.cache)
+            for ticket, _ in admitted:
                 ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
                 self.running.append(ticket)
         for ticket in [t for t in self.running if t.cancelled]:
