@@ -1,0 +1,217 @@
+"""GGUF models on llama.cpp's kernels (ggml) through llama-cpp-python's low-level API, behind
+specdec's Network interface. Needs ``pip install "specdec[llama-cpp]"``.
+
+One llama.cpp context per loaded model holds one KV pool shared by up to ``max_sequences``
+sequences (a unified KV cache). A ``LlamaCppCache`` leases one sequence id per row and gives it
+back when the cache is garbage-collected. A forward is one ``llama_decode`` over every segment's
+tokens, each token with its explicit position and its row's sequence id, and logits for every
+token. As with the other caches, a forward commits nothing: the entries past a row's committed
+length are removed (``llama_memory_seq_rm``) before that row's next forward or on rollback.
+
+Chains only, for now: trees would need a token in several sequences (seq-id sets) and a
+``compact`` that moves the accepted path's entries; they are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.models.base import Attention, ForwardOutput, LanguageModel, check_forward
+
+
+def import_llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as error:
+        raise ValueError('the llama.cpp backend needs llama-cpp-python: pip install "specdec[llama-cpp]" '
+                         "(it builds llama.cpp from source, 5-10 minutes on 2 cores)") from error
+    return llama_cpp
+
+
+class LlamaCppTokenizer:
+    """The GGUF's own tokenizer (llama.cpp's), with the two calls the text layer makes."""
+
+    chat_template = None  # GGUF templates are not applied here; chat falls back to plain lines
+
+    def __init__(self, lib, vocab) -> None:
+        self.lib, self.vocab = lib, vocab
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        buffer = (self.lib.llama_token * capacity)()
+        count = self.lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special_tokens, False)
+        if count < 0:  # the buffer was too small: -count tokens are needed
+            capacity = -count
+            buffer = (self.lib.llama_token * capacity)()
+            count = self.lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special_tokens, False)
+        return list(buffer[:count])
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if not ids:
+            return ""
+        tokens = (self.lib.llama_token * len(ids))(*ids)
+        capacity = 16 * len(ids) + 64
+        text = ctypes.create_string_buffer(capacity)
+        count = self.lib.llama_detokenize(self.vocab, tokens, len(ids), text, capacity, skip_special_tokens, False)
+        if count < 0:
+            capacity = -count
+            text = ctypes.create_string_buffer(capacity)
+            count = self.lib.llama_detokenize(self.vocab, tokens, len(ids), text, capacity, skip_special_tokens, False)
+        return text.raw[:count].decode("utf-8", errors="replace")
+
+
+class LlamaCppCache:
+    """Rows = sequence ids of the network's context; the Cache verbs on top of them."""
+
+    def __init__(self, network: LlamaCppNetwork, max_length: int, rows: int) -> None:
+        self.network, self.max_length, self.rows = network, max_length, rows
+        self.seq_ids = network.lease(rows)
+        self.lengths = [0] * rows
+        self.stored = [0] * rows  # entries in the KV pool, committed or not
+        weakref.finalize(self, network.give_back, list(self.seq_ids))
+
+    def reserve(self, capacity: int) -> None:
+        """The KV pool is allocated with the context."""
+
+    def crop(self, row: int) -> None:
+        """Forget the row's uncommitted entries."""
+        if self.stored[row] > self.lengths[row]:
+            self.network.remove(self.seq_ids[row], self.lengths[row])
+            self.stored[row] = self.lengths[row]
+
+    def commit(self, row: int, count: int) -> None:
+        self.lengths[row] += count
+
+    def rollback(self, row: int, length: int) -> None:
+        self.lengths[row] = min(self.lengths[row], length)
+        self.crop(row)
+
+    def compact(self, row: int, keep: Sequence[int]) -> None:
+        if list(keep) != list(range(len(keep))):
+            raise ValueError("the llama.cpp backend does not run token trees yet; use --backend specdec for trees")
+        self.commit(row, len(keep))
+
+
+class LlamaCppNetwork:
+    def __init__(self, lib, model, context_size: int, max_sequences: int, batch_size: int, threads: int) -> None:
+        self.lib, self.model = lib, model
+        params = lib.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = context_size, batch_size, batch_size
+        params.n_seq_max, params.kv_unified, params.no_perf = max_sequences, True, True
+        params.n_threads = params.n_threads_batch = threads
+        self.context = lib.llama_init_from_model(model, params)
+        if not self.context:
+            raise ValueError(f"llama.cpp could not create a context of {context_size} tokens")
+        self.memory = lib.llama_get_memory(self.context)
+        self.vocab_size = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+        self.batch_size = batch_size
+        self.batch = lib.llama_batch_init(batch_size, 0, 1)
+        self.free_ids = list(range(max_sequences))
+
+    def __del__(self) -> None:
+        lib = getattr(self, "lib", None)
+        if lib is not None and getattr(self, "context", None):
+            lib.llama_batch_free(self.batch)
+            lib.llama_free(self.context)
+            lib.llama_model_free(self.model)
+
+    def lease(self, rows: int) -> list[int]:
+        if rows > len(self.free_ids):
+            raise RuntimeError(f"{rows} llama.cpp sequences needed, {len(self.free_ids)} free; "
+                               "load the model with more max_sequences")
+        leased, self.free_ids = self.free_ids[:rows], self.free_ids[rows:]
+        for seq_id in leased:
+            self.remove(seq_id, 0)
+        return leased
+
+    def give_back(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self.remove(seq_id, 0)
+        self.free_ids += seq_ids
+
+    def remove(self, seq_id: int, start: int) -> None:
+        """Drop sequence seq_id's entries at positions >= start."""
+        self.lib.llama_memory_seq_rm(self.memory, seq_id, start, -1)
+
+    def new_cache(self, max_length: int, rows: int = 1) -> LlamaCppCache:
+        return LlamaCppCache(self, max_length, rows)
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,  # [n] int64
+        positions: torch.Tensor,  # [n] int64
+        cache: LlamaCppCache,
+        attention: Attention,
+        want_logits: bool = True,
+        want_hidden: bool = False,
+    ) -> ForwardOutput:  # logits [n, vocab] float32
+        check_forward(tokens, positions, cache, attention)
+        if want_hidden:
+            raise ValueError("the llama.cpp backend gives no hidden states (drafters that need them run on specdec's forward)")
+        if any(segment.parents is not None or segment.written for segment in attention.segments):
+            raise ValueError("the llama.cpp backend does not run token trees yet; use --backend specdec for trees")
+        seq_ids = []
+        for segment in attention.segments:
+            cache.crop(segment.row)
+            seq_ids += [cache.seq_ids[segment.row]] * segment.count
+        token_list, position_list = tokens.tolist(), positions.tolist()
+        logits = []
+        for start in range(0, len(token_list), self.batch_size):
+            end = min(start + self.batch_size, len(token_list))
+            logits.append(self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end], want_logits))
+        for segment in attention.segments:
+            cache.stored[segment.row] = cache.lengths[segment.row] + segment.count
+        return ForwardOutput(torch.cat(logits) if want_logits else None)
+
+    def decode(self, tokens: list[int], positions: list[int], seq_ids: list[int], want_logits: bool) -> torch.Tensor | None:
+        count, batch = len(tokens), self.batch
+        batch.n_tokens = count
+        np.ctypeslib.as_array(batch.token, shape=(count,))[:] = tokens
+        np.ctypeslib.as_array(batch.pos, shape=(count,))[:] = positions
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(count,))[:] = 1
+        np.ctypeslib.as_array(batch.logits, shape=(count,))[:] = 1 if want_logits else 0
+        for index, seq_id in enumerate(seq_ids):
+            batch.seq_id[index][0] = seq_id
+        status = self.lib.llama_decode(self.context, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed (status {status})" +
+                               ("; the KV pool is full: load with a larger context_size" if status == 1 else ""))
+        if not want_logits:
+            return None
+        return torch.from_numpy(np.ctypeslib.as_array(self.lib.llama_get_logits(self.context),
+                                                      shape=(count, self.vocab_size)).copy())
+
+
+def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 64, batch_size: int = 512,
+              threads: int | None = None) -> LanguageModel:
+    """A GGUF file on llama.cpp's kernels. context_size is the KV pool shared by every sequence."""
+    lib = import_llama_cpp()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    lib.llama_backend_init()
+    lib.llama_log_set(LOG_SILENT, ctypes.c_void_p())
+    model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+    if not model:
+        raise ValueError(f"llama.cpp could not load {path}: not a GGUF model file, or truncated")
+    threads = threads or len(os.sched_getaffinity(0))
+    network = LlamaCppNetwork(lib, model, context_size, max_sequences, batch_size, threads)
+    vocab = lib.llama_model_get_vocab(model)
+    eos = tuple(token for token in range(network.vocab_size) if lib.llama_vocab_is_eog(vocab, token))
+    max_context = min(lib.llama_model_n_ctx_train(model), context_size)
+    return LanguageModel(network=network, tokenizer=LlamaCppTokenizer(lib, vocab), name=path.stem,
+                         vocab_size=network.vocab_size, max_context=max_context, eos_token_ids=eos,
+                         backend="llama.cpp", dtype=torch.float32, path=str(path))
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def LOG_SILENT(level, text, user_data):  # noqa: N802 - llama.cpp's log callback; keeps stderr clean
+    pass
