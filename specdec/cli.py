@@ -26,13 +26,13 @@ SOURCE_STYLES = {
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target model folder (Hugging Face format; default: the bundled pair)")
+    parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: the bundled pair)")
     parser.add_argument("--draft", help="draft model folder (same tokenizer as the target)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--quantize", choices=["int8"], help="int8 weights and activations (CPU only)")
-    parser.add_argument("--backend", default="auto", choices=["auto", "specdec", "transformers"],
-                        help="own Llama-family forward, transformers adapter, or auto (own where supported)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "specdec", "transformers", "llama.cpp"],
+                        help="own Llama-family forward, transformers adapter, llama.cpp (.gguf files), or auto")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow checkpoints that ship their own code")
 
 

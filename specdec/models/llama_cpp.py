@@ -101,9 +101,13 @@ class LlamaCppCache:
 
 
 class LlamaCppNetwork:
-    def __init__(self, lib, model, context_size: int, max_sequences: int, batch_size: int, threads: int) -> None:
+    def __init__(self, lib, model, context_size: int, max_sequences: int, batch_size: int, threads: int,
+                 flash_attention: bool) -> None:
         self.lib, self.model = lib, model
         params = lib.llama_context_default_params()
+        # Explicit, not llama.cpp's "auto": the choice changes the logits' last bits, and greedy
+        # output must equal llama.cpp's own under the same setting.
+        params.flash_attn_type = 1 if flash_attention else 0
         params.n_ctx, params.n_batch, params.n_ubatch = context_size, batch_size, batch_size
         params.n_seq_max, params.kv_unified, params.no_perf = max_sequences, True, True
         params.n_threads = params.n_threads_batch = threads
@@ -191,7 +195,7 @@ class LlamaCppNetwork:
 
 
 def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 64, batch_size: int = 512,
-              threads: int | None = None) -> LanguageModel:
+              threads: int | None = None, flash_attention: bool = True) -> LanguageModel:
     """A GGUF file on llama.cpp's kernels. context_size is the KV pool shared by every sequence."""
     lib = import_llama_cpp()
     path = Path(path)
@@ -203,7 +207,7 @@ def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 6
     if not model:
         raise ValueError(f"llama.cpp could not load {path}: not a GGUF model file, or truncated")
     threads = threads or len(os.sched_getaffinity(0))
-    network = LlamaCppNetwork(lib, model, context_size, max_sequences, batch_size, threads)
+    network = LlamaCppNetwork(lib, model, context_size, max_sequences, batch_size, threads, flash_attention)
     vocab = lib.llama_model_get_vocab(model)
     eos = tuple(token for token in range(network.vocab_size) if lib.llama_vocab_is_eog(vocab, token))
     max_context = min(lib.llama_model_n_ctx_train(model), context_size)

@@ -17,7 +17,7 @@ from specdec.models.transformer import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-BACKENDS = ("auto", "specdec", "transformers")
+BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")
 
 
 def _read_config(folder: Path) -> dict:
@@ -112,6 +112,20 @@ def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
+def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, device: str,
+               max_context: int | None) -> LanguageModel:
+    if path.suffix != ".gguf":
+        raise ValueError(f"the llama.cpp backend loads .gguf files; {path} is not one")
+    if backend not in ("auto", "llama.cpp"):
+        raise ValueError(f"{path} is a GGUF file: it runs on --backend llama.cpp, not {backend!r}")
+    if quantize is not None or dtype != "float32" or device != "cpu":
+        raise ValueError("a GGUF file keeps its own quantization on llama.cpp's CPU kernels: "
+                         "drop --quantize, --dtype and --device")
+    from specdec.models.llama_cpp import load_gguf
+
+    return load_gguf(path, context_size=max_context or 8192)
+
+
 def load(
     path: str | Path,
     *,
@@ -128,8 +142,11 @@ def load(
     for any architecture) or "auto" (own forward where the architecture is supported).
     quantize: None or "int8" (int8 weights, per-row int8 activations; CPU only).
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
+    A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
     """
     folder = Path(path).expanduser()
+    if backend == "llama.cpp" or folder.suffix == ".gguf":
+        return _load_gguf(folder, backend, dtype, quantize, device, max_context)
     raw_config = _read_config(folder)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")

