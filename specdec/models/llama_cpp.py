@@ -203,7 +203,12 @@ def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 6
         raise FileNotFoundError(f"GGUF file not found: {path}")
     lib.llama_backend_init()
     lib.llama_log_set(LOG_SILENT, ctypes.c_void_p())
-    model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+    params = lib.llama_model_default_params()
+    # No repacked weights: the repacked kernels accumulate a multi-token block in another order
+    # than one token (Q4_K_M Qwen2.5 1.5B: a 5-token verify block off by up to 0.37 in a logit).
+    # Plain ggml kernels are exact, at a price on blocks (measured: docs/llama-cpp.md).
+    params.use_extra_bufts = False
+    model = lib.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise ValueError(f"llama.cpp could not load {path}: not a GGUF model file, or truncated")
     threads = threads or len(os.sched_getaffinity(0))
