@@ -7,23 +7,6 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from specdec.decoder import SpeculativeDecoder
-from specdec.engine import TokenSource
-from specdec.metrics import SpecStats
-from specdec.sampling import SamplingParams
-
-# How --show colours each token: a person sees which tokens the draft got right.
-SOURCE_STYLES = {
-    TokenSource.DRAFT: "green",
-    TokenSource.BRANCH: "cyan",
-    TokenSource.CORRECTION: "bold red",
-    TokenSource.BONUS: "bold blue",
-    TokenSource.TARGET: "",
-}
-
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: the bundled pair)")
@@ -66,20 +49,14 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec import __version__
+
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    generate = commands.add_parser("generate", help="generate text from a prompt, speculatively")
-    generate.add_argument("prompt")
-    add_model_options(generate)
-    add_sampling_options(generate)
-    add_drafting_options(generate)
-    generate.add_argument("--max-new-tokens", type=int, default=128)
-    generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
-    generate.add_argument("--show", action="store_true",
-                          help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
-                               "red = target's correction, blue = bonus")
-    generate.add_argument("--json", action="store_true", help="print the stats as JSON instead of a table")
+    from specdec import generate_command
+
+    generate_command.add_parser(commands, add_model_options, add_sampling_options, add_drafting_options)
     add_train_parser(commands)
     add_bench_parser(commands)
     from specdec.bench import batch
@@ -163,6 +140,7 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
 
     from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
     from specdec.defaults import default_prompts
+    from specdec.sampling import SamplingParams
 
     if args.synthetic:
         return run_synthetic_bench(args, console, errors)
@@ -277,6 +255,8 @@ def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
     import json
     from pathlib import Path
 
+    from rich.table import Table
+
     from specdec.bench.forward import bench_forward
 
     result = bench_forward(args.hidden, args.layers, args.vocab, args.heads, args.kv_heads, args.intermediate,
@@ -298,27 +278,6 @@ def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def stats_table(stats: SpecStats, title: str = "speculative decoding") -> Table:
-    table = Table(title=title, show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", justify="right")
-    rows = [
-        ("new tokens", f"{stats.generated_tokens}"),
-        ("target forwards", f"{stats.target_forwards}"),
-        ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
-        ("alpha (acceptance rate)", f"{stats.alpha:.3f}"),
-        ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
-        ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
-        *([("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))] if stats.tree_nodes_at else []),
-        ("time: prefill / draft / verify / rest", f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
-                                                 f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s"),
-        ("tokens per second", f"{stats.tokens_per_second:.1f}"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
-
-
 def build_drafter(args: argparse.Namespace, errors: Console):
     """The target and the drafter that --drafter, --tree and --no-draft ask for."""
     from specdec.drafting import make_drafter
@@ -334,47 +293,14 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     return target, drafter
 
 
-def run_generate(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    target, drafter = build_drafter(args, errors)
-    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
-    result = None
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
-    for chunk in decoder.stream(args.prompt, sampling):
-        if args.show:
-            line = Text()
-            for piece, source in chunk.pieces:
-                line.append(piece, style=SOURCE_STYLES[source])
-            console.print(line, end="")
-        else:
-            console.out(chunk.text, end="", highlight=False)
-        console.file.flush()
-        result = chunk.result or result
-    console.print()
-    if args.show:
-        legend = Text("tokens: ")
-        for source, style in SOURCE_STYLES.items():
-            if style:
-                legend.append(f"{source.value} ", style=style)
-        errors.print(legend)
-    if args.json:
-        import json
-
-        errors.print_json(json.dumps({"finish_reason": result.finish_reason, **result.stats.to_dict()}))
-    else:
-        title = "target only" if drafter is None else \
-            f"speculative decoding: {args.drafter}{' (trees)' if args.tree else ''} drafter, {args.policy} policy, " \
-            f"gamma {args.gamma}"
-        errors.print(stats_table(result.stats, title))
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console, errors = Console(), Console(stderr=True)
     try:
         if args.command == "generate":
-            return run_generate(args, console, errors)
+            from specdec import generate_command
+
+            return generate_command.run(args, console, errors, build_drafter)
         if args.command == "train":
             return run_train(args, errors)
         if args.command == "bench":

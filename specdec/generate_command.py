@@ -1,0 +1,129 @@
+"""`specdec generate`: one prompt, streamed to the terminal, with the statistics after it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specdec.decoder import SpeculativeDecoder
+from specdec.engine import TokenSource
+from specdec.metrics import SpecStats
+from specdec.sampling import SamplingParams
+from specdec.text import chat_prompt_ids
+
+# How --show colours each token: a person sees which tokens the draft got right.
+SOURCE_STYLES = {
+    TokenSource.DRAFT: "green",
+    TokenSource.BRANCH: "cyan",
+    TokenSource.CORRECTION: "bold red",
+    TokenSource.BONUS: "bold blue",
+    TokenSource.TARGET: "",
+}
+
+
+def add_parser(commands, add_model_options, add_sampling_options, add_drafting_options) -> None:
+    generate = commands.add_parser("generate", help="generate text from a prompt, speculatively",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    generate.add_argument("prompt", nargs="?", help="the prompt; - reads it from stdin")
+    generate.add_argument("--prompt-file", help="read the prompt from this file (- for stdin): multi-line prompts")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the tokenizer's "
+                                                              "chat template (Instruct models)")
+    generate.add_argument("--system", help="with --chat: a system message first")
+    add_model_options(generate)
+    add_sampling_options(generate)
+    add_drafting_options(generate)
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
+    generate.add_argument("--show", action="store_true",
+                          help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
+                               "red = target's correction, blue = bonus")
+    generate.add_argument("--json", action="store_true",
+                          help="write one JSON object (text, finish reason, stats) to stdout instead of streaming")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise ValueError("give the prompt either as an argument or with --prompt-file, not both")
+    if args.prompt_file is not None:
+        if args.prompt_file == "-":
+            return sys.stdin.read()
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file not found: {path}")
+        return path.read_text()
+    if args.prompt is None:
+        raise ValueError("no prompt: pass one, or --prompt-file FILE (- for stdin)")
+    return sys.stdin.read() if args.prompt == "-" else args.prompt
+
+
+def stats_table(stats: SpecStats, title: str, finish_reason: str) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    rows = [
+        ("new tokens", f"{stats.generated_tokens}"),
+        ("finished by", finish_reason),
+        ("target forwards", f"{stats.target_forwards}"),
+        ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
+        ("alpha (acceptance rate)", f"{stats.alpha:.3f}"),
+        ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
+        ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
+        *([("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))] if stats.tree_nodes_at else []),
+        ("time: prefill / draft / verify / rest", f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
+                                                 f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s"),
+        ("tokens per second", f"{stats.tokens_per_second:.1f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
+    text = read_prompt(args)
+    target, drafter = build_drafter(args, errors)
+    prompt: str | list[int] = text
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": text}]
+        prompt = chat_prompt_ids(target.tokenizer, messages)
+    elif args.system:
+        raise ValueError("--system needs --chat")
+    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    if args.json:
+        result = decoder.generate(prompt, sampling)
+        console.file.write(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
+                                       **result.stats.to_dict()}) + "\n")
+        return 0
+    if not args.chat:
+        console.print(Text(text, style="dim"), end="")  # the prompt, then its continuation
+    result = None
+    for chunk in decoder.stream(prompt, sampling):
+        if args.show:
+            line = Text()
+            for piece, source in chunk.pieces:
+                line.append(piece, style=SOURCE_STYLES[source])
+            console.print(line, end="")
+        else:
+            console.out(chunk.text, end="", highlight=False)
+        console.file.flush()
+        result = chunk.result or result
+    console.print()
+    if args.show:
+        legend = Text("tokens: ")
+        for source, style in SOURCE_STYLES.items():
+            if style:
+                legend.append(f"{source.value} ", style=style)
+        errors.print(legend)
+    title = "target only" if drafter is None else \
+        f"speculative decoding: {args.drafter}{' (trees)' if args.tree else ''} drafter, {args.policy} policy, " \
+        f"gamma {args.gamma}"
+    errors.print(stats_table(result.stats, title, result.finish_reason))
+    return 0
