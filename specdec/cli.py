@@ -151,11 +151,20 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * count)
-        payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out),
-                        progress=lambda label: progress.update(task, advance=1, description=label),
+
+        def advance(label: str) -> None:
+            progress.update(task, advance=1, description=label)
+            if not errors.is_terminal:  # a log file gets one line per measurement
+                errors.print(f"[{int(progress.tasks[0].completed)}/{len(prompts) * count}] {label}")
+
+        payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
                         ngram_max=args.ngram_max, ngram_min=args.ngram_min)
     console.print(Markdown(payload["markdown"]))
-    errors.print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'}")
+    out = Path(args.out)
+    errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
+    if payload["mismatches"]:
+        errors.print(f"[red]greedy identity failed for {', '.join(payload['failed_methods'])}[/] (see results.md)")
+        return 1
     return 0
 
 

@@ -51,11 +51,21 @@ def test_identity_check_fails_on_a_wrong_method(tiny_pair):
     prompts = [Prompt("code", "x"), Prompt("code", "y")]
     settings = SamplingParams(max_new_tokens=6, seed=0)
     encode = lambda text: [ord(text) % 90 + 3]  # noqa: E731
-    with pytest.raises(IdentityError, match="wrong on prompt"):
-        run_side_by_side([reference, Method("wrong", off_by_one)], prompts, encode, settings, "target-only")
+    seen = []
+    run = run_side_by_side([reference, Method("wrong", off_by_one)], prompts, encode, settings, "target-only",
+                           margin=lambda prompt_ids, before: 0.5, on_prompt=lambda so_far: seen.append(len(so_far.measurements)))
+    assert seen == [2, 4]  # results after every prompt
+    assert len(run.measurements) == 4 and run.failed_methods == ["wrong"]  # the run completed
+    assert [(m.prompt, m.position, m.margin) for m in run.mismatches] == [("0", 0, 0.5), ("1", 0, 0.5)]
+    with pytest.raises(IdentityError, match="wrong on prompt 0"):
+        run.raise_on_mismatch()
     # the same method marked lossy is reported, not failed
-    run_side_by_side([reference, Method("wrong", off_by_one, lossless=False)], prompts, encode, settings,
-                     "target-only")
+    assert not run_side_by_side([reference, Method("wrong", off_by_one, lossless=False)], prompts, encode, settings,
+                                "target-only").mismatches
+    # a method of another engine is checked against that engine's reference only
+    other = [reference, Method("other-reference", off_by_one, engine="other"), Method("other", off_by_one, engine="other")]
+    assert not run_side_by_side(other, prompts, encode, settings, "target-only",
+                                references={"specdec": "target-only", "other": "other-reference"}).mismatches
 
 
 def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
@@ -101,3 +111,30 @@ def test_transformers_method_settings():
                 "transformers-beam"):
         with pytest.raises(ValueError):
             transformers_options(bad)
+
+
+def test_a_failing_method_fails_the_command_after_every_result_is_written(tiny_pair, prompt_file, tmp_path,
+                                                                          monkeypatch):
+    from specdec.bench import suite
+
+    build = suite.build_methods
+
+    def with_a_wrong_method(*args, **kwargs):
+        methods = build(*args, **kwargs)
+        reference = methods[0]
+
+        def off_by_one(prompt_ids, settings):
+            output = reference.run(prompt_ids, settings)
+            return MethodOutput([t + 1 for t in output.token_ids], output.seconds)
+
+        return [*methods, Method("wrong", off_by_one)]
+
+    monkeypatch.setattr(suite, "build_methods", with_a_wrong_method)
+    out = tmp_path / "bench-fail"
+    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
+                 "--prompts", str(prompt_file), "--methods", "model:fixed", "--max-new-tokens", "6", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert code == 1 and results["complete"] and results["failed_methods"] == ["wrong"]
+    assert {m["method"] for m in results["measurements"]} == {"target-only", "model:fixed", "wrong"}
+    assert results["mismatches"][0]["margin"] is not None  # the target's top-2 margin at the divergence
+    assert "greedy identity failures" in (out / "results.md").read_text()

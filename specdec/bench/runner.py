@@ -57,6 +57,37 @@ class IdentityError(AssertionError):
     """A lossless method's greedy output differs from the reference's."""
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """Where a lossless method's greedy output left its engine's reference output."""
+
+    method: str
+    reference: str
+    prompt: str
+    category: str
+    position: int  # the first generated token that differs
+    margin: float | None = None  # the target's top-1 minus top-2 logit there (small: a near tie)
+
+    def __str__(self) -> str:
+        margin = "" if self.margin is None else f" (target's top-2 logit margin there: {self.margin:.4g})"
+        return (f"{self.method} on prompt {self.prompt} ({self.category}): differs from {self.reference} at "
+                f"generated token {self.position}{margin}")
+
+
+@dataclass
+class SideBySide:
+    measurements: list[Measurement] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def failed_methods(self) -> list[str]:
+        return list(dict.fromkeys(m.method for m in self.mismatches))
+
+    def raise_on_mismatch(self) -> None:
+        if self.mismatches:
+            raise IdentityError("greedy outputs differ from the reference:\n" + "\n".join(map(str, self.mismatches)))
+
+
 def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
     """A specdec SpeculativeDecoder as a benchmark method."""
 
@@ -74,6 +105,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def first_difference(got: Sequence[int], expected: Sequence[int]) -> int | None:
+    if list(got) == list(expected):
+        return None
+    return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+
+
 def run_side_by_side(
     methods: Sequence[Method],
     prompts: Sequence[Prompt],
@@ -82,16 +119,24 @@ def run_side_by_side(
     reference: str,
     progress: Callable[[str], None] | None = None,
     warmup: bool = True,
-) -> list[Measurement]:
-    """Every method on every prompt, in a rotating order; raises IdentityError on a greedy mismatch."""
-    if reference not in {m.name for m in methods}:
-        raise ValueError(f"the reference method {reference!r} is not among {[m.name for m in methods]}")
+    references: dict[str, str] | None = None,
+    margin: Callable[[list[int], list[int]], float] | None = None,
+    on_prompt: Callable[[SideBySide], None] | None = None,
+) -> SideBySide:
+    """Every method on every prompt, in a rotating order. Greedy outputs of lossless methods are
+    checked against their own engine's reference method (``references``: engine -> method name;
+    by default ``reference`` for its engine): a mismatch is recorded with the target's logit
+    margin at the divergence (``margin(prompt_ids, reference_ids_before_it)``) and the run goes
+    on. ``on_prompt`` sees the results so far after every prompt (to write them as they come)."""
+    names = {m.name: m for m in methods}
+    if reference not in names:
+        raise ValueError(f"the reference method {reference!r} is not among {list(names)}")
+    references = references or {names[reference].engine: reference}
     if warmup:  # first calls pay one-off costs (allocations, lazy imports) that are not decoding
         short = dataclasses.replace(settings, max_new_tokens=4)
         for method in methods:
             method.run(encode(prompts[0].text), short)
-    measurements: list[Measurement] = []
-    mismatches: list[str] = []
+    run = SideBySide()
     for index, prompt in enumerate(prompts):
         prompt_ids = encode(prompt.text)
         rotation = index % len(methods)
@@ -99,21 +144,23 @@ def run_side_by_side(
         for method in [*methods[rotation:], *methods[:rotation]]:
             output = method.run(prompt_ids, settings)
             outputs[method.name] = output
-            measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids, output.seconds,
-                                            output.stats, peak_rss_mb()))
+            run.measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids, output.seconds,
+                                                output.stats, peak_rss_mb()))
             if progress:
                 progress(f"{prompt.category}/{prompt.id or index}: {method.name}")
-        if settings.temperature == 0.0:
-            expected = outputs[reference].token_ids
-            for method in methods:
-                got = outputs[method.name].token_ids
-                if method.lossless and got != expected:
-                    where = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-                    mismatches.append(f"{method.name} on prompt {prompt.id or index} ({prompt.category}): differs "
-                                      f"from {reference} at generated token {where}")
-    if mismatches:
-        raise IdentityError("greedy outputs differ from the reference:\n" + "\n".join(mismatches))
-    return measurements
+        for method in methods if settings.temperature == 0.0 else ():
+            own_reference = references.get(method.engine)
+            if not method.lossless or own_reference not in outputs:
+                continue
+            expected = outputs[own_reference].token_ids
+            position = first_difference(outputs[method.name].token_ids, expected)
+            if position is not None:
+                gap = margin(prompt_ids, expected[:position]) if margin is not None else None
+                run.mismatches.append(Mismatch(method.name, own_reference, prompt.id or str(index), prompt.category,
+                                               position, gap))
+        if on_prompt is not None:
+            on_prompt(run)
+    return run
 
 
 @dataclass

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, markdown_table, run_side_by_side, speculative_method, summarize, write_json,
+    Method, MethodOutput, Prompt, SideBySide, markdown_table, run_side_by_side, speculative_method, summarize,
+    write_json,
 )
 from specdec.decoder import SpeculativeDecoder
 from specdec.sampling import SamplingParams
@@ -165,29 +166,45 @@ def run_bench(
 ) -> dict:
     built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
-    measurements = run_side_by_side(built, prompts, encode, settings, REFERENCE, progress)
-    baselines = [REFERENCE, *(["transformers-generate"] if any(m.name == "transformers-generate" for m in built) else [])]
-    summaries = summarize(measurements, baselines)
-    payload = {
+    names = {m.name for m in built}
+    # Each engine's methods are checked against that engine's own target-only decoding: other
+    # kernels (and another int8 scheme) may break near-ties differently, which is not a bug.
+    references = {"specdec": REFERENCE, **({"transformers": "transformers-generate"}
+                                           if "transformers-generate" in names else {})}
+    header = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_description(),
         "target": target.name, "draft": draft.name if draft else None, "gamma": gamma,
         "settings": dataclasses.asdict(settings),
         "greedy_identity_checked": settings.temperature == 0.0,
-        "summaries": [s.to_dict() for s in summaries],
-        "measurements": [
-            {"method": m.method, "prompt": m.prompt.id, "category": m.prompt.category, "tokens": len(m.token_ids),
-             "seconds": m.seconds, "alpha": m.stats.alpha if m.stats else None, "tau": m.stats.tau if m.stats else None}
-            for m in measurements
-        ],
+        "identity_references": references,
         **(extra or {}),
     }
+
+    def results(run: SideBySide, complete: bool) -> dict:
+        return {**header, "complete": complete, "failed_methods": run.failed_methods,
+                "mismatches": [dataclasses.asdict(m) for m in run.mismatches],
+                "measurements": [
+                    {"method": m.method, "prompt": m.prompt.id, "category": m.prompt.category,
+                     "tokens": len(m.token_ids), "seconds": m.seconds, "alpha": m.stats.alpha if m.stats else None,
+                     "tau": m.stats.tau if m.stats else None}
+                    for m in run.measurements]}
+
     out.mkdir(parents=True, exist_ok=True)
+    run = run_side_by_side(built, prompts, encode, settings, REFERENCE, progress, references=references,
+                           margin=lambda prompt_ids, before: top2_margin(target, prompt_ids + before),
+                           on_prompt=lambda so_far: write_json(out / "results.json", results(so_far, False)))
+    measurements = run.measurements
+    baselines = [REFERENCE, *(["transformers-generate"] if "transformers-generate" in names else [])]
+    summaries = summarize(measurements, baselines)
+    payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries]}
     write_json(out / "results.json", payload)
     categories = sorted({p.category for p in prompts})
     sections = [f"## all prompts\n\n{markdown_table(summaries)}"]
     if len(categories) > 1:
         sections += [f"## {c}\n\n{markdown_table(summaries, c)}" for c in categories]
+    if run.mismatches:
+        sections.insert(0, "## greedy identity failures\n\n" + "\n".join(f"- {m}" for m in run.mismatches))
     (out / "results.md").write_text(
         f"# specdec bench, {payload['date']}\n\nmachine: {payload['machine']}; target {target.name}, "
         f"draft {payload['draft']}, gamma {gamma}, temperature {settings.temperature}, "
@@ -198,6 +215,13 @@ def run_bench(
     payload["markdown"] = (out / "results.md").read_text()
     payload["summary_objects"] = summaries
     return payload
+
+
+def top2_margin(target: LanguageModel, context: list[int]) -> float:
+    """The target's top-1 minus top-2 logit after ``context`` (a near tie when small)."""
+    logits = target.extend(torch.tensor(context, device=target.device), target.new_cache())[-1]
+    best = logits.float().topk(2).values
+    return float(best[0] - best[1])
 
 
 def plot_summaries(summaries, path: Path, subtitle: str) -> None:

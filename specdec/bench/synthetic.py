@@ -203,8 +203,10 @@ def measure_precision(config: SyntheticConfig, precision: str, progress: Progres
             drafter = CorruptedOracleDrafter(draft, alpha, config.target.vocab, seed=config.seed)
             methods.append(synthetic_method(f"alpha {alpha} gamma {gamma}", SpeculativeDecoder(target, drafter, gamma),
                                             expected))
-    measurements = run_side_by_side(methods, prompts, prompt_ids.__getitem__, settings, REFERENCE,
-                                    lambda label: say(f"{precision}: {label}", 1), warmup=False)
+    run = run_side_by_side(methods, prompts, prompt_ids.__getitem__, settings, REFERENCE,
+                           lambda label: say(f"{precision}: {label}", 1), warmup=False)
+    run.raise_on_mismatch()
+    measurements = run.measurements
 
     by_method: dict[str, list] = {}
     for m in measurements:
