@@ -264,8 +264,9 @@ class Engine:
             return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)
         target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
         if draft.parents is None:
-            return rejection_sample(draft.tokens, draft.probs, target_probs, request.generator), None
-        return tree_rejection_sample(draft.tokens, draft.parents, draft.probs, target_probs, request.generator)
+            return rejection_sample(draft.tokens, draft.probs, target_probs, request.generator, validate=False), None
+        return tree_rejection_sample(draft.tokens, draft.parents, draft.probs, target_probs, request.generator,
+                                     validate=False)
 
     def commit(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         """Append the emitted tokens and tell the drafter, the policy and the stats."""

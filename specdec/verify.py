@@ -65,11 +65,55 @@ def point_mass_probs(
     return probs.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
 
 
+NORMALIZATION_TOLERANCE = 1e-3  # |sum of a row - 1| allowed in probabilities (float32 softmax of a big vocabulary)
+
+
+def check_probabilities(name: str, probs: torch.Tensor, rows: int, vocab: int | None = None) -> None:
+    """ValueError naming ``name`` unless probs is [rows, vocab] of finite, non-negative rows that
+    each sum to 1 (logits, or unnormalized weights, would silently change the law)."""
+    if probs.dim() != 2 or probs.shape[0] != rows or (vocab is not None and probs.shape[1] != vocab):
+        want = f"[{rows}, {vocab if vocab is not None else 'vocab'}]"
+        raise ValueError(f"{name} must have shape {want}, got {list(probs.shape)}")
+    if not probs.is_floating_point():
+        raise ValueError(f"{name} must be floating point probabilities, got {probs.dtype}")
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(f"{name} holds NaN or infinite values")
+    if bool((probs < 0).any()):
+        raise ValueError(f"{name} holds negative values: pass probabilities, not logits")
+    sums = probs.double().sum(-1)
+    if bool(((sums - 1).abs() > NORMALIZATION_TOLERANCE).any()):
+        raise ValueError(f"{name} rows must sum to 1 (within {NORMALIZATION_TOLERANCE}); got sums "
+                         f"{[round(float(v), 4) for v in sums[:4]]}: pass probabilities, not logits or weights")
+
+
+def check_draft(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                draft_rows: int, used_rows: list[int] | None = None) -> None:
+    """The checks of the public samplers: shapes, one vocabulary, proper distributions (of q,
+    the rows that something was drawn from: ``used_rows``, default all), and token ids."""
+    if draft_tokens.dim() != 1 or draft_tokens.is_floating_point():
+        raise ValueError(f"draft tokens must be a 1-D integer tensor, got {list(draft_tokens.shape)} {draft_tokens.dtype}")
+    if target_probs.dim() != 2:
+        raise ValueError(f"target_probs must be [rows, vocab], got shape {list(target_probs.shape)}")
+    vocab = target_probs.shape[1]
+    check_probabilities("target_probs", target_probs, target_probs.shape[0])
+    if draft_tokens.numel() and not (0 <= int(draft_tokens.min()) and int(draft_tokens.max()) < vocab):
+        raise ValueError(f"draft tokens must be token ids in [0, {vocab}), got {draft_tokens.tolist()[:8]}")
+    if draft_probs is not None:
+        if draft_probs.dim() == 2 and draft_probs.shape[1] != vocab:
+            raise ValueError(f"draft_probs covers {draft_probs.shape[1]} tokens, target_probs {vocab}: "
+                             "q and p must be over one vocabulary")
+        if draft_probs.dim() != 2 or draft_probs.shape[0] != draft_rows:
+            raise ValueError(f"draft_probs must have shape [{draft_rows}, {vocab}], got {list(draft_probs.shape)}")
+        rows = draft_probs if used_rows is None else draft_probs[used_rows]
+        check_probabilities("draft_probs", rows, rows.shape[0], vocab)
+
+
 def rejection_sample(
     draft_tokens: torch.Tensor,  # [gamma] int64
     draft_probs: torch.Tensor | None,  # [gamma, vocab]; None = point masses on draft_tokens
     target_probs: torch.Tensor,  # [gamma + 1, vocab]
     generator: torch.Generator | None = None,
+    validate: bool = True,  # the engine, which builds its inputs itself, skips the checks
 ) -> torch.LongTensor:  # [n_accepted + 1]
     """Speculative sampling (Leviathan et al. 2023 Algorithm 1; Chen et al. 2023).
 
@@ -80,6 +124,10 @@ def rejection_sample(
     gamma = draft_tokens.shape[0]
     if target_probs.shape[0] != gamma + 1:
         raise ValueError(f"target_probs needs gamma + 1 = {gamma + 1} rows, got {target_probs.shape[0]}")
+    if validate:
+        check_draft(draft_tokens, draft_probs, target_probs, gamma)
+        if draft_probs is not None and gamma and bool((draft_probs.gather(-1, draft_tokens[:, None]) <= 0).any()):
+            raise ValueError("a draft token has probability 0 under draft_probs: it cannot have been drawn from q")
     if draft_probs is None:
         draft_probs = point_mass_probs(draft_tokens, target_probs.shape[-1]).to(target_probs.dtype)
     target_probs = target_probs.to(draft_probs.dtype)
@@ -121,6 +169,7 @@ def tree_rejection_sample(
     draft_probs: torch.Tensor | None,  # [n + 1, vocab]: row 0 = q at the root, row i + 1 = q at node i
     target_probs: torch.Tensor,  # [n + 1, vocab]: row 0 = p at the root, row i + 1 = p after node i
     generator: torch.Generator | None = None,
+    validate: bool = True,  # the engine, which builds its inputs itself, skips the checks
 ) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
     """Recursive rejection sampling over a token tree (Jeon et al. 2024, "Recursive Speculative
     Decoding"): at a node, try its children in the order they were drawn (without replacement
@@ -134,6 +183,11 @@ def tree_rejection_sample(
     if len(parents) != count or target_probs.shape[0] != count + 1:
         raise ValueError(f"a tree of {count} nodes needs {count} parents and {count + 1} rows of target_probs, "
                          f"got {len(parents)} and {target_probs.shape[0]}")
+    if validate:
+        if any(not -1 <= parent < index for index, parent in enumerate(parents)):
+            raise ValueError(f"parents must list each node's parent before it (-1 = the root), got {parents}")
+        # q is read only where children were drawn from: at the root and at inner nodes.
+        check_draft(tree_tokens, draft_probs, target_probs, count + 1, sorted({parent + 1 for parent in parents}))
     tokens = tree_tokens.tolist()
     dtype = torch.float64 if draft_probs is None else draft_probs.dtype
     node, path = -1, []
