@@ -325,8 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return batch.run(args, console, errors, load_models)
     except (ValueError, FileNotFoundError) as error:
-        errors.print(f"[red]error:[/] {error}")
+        errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)  # one line, however long
         return 2
+    except KeyboardInterrupt:
+        errors.print("[yellow]interrupted[/]")
+        return 130
     return 1
 
 

@@ -48,19 +48,29 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
                           help="write one JSON object (text, finish reason, stats) to stdout instead of streaming")
 
 
+def decode_prompt(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"the prompt from {where} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give the prompt either as an argument or with --prompt-file, not both")
     if args.prompt_file is not None:
         if args.prompt_file == "-":
-            return sys.stdin.read()
+            return decode_prompt(sys.stdin.buffer.read(), "stdin")
         path = Path(args.prompt_file)
         if not path.is_file():
             raise FileNotFoundError(f"prompt file not found: {path}")
-        return path.read_text()
+        return decode_prompt(path.read_bytes(), str(path))
     if args.prompt is None:
         raise ValueError("no prompt: pass one, or --prompt-file FILE (- for stdin)")
-    return sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.prompt == "-":
+        return decode_prompt(sys.stdin.buffer.read(), "stdin")
+    # A command-line argument that was not valid UTF-8 arrives with surrogate escapes.
+    return decode_prompt(args.prompt.encode("utf-8", "surrogateescape"), "the command line")
 
 
 def stats_table(stats: SpecStats, title: str, finish_reason: str) -> Table:

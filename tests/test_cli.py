@@ -58,7 +58,7 @@ def test_prompt_from_a_file_or_stdin_and_chat(tiny_pair, tmp_path, capsys, monke
     expected = SpeculativeDecoder(target).generate("def f():\n    return 1\n", max_new_tokens=6).text
     assert main(base + ["--prompt-file", str(prompt_file)]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == expected  # a real newline, not a backslash-n
-    monkeypatch.setattr("sys.stdin", io.StringIO("def f():\n    return 1\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"def f():\n    return 1\n")))
     assert main(base + ["-"]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == expected
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]

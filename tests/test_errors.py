@@ -95,3 +95,46 @@ def test_unsupported_architecture_uses_the_adapter(model_dir):
     plain = SpeculativeDecoder(model).generate([1, 2, 3], max_new_tokens=10)
     speculative = SpeculativeDecoder(model, load(folder), gamma=3).generate([1, 2, 3], max_new_tokens=10)
     assert speculative.token_ids == plain.token_ids and len(plain.token_ids) > 0
+
+
+def cli_error(argv, capsys) -> str:
+    from specdec.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    return " ".join(err.split())  # rich wraps long lines
+
+
+def test_ordinary_mistakes_are_one_line_errors(tiny_pair, tmp_path, capsys):
+    import shutil
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_pair["target"], truncated)
+    weights = next(truncated.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert "not a readable safetensors file" in cli_error(["generate", "--target", str(truncated), "hi"], capsys)
+    assert "unknown device 'tpu'" in cli_error(["generate", "--target", str(tiny_pair["target"]), "--device", "tpu",
+                                                "hi"], capsys)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_pair["target"], corrupt)
+    (corrupt / "config.json").write_text("{not json")
+    message = cli_error(["generate", "--target", str(corrupt), "hi"], capsys)
+    assert "config.json is not valid JSON" in message and str(corrupt) in message
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    assert "is not UTF-8 text" in cli_error(["generate", "--target", str(tiny_pair["target"]), "--prompt-file",
+                                             str(latin)], capsys)
+
+
+def test_ctrl_c_is_a_message_not_a_traceback(tiny_pair, capsys, monkeypatch):
+    from specdec import generate_command
+    from specdec.cli import main
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_command, "run", interrupted)
+    assert main(["generate", "--target", str(tiny_pair["target"]), "hi"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err

@@ -26,13 +26,30 @@ def _read_config(folder: Path) -> dict:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {folder}: is it a Hugging Face-format model folder?")
-    return json.loads(config_path.read_text())
+    return read_json(config_path)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from None
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = sorted(set(read_json(index)["weight_map"].values()))
         return [folder / shard for shard in shards]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -69,14 +86,12 @@ def _fused_state_dict(raw: dict[str, torch.Tensor], config: TransformerConfig) -
 
 
 def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> LlamaFamilyModel:
-    from safetensors.torch import load_file
-
     config = TransformerConfig.from_hf(hf_config)
     inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
     raw: dict[str, torch.Tensor] = {}
     for path in _safetensors_files(folder):
         # Copy out of the file mapping: anonymous memory streams measurably faster in decoding.
-        raw.update((name, tensor.clone()) for name, tensor in load_file(str(path)).items())
+        raw.update((name, tensor.clone()) for name, tensor in _load_safetensors(path).items())
     try:
         state = _fused_state_dict(raw, config)
     except KeyError as missing:
@@ -154,6 +169,8 @@ def load(
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if quantize not in (None, "int8"):
         raise ValueError(f"unknown quantization {quantize!r}; the one supported is 'int8'")
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
     model_type = raw_config.get("model_type")
