@@ -105,7 +105,9 @@ def add_bench_parser(commands) -> None:
     synthetic.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     synthetic.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 8])
     synthetic.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
-    synthetic.add_argument("--repeats", type=int, default=7, help="forward timings: the median of this many")
+    bench.add_argument("--repeats", type=int,
+                       help="each prompt timed this many times per method, the median kept (default 3; with "
+                            "--synthetic: forward timings, default 7)")
 
 
 def resolve_model_paths(args: argparse.Namespace, errors: Console) -> tuple[str, str | None]:
@@ -158,10 +160,13 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
                 errors.print(f"[{int(progress.tasks[0].completed)}/{len(prompts) * count}] {label}")
 
         payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
-                        ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+                        ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3)
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)
     errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
+    if payload["stalled"]:
+        errors.print(f"[yellow]{len(payload['stalled'])} measurements had a repeat over twice their median "
+                     f"(the machine was busy?):[/] {', '.join(payload['stalled'][:5])}")
     if payload["mismatches"]:
         errors.print(f"[red]greedy identity failed for {', '.join(payload['failed_methods'])}[/] (see results.md)")
         return 1
@@ -182,7 +187,7 @@ def run_synthetic_bench(args: argparse.Namespace, console: Console, errors: Cons
         target=Shape.parse(args.synthetic_target, args.synthetic_vocab),
         draft=Shape.parse(args.synthetic_draft, args.synthetic_vocab),
         precisions=tuple(dict.fromkeys(args.precisions)), alphas=tuple(args.alphas), gammas=tuple(args.gammas),
-        prompts=args.synthetic_prompts, max_new_tokens=args.max_new_tokens or 48, repeats=args.repeats,
+        prompts=args.synthetic_prompts, max_new_tokens=args.max_new_tokens or 48, repeats=args.repeats or 7,
         seed=args.seed,
     )
     if any(not 0.0 <= alpha <= 1.0 for alpha in config.alphas) or any(gamma < 1 for gamma in config.gammas):

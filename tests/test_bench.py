@@ -23,10 +23,12 @@ def test_bench_writes_json_and_markdown(tiny_pair, prompt_file, tmp_path, capsys
     out = tmp_path / "bench"
     code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
                  "--prompts", str(prompt_file), "--methods", "model:fixed", "ngram:cost", "staged:threshold",
-                 "--max-new-tokens", "12", "--out", str(out)])
+                 "--max-new-tokens", "12", "--out", str(out), "--repeats", "3"])
     assert code == 0
     payload = json.loads((out / "results.json").read_text())
-    assert payload["greedy_identity_checked"] is True
+    assert payload["greedy_identity_checked"] is True and payload["repeats"] == 3
+    for row in payload["measurements"]:  # each prompt timed three times, the median kept
+        assert len(row["timings"]) == 3 and row["seconds"] == sorted(row["timings"])[1]
     overall = {s["method"]: s for s in payload["summaries"] if s["category"] == "all"}
     assert set(overall) == {"target-only", "model:fixed", "ngram:cost", "staged:threshold"}
     assert overall["target-only"]["tau"] == 1.0 and overall["target-only"]["speedup"]["target-only"] == 1.0

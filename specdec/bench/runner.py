@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,15 @@ class Measurement:
     seconds: float
     stats: SpecStats | None
     peak_memory_mb: float | None = None
+    timings: list[float] = field(default_factory=list)  # every repeat's seconds; seconds is their median
+
+    @property
+    def stalled(self) -> bool:
+        """A repeat took over twice the median: the machine was busy with something else."""
+        return len(self.timings) > 1 and max(self.timings) > STALL_RATIO * self.seconds
+
+
+STALL_RATIO = 2.0
 
 
 class IdentityError(AssertionError):
@@ -122,12 +132,15 @@ def run_side_by_side(
     references: dict[str, str] | None = None,
     margin: Callable[[list[int], list[int]], float] | None = None,
     on_prompt: Callable[[SideBySide], None] | None = None,
+    repeats: int = 1,
 ) -> SideBySide:
     """Every method on every prompt, in a rotating order. Greedy outputs of lossless methods are
     checked against their own engine's reference method (``references``: engine -> method name;
     by default ``reference`` for its engine): a mismatch is recorded with the target's logit
     margin at the divergence (``margin(prompt_ids, reference_ids_before_it)``) and the run goes
-    on. ``on_prompt`` sees the results so far after every prompt (to write them as they come)."""
+    on. ``on_prompt`` sees the results so far after every prompt (to write them as they come).
+    Each method runs ``repeats`` times per prompt (one after another); its time is the median,
+    and its output and stats are the first run's."""
     names = {m.name: m for m in methods}
     if reference not in names:
         raise ValueError(f"the reference method {reference!r} is not among {list(names)}")
@@ -143,9 +156,10 @@ def run_side_by_side(
         outputs: dict[str, MethodOutput] = {}
         for method in [*methods[rotation:], *methods[:rotation]]:
             output = method.run(prompt_ids, settings)
+            timings = [output.seconds] + [method.run(prompt_ids, settings).seconds for _ in range(repeats - 1)]
             outputs[method.name] = output
-            run.measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids, output.seconds,
-                                                output.stats, peak_rss_mb()))
+            run.measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids,
+                                                statistics.median(timings), output.stats, peak_rss_mb(), timings))
             if progress:
                 progress(f"{prompt.category}/{prompt.id or index}: {method.name}")
         for method in methods if settings.temperature == 0.0 else ():

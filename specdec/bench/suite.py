@@ -163,6 +163,7 @@ def run_bench(
     extra: dict | None = None,
     ngram_max: int = 4,
     ngram_min: int = 1,
+    repeats: int = 1,
 ) -> dict:
     built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
@@ -182,18 +183,20 @@ def run_bench(
     }
 
     def results(run: SideBySide, complete: bool) -> dict:
-        return {**header, "complete": complete, "failed_methods": run.failed_methods,
+        return {**header, "complete": complete, "repeats": repeats, "failed_methods": run.failed_methods,
+                "stalled": [f"{m.method} on {m.prompt.id}" for m in run.measurements if m.stalled],
                 "mismatches": [dataclasses.asdict(m) for m in run.mismatches],
                 "measurements": [
                     {"method": m.method, "prompt": m.prompt.id, "category": m.prompt.category,
                      "tokens": len(m.token_ids), "seconds": m.seconds, "alpha": m.stats.alpha if m.stats else None,
-                     "tau": m.stats.tau if m.stats else None}
+                     "tau": m.stats.tau if m.stats else None, "timings": m.timings}
                     for m in run.measurements]}
 
     out.mkdir(parents=True, exist_ok=True)
     run = run_side_by_side(built, prompts, encode, settings, REFERENCE, progress, references=references,
                            margin=lambda prompt_ids, before: top2_margin(target, prompt_ids + before),
-                           on_prompt=lambda so_far: write_json(out / "results.json", results(so_far, False)))
+                           on_prompt=lambda so_far: write_json(out / "results.json", results(so_far, False)),
+                           repeats=repeats)
     measurements = run.measurements
     baselines = [REFERENCE, *(["transformers-generate"] if "transformers-generate" in names else [])]
     summaries = summarize(measurements, baselines)
@@ -241,6 +244,12 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
         label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "")
         axis.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                       fontsize=8)
+    from matplotlib.patches import Patch
+
+    axis.set_ylim(0, 1.25 * max((s.tokens_per_second for s in rows), default=1))  # room for the labels
+    axis.legend(handles=[Patch(color="#888888", label=f"{REFERENCE} (reference)"),
+                         Patch(color="#4c72b0", label="specdec speculative"),
+                         Patch(color="#dd8452", label="other engines")], fontsize=8, loc="upper left")
     axis.set_ylabel("tokens per second")
     axis.set_title(f"specdec bench: {subtitle}", fontsize=10)
     axis.tick_params(axis="x", rotation=45)
