@@ -138,3 +138,27 @@ def test_ctrl_c_is_a_message_not_a_traceback(tiny_pair, capsys, monkeypatch):
     assert main(["generate", "--target", str(tiny_pair["target"]), "hi"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
+
+
+def test_a_hub_id_resolves_through_huggingface_hub(tiny_pair, monkeypatch):
+    import huggingface_hub
+
+    asked = []
+
+    def fake_download(repo_id, allow_patterns=None):
+        asked.append((repo_id, allow_patterns))
+        return str(tiny_pair["target"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    model = load("some-org/tiny-llama")
+    assert asked[0][0] == "some-org/tiny-llama" and "config.json" in asked[0][1]
+    assert model.vocab_size == load(tiny_pair["target"]).vocab_size
+
+    def offline(repo_id, allow_patterns=None):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ValueError, match="some-org/tiny-llama is not a local folder.*offline"):
+        load("some-org/tiny-llama")
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        load("./missing/folder")  # a path, not a Hub id: no download is tried

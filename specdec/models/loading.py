@@ -127,6 +127,32 @@ def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
+HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+             "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt"]
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """owner/name, as on the Hugging Face Hub (a local path that exists always wins)."""
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "~")) and not text.endswith(".gguf")
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """A local folder or file as is; otherwise a Hub id (owner/name) downloaded through
+    huggingface_hub into its cache (weights, config and tokenizer only)."""
+    local = Path(path).expanduser()
+    if local.exists() or not looks_like_hub_id(str(path)):
+        return local
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(path), allow_patterns=HUB_FILES))
+    except Exception as error:  # noqa: BLE001 - offline, unknown repo, gated repo: one message for all
+        raise ValueError(f"{path} is not a local folder, and downloading it from the Hugging Face Hub failed "
+                         f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'}); "
+                         "offline? pass a local model folder") from None
+
+
 def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, device: str,
                max_context: int | None) -> LanguageModel:
     if path.suffix != ".gguf":
@@ -159,7 +185,7 @@ def load(
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
     """
-    folder = Path(path).expanduser()
+    folder = resolve_model_path(path)
     if backend == "llama.cpp" or folder.suffix == ".gguf":
         return _load_gguf(folder, backend, dtype, quantize, device, max_context)
     raw_config = _read_config(folder)
