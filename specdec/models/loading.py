@@ -86,16 +86,22 @@ def _fused_state_dict(raw: dict[str, torch.Tensor], config: TransformerConfig) -
 
 
 def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> LlamaFamilyModel:
-    config = TransformerConfig.from_hf(hf_config)
-    inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
+    TransformerConfig.from_hf(hf_config)  # an unsupported architecture fails before reading weights
     raw: dict[str, torch.Tensor] = {}
     for path in _safetensors_files(folder):
         # Copy out of the file mapping: anonymous memory streams measurably faster in decoding.
         raw.update((name, tensor.clone()) for name, tensor in _load_safetensors(path).items())
+    return build_lean(raw, hf_config, dtype, device, f"{folder}: the safetensors files")
+
+
+def build_lean(raw: dict[str, torch.Tensor], hf_config, dtype: torch.dtype, device: str, source: str) -> LlamaFamilyModel:
+    """The own forward from transformers-named weights (``source`` names where they came from)."""
+    config = TransformerConfig.from_hf(hf_config)
+    inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
     try:
         state = _fused_state_dict(raw, config)
     except KeyError as missing:
-        raise ValueError(f"{folder}: weight {missing} is missing from the safetensors files") from None
+        raise ValueError(f"weight {missing} is missing from {source}") from None
     with torch.device("meta"):
         model = LlamaFamilyModel(config, inv_freq, attention_scaling)
     model.load_state_dict(state, strict=True, assign=True)
@@ -155,13 +161,23 @@ def resolve_model_path(path: str | Path) -> Path:
 
 def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, device: str,
                max_context: int | None) -> LanguageModel:
+    """llama.cpp's kernels when llama-cpp-python is installed (or asked for), else dequantized
+    into the own forward (backend "specdec")."""
     if path.suffix != ".gguf":
         raise ValueError(f"the llama.cpp backend loads .gguf files; {path} is not one")
-    if backend not in ("auto", "llama.cpp"):
-        raise ValueError(f"{path} is a GGUF file: it runs on --backend llama.cpp, not {backend!r}")
+    if backend == "transformers":
+        raise ValueError(f"{path} is a GGUF file: run it with --backend llama.cpp or --backend specdec")
+    if backend == "auto":
+        import importlib.util
+
+        backend = "llama.cpp" if importlib.util.find_spec("llama_cpp") else "specdec"
+    if backend == "specdec":
+        from specdec.models.gguf import load_gguf_dequantized
+
+        return load_gguf_dequantized(path, dtype, device, quantize, max_context)
     if quantize is not None or dtype != "float32" or device != "cpu":
-        raise ValueError("a GGUF file keeps its own quantization on llama.cpp's CPU kernels: "
-                         "drop --quantize, --dtype and --device")
+        raise ValueError("a GGUF file on llama.cpp keeps its own quantization on the CPU kernels: drop --quantize, "
+                         "--dtype and --device (or dequantize it into the own forward: --backend specdec)")
     from specdec.models.llama_cpp import load_gguf
 
     return load_gguf(path, context_size=max_context or 8192)

@@ -1,0 +1,51 @@
+"""A GGUF file dequantized into specdec's own forward (needs ``pip install "specdec[gguf]"``):
+transformers reads the GGUF's config, tokenizer and weights (dequantized to float32), and the
+own Llama-family forward runs them in any dtype, int8 included. For llama.cpp's own kernels on
+the quantized weights, use the llama.cpp backend instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.models.base import LanguageModel
+from specdec.models.loading import DTYPES, build_lean
+from specdec.models.transformer import UnsupportedByLeanModel
+
+
+def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | None,
+                          max_context: int | None) -> LanguageModel:
+    try:
+        import accelerate  # noqa: F401 - transformers needs both to read a GGUF
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ValueError('dequantizing a GGUF file needs gguf and accelerate: pip install "specdec[gguf]" '
+                         '(or run it on llama.cpp\'s kernels: pip install "specdec[llama-cpp]")') from None
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    folder, name = str(path.parent), path.name
+    try:
+        hf_config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        raw = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).state_dict()
+    except (ValueError, OSError, KeyError) as error:
+        raise ValueError(f"could not read {path} as a GGUF model: {str(error).splitlines()[0]}") from None
+    try:
+        network = build_lean(raw, hf_config, DTYPES[dtype], device, str(path))
+    except UnsupportedByLeanModel as reason:
+        raise ValueError(f"{path}: specdec's own forward cannot run this model: {reason}") from None
+    if quantize == "int8":
+        if dtype != "float32":
+            raise ValueError("int8 quantization starts from float32 weights; use dtype float32 with it")
+        network.quantize_int8()
+    context = hf_config.max_position_embeddings
+    eos = hf_config.eos_token_id if hf_config.eos_token_id is not None else tokenizer.eos_token_id
+    return LanguageModel(network=network, tokenizer=tokenizer, name=path.stem, vocab_size=hf_config.vocab_size,
+                         max_context=min(context, max_context) if max_context else context,
+                         eos_token_ids=tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ()),
+                         backend="specdec", dtype=DTYPES[dtype], device=torch.device(device), path=str(path))
