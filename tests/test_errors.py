@@ -162,3 +162,22 @@ def test_a_hub_id_resolves_through_huggingface_hub(tiny_pair, monkeypatch):
         load("some-org/tiny-llama")
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         load("./missing/folder")  # a path, not a Hub id: no download is tried
+
+
+def test_every_named_end_token_stops_generation(tiny_pair, tmp_path):
+    import shutil
+
+    folder = tmp_path / "eos"
+    shutil.copytree(tiny_pair["target"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    greedy = SpeculativeDecoder(load(folder)).generate([5, 6, 7], max_new_tokens=12).token_ids
+    # Name the 4th greedy token an end token in generation_config.json only (as Instruct models
+    # name their end-of-turn token): generation must stop there.
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [greedy[3]]}))
+    model = load(folder)
+    assert greedy[3] in model.eos_token_ids
+    if config.get("eos_token_id") is not None:
+        assert int(config["eos_token_id"]) in model.eos_token_ids  # the config's own stays
+    result = SpeculativeDecoder(model).generate([5, 6, 7], max_new_tokens=12)
+    first = greedy.index(greedy[3])
+    assert result.finish_reason == "eos" and result.token_ids == greedy[: first + 1]

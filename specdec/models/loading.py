@@ -122,15 +122,20 @@ def _load_tokenizer(folder: Path):
 
 
 def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]:
-    eos = raw_config.get("eos_token_id")
+    """Every end token that config.json, generation_config.json and the tokenizer name (an
+    Instruct model's end-of-turn token is often only in one of them)."""
+    named: list = [raw_config.get("eos_token_id")]
     generation_config = folder / "generation_config.json"
     if generation_config.is_file():
-        eos = json.loads(generation_config.read_text()).get("eos_token_id", eos)
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+        named.append(read_json(generation_config).get("eos_token_id"))
+    if tokenizer is not None:
+        named.append(tokenizer.eos_token_id)
+    ids: list[int] = []
+    for entry in named:
+        for token in entry if isinstance(entry, list) else [entry]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return tuple(ids)
 
 
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
