@@ -126,7 +126,7 @@ def rejection_sample(
         raise ValueError(f"target_probs needs gamma + 1 = {gamma + 1} rows, got {target_probs.shape[0]}")
     if validate:
         check_draft(draft_tokens, draft_probs, target_probs, gamma)
-        if draft_probs is not None and gamma and bool((draft_probs.gather(-1, draft_tokens[:, None]) <= 0).any()):
+        if draft_probs is not None and gamma and bool((draft_probs.gather(-1, draft_tokens[:, None].long()) <= 0).any()):
             raise ValueError("a draft token has probability 0 under draft_probs: it cannot have been drawn from q")
     if draft_probs is None:
         draft_probs = point_mass_probs(draft_tokens, target_probs.shape[-1]).to(target_probs.dtype)
