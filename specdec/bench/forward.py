@@ -11,22 +11,37 @@ from pathlib import Path
 
 import torch
 
-from specdec.models.base import Attention
+from specdec.models.base import Attention, Segment
+
+
+def prefilled_cache(model, rows: int = 1, context: int = 64):
+    """A cache whose rows each hold the same ``context`` tokens, ready for timing blocks after them."""
+    cache = model.new_cache(rows=rows)
+    prefix = (torch.arange(context) % model.vocab_size).to(model.device)
+    for row in range(rows):
+        model.extend(prefix, cache, row)
+    return cache
+
+
+def time_block(model, cache, block: int, repeats: int, batch: int = 1) -> float:
+    """Median seconds of one forward of ``batch`` rows of ``block`` tokens after each row's cached
+    context (rows 0..batch-1 of a prefilled_cache). Nothing is committed, so every repeat scores
+    the same positions."""
+    context = cache.lengths[0]
+    tokens = (torch.arange(block) % model.vocab_size).repeat(batch).to(model.device)
+    positions = torch.arange(context, context + block).repeat(batch).to(model.device)
+    attention = Attention(tuple(Segment(row, block) for row in range(batch)))
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model.forward(tokens, positions, cache, attention).logits.argmax(-1).tolist()  # wait for the result
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
 
 
 def time_forward(model, block: int, repeats: int, context: int = 64) -> float:
     """Median seconds of one forward of `block` tokens after `context` cached tokens."""
-    cache = model.new_cache()
-    model.extend(torch.arange(context) % model.vocab_size, cache)
-    tokens = torch.arange(block) % model.vocab_size
-    positions = torch.arange(context, context + block)
-    attention = Attention.chain(block)
-    samples = []
-    for _ in range(repeats):  # nothing is committed, so every repeat scores the same positions
-        started = time.perf_counter()
-        model.forward(tokens, positions, cache, attention)
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+    return time_block(model, prefilled_cache(model, 1, context), block, repeats)
 
 
 def bench_forward(hidden: int = 384, layers: int = 8, vocab: int = 8192, heads: int = 6, kv_heads: int = 2,

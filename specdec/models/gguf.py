@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.base import LanguageModel
-from specdec.models.loading import DTYPES, build_lean
+from specdec.models.loading import DTYPES, build_lean, end_token_ids
 from specdec.models.transformer import UnsupportedByLeanModel
 
 
@@ -26,8 +26,6 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
 
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     folder, name = str(path.parent), path.name
     try:
         hf_config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -39,13 +37,10 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
         network = build_lean(raw, hf_config, DTYPES[dtype], device, str(path))
     except UnsupportedByLeanModel as reason:
         raise ValueError(f"{path}: specdec's own forward cannot run this model: {reason}") from None
-    if quantize == "int8":
-        if dtype != "float32":
-            raise ValueError("int8 quantization starts from float32 weights; use dtype float32 with it")
+    if quantize == "int8":  # (load() checked that the weights are float32)
         network.quantize_int8()
     context = hf_config.max_position_embeddings
-    eos = hf_config.eos_token_id if hf_config.eos_token_id is not None else tokenizer.eos_token_id
     return LanguageModel(network=network, tokenizer=tokenizer, name=path.stem, vocab_size=hf_config.vocab_size,
                          max_context=min(context, max_context) if max_context else context,
-                         eos_token_ids=tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ()),
+                         eos_token_ids=end_token_ids(hf_config.eos_token_id, tokenizer.eos_token_id),
                          backend="specdec", dtype=DTYPES[dtype], device=torch.device(device), path=str(path))

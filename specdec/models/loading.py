@@ -121,21 +121,22 @@ def _load_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]:
-    """Every end token that config.json, generation_config.json and the tokenizer name (an
-    Instruct model's end-of-turn token is often only in one of them)."""
-    named: list = [raw_config.get("eos_token_id")]
-    generation_config = folder / "generation_config.json"
-    if generation_config.is_file():
-        named.append(read_json(generation_config).get("eos_token_id"))
-    if tokenizer is not None:
-        named.append(tokenizer.eos_token_id)
+def end_token_ids(*named) -> tuple[int, ...]:
+    """The union of the end tokens that configs and tokenizers name (each an id, a list or None):
+    an Instruct model's end-of-turn token is often named in only one of them."""
     ids: list[int] = []
     for entry in named:
         for token in entry if isinstance(entry, list) else [entry]:
             if token is not None and int(token) not in ids:
                 ids.append(int(token))
     return tuple(ids)
+
+
+def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]:
+    generation_config = folder / "generation_config.json"
+    generation = read_json(generation_config).get("eos_token_id") if generation_config.is_file() else None
+    return end_token_ids(raw_config.get("eos_token_id"), generation,
+                         tokenizer.eos_token_id if tokenizer is not None else None)
 
 
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -206,20 +207,22 @@ def load(
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
     """
-    folder = resolve_model_path(path)
-    if backend == "llama.cpp" or folder.suffix == ".gguf":
-        return _load_gguf(folder, backend, dtype, quantize, device, max_context)
-    raw_config = _read_config(folder)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if quantize not in (None, "int8"):
         raise ValueError(f"unknown quantization {quantize!r}; the one supported is 'int8'")
+    if quantize == "int8" and dtype != "float32":
+        raise ValueError("int8 quantization starts from float32 weights; use dtype float32 with it")
     if not (device == "cpu" or device == "cuda" or device.startswith("cuda:") and device[5:].isdigit()):
         raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
+    folder = resolve_model_path(path)
+    if backend == "llama.cpp" or folder.suffix == ".gguf":
+        return _load_gguf(folder, backend, dtype, quantize, device, max_context)
+    raw_config = _read_config(folder)
     model_type = raw_config.get("model_type")
     if "auto_map" in raw_config and not trust_remote_code:
         raise ValueError(
@@ -236,8 +239,6 @@ def load(
         )
     hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     torch_dtype = DTYPES[dtype]
-    if quantize == "int8" and torch_dtype != torch.float32:
-        raise ValueError("int8 quantization starts from float32 weights; use dtype float32 with it")
 
     network = None
     if backend in ("auto", "specdec"):

@@ -19,10 +19,9 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-import torch
 
 from specdec.engine import Engine
-from specdec.models.base import Attention, LanguageModel, Segment
+from specdec.models.base import LanguageModel
 from specdec.policy import AcceptanceByPosition, RunningMean
 from specdec.sampling import SamplingParams
 
@@ -125,34 +124,21 @@ def profile_verify_costs(
     batch_sizes: Sequence[int],
     blocks: Sequence[int],
     context: int = 64,
-    repeats: int = 2,
+    repeats: int = 3,
     progress: Callable[[str], None] | None = None,
 ) -> VerifyCostTable:
     """T(batch, block) on ``target``: a forward of ``batch`` rows of ``block`` tokens after a
-    ``context``-token prefix, the fastest of ``repeats`` (after one warm-up forward)."""
+    ``context``-token prefix, the median of ``repeats``."""
+    from specdec.bench.forward import prefilled_cache, time_block
+
     table = VerifyCostTable()
-    rows = max(batch_sizes)
     context = min(context, target.max_context - max(blocks) - 1)
-    cache = target.new_cache(rows=rows)
-    cache.reserve(context + max(blocks))
-    generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, target.vocab_size, (context,), generator=generator).to(target.device)
-    for row in range(rows):
-        target.extend(prefix, cache, row)
+    cache = prefilled_cache(target, max(batch_sizes), context)
     for batch in batch_sizes:
         for block in blocks:
             if progress is not None:
                 progress(f"measuring T(batch {batch}, {block} tokens)")
-            tokens = prefix[:block].repeat(batch)
-            positions = torch.arange(context, context + block, device=target.device).repeat(batch)
-            attention = Attention(tuple(Segment(row, block) for row in range(batch)))
-            timings = []
-            for _ in range(repeats + 1):
-                started = time.perf_counter()
-                logits = target.forward(tokens, positions, cache, attention).logits
-                logits.argmax(-1).tolist()  # as a step does: wait for the result
-                timings.append(time.perf_counter() - started)
-            table.add(batch, block, min(timings[1:]))
+            table.add(batch, block, time_block(target, cache, block, repeats, batch))
     return table
 
 
