@@ -83,7 +83,11 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--methods", nargs="+", default=["model:fixed", "ngram:fixed", "staged:fixed"],
                        help="target-only (always run), DRAFTER:POLICY such as model:cost or ngram:fixed, all "
                             "(every drafter with every policy), transformers-generate, transformers-assisted[:N|:heuristic], "
-                            "transformers-prompt-lookup[:N]")
+                            "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N]")
+    llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
+    llama.add_argument("--llama-cpp-bin", help="folder with llama-completion, llama-speculative, llama-lookup")
+    llama.add_argument("--target-gguf", help="the target as a GGUF file for llama.cpp's tools")
+    llama.add_argument("--draft-gguf", help="the draft as a GGUF file for llama-speculative")
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
     bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")
@@ -140,12 +144,20 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     from rich.markdown import Markdown
     from rich.progress import Progress
 
+    from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
     from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
     from specdec.defaults import default_prompts
     from specdec.sampling import SamplingParams
 
     if args.synthetic:
         return run_synthetic_bench(args, console, errors)
+    llama_tools = None
+    if args.llama_cpp_bin or args.target_gguf:
+        if not (args.llama_cpp_bin and args.target_gguf):
+            raise ValueError("llama.cpp methods need both --llama-cpp-bin DIR and --target-gguf FILE")
+        llama_tools = LlamaCppTools(Path(args.llama_cpp_bin), Path(args.target_gguf),
+                                    Path(args.draft_gguf) if args.draft_gguf else None)
+        llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
     target, draft = load_models(args, errors)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
     settings = SamplingParams(max_new_tokens=args.max_new_tokens or 128, temperature=args.temperature,
@@ -160,7 +172,8 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
                 errors.print(f"[{int(progress.tasks[0].completed)}/{len(prompts) * count}] {label}")
 
         payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
-                        ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3)
+                        ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3,
+                        llama_tools=llama_tools)
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)
     errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
@@ -318,7 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return run_train(args, errors)
         if args.command == "bench":
-            return run_bench(args, console, errors)
+            from specdec.bench.llama_cpp_tools import ToolError
+
+            try:
+                return run_bench(args, console, errors)
+            except ToolError as error:
+                errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
+                return 1
         if args.command == "bench-forward":
             return run_bench_forward(args, console)
         if args.command in ("serve", "bench-serve"):

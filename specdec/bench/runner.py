@@ -200,7 +200,7 @@ class Summary:
             "tokens": self.tokens, "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
             "speedup": self.speedups, "peak_memory_mb": self.peak_memory_mb,
             "alpha": stats.alpha if stats and stats.drafted else None,
-            "tau": stats.tau if stats else None,
+            "tau": stats.tau if stats and stats.target_forwards else None,
             "acceptance_by_position": stats.acceptance_by_position if stats else None,
         }
 

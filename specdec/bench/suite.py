@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
 from specdec.bench.runner import (
     Method, MethodOutput, Prompt, SideBySide, markdown_table, run_side_by_side, speculative_method, summarize,
     write_json,
@@ -120,10 +121,15 @@ def all_speculative_methods() -> list[str]:
 
 
 def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, gamma: int,
-                ngram_max: int = 4, ngram_min: int = 1) -> Method:
-    """"target-only", or "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold")."""
+                ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None) -> Method:
+    """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
+    transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools)."""
     from specdec.drafting import make_drafter
 
+    if is_llama_cpp_method(name):
+        if llama_tools is None:
+            raise ValueError(f"{name} needs --llama-cpp-bin DIR and --target-gguf FILE")
+        return llama_cpp_method(name, llama_tools, target.tokenizer)
     if name == REFERENCE:
         return speculative_method(REFERENCE, SpeculativeDecoder(target))
     if is_transformers_method(name):
@@ -134,8 +140,11 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
 
 
 def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int,
-                  ngram_max: int = 4, ngram_min: int = 1) -> list[Method]:
-    return [make_method(name, target, draft, gamma, ngram_max, ngram_min) for name in expand_method_names(names)]
+                  ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None) -> list[Method]:
+    names = expand_method_names(names)
+    if llama_tools is not None:
+        llama_tools.check([name for name in names if is_llama_cpp_method(name)])
+    return [make_method(name, target, draft, gamma, ngram_max, ngram_min, llama_tools) for name in names]
 
 
 def expand_method_names(names: Sequence[str]) -> list[str]:
@@ -164,14 +173,15 @@ def run_bench(
     ngram_max: int = 4,
     ngram_min: int = 1,
     repeats: int = 1,
+    llama_tools: LlamaCppTools | None = None,
 ) -> dict:
-    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min)
+    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
     names = {m.name for m in built}
     # Each engine's methods are checked against that engine's own target-only decoding: other
     # kernels (and another int8 scheme) may break near-ties differently, which is not a bug.
-    references = {"specdec": REFERENCE, **({"transformers": "transformers-generate"}
-                                           if "transformers-generate" in names else {})}
+    engine_references = {"transformers": "transformers-generate", "llama.cpp": LLAMA_CPP_REFERENCE}
+    references = {"specdec": REFERENCE, **{engine: name for engine, name in engine_references.items() if name in names}}
     header = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_description(),
@@ -198,7 +208,7 @@ def run_bench(
                            on_prompt=lambda so_far: write_json(out / "results.json", results(so_far, False)),
                            repeats=repeats)
     measurements = run.measurements
-    baselines = [REFERENCE, *(["transformers-generate"] if "transformers-generate" in names else [])]
+    baselines = [REFERENCE, *[name for engine, name in references.items() if engine != "specdec"]]
     summaries = summarize(measurements, baselines)
     payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries]}
     write_json(out / "results.json", payload)
