@@ -17,6 +17,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=["auto", "specdec", "transformers", "llama.cpp"],
                         help="own Llama-family forward, transformers adapter, llama.cpp (.gguf files), or auto")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow checkpoints that ship their own code")
+    parser.add_argument("--inexact", action="store_true",
+                        help="float dtypes: plain (not batch-invariant) verify blocks, a cheaper one-token forward; "
+                             "greedy output may then differ from target-only in near-ties (int8 is exact anyway)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +134,7 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
 
     target_path, draft_path = resolve_model_paths(args, errors)
     options = dict(dtype=args.dtype, device=args.device, quantize=args.quantize, backend=args.backend,
-                   trust_remote_code=args.trust_remote_code)
+                   trust_remote_code=args.trust_remote_code, exact=not args.inexact)
     with errors.status("loading models"):
         target = load(target_path, **options)
         draft = load(draft_path, **options) if want_draft and draft_path else None

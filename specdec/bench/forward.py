@@ -60,6 +60,7 @@ def bench_forward(hidden: int = 384, layers: int = 8, vocab: int = 8192, heads: 
         model.save_pretrained(folder)
         engines = {
             "specdec fp32": load(folder, backend="specdec"),
+            "specdec fp32 inexact": load(folder, backend="specdec", exact=False),
             "transformers fp32": load(folder, backend="transformers"),
             "specdec int8": load(folder, backend="specdec", quantize="int8"),
         }

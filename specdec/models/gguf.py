@@ -15,7 +15,7 @@ from specdec.models.transformer import UnsupportedByLeanModel
 
 
 def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | None,
-                          max_context: int | None) -> LanguageModel:
+                          max_context: int | None, exact: bool = True) -> LanguageModel:
     try:
         import accelerate  # noqa: F401 - transformers needs both to read a GGUF
         import gguf  # noqa: F401
@@ -37,6 +37,8 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
         network = build_lean(raw, hf_config, DTYPES[dtype], device, str(path))
     except UnsupportedByLeanModel as reason:
         raise ValueError(f"{path}: specdec's own forward cannot run this model: {reason}") from None
+    if exact:
+        network.make_batch_invariant()
     if quantize == "int8":  # (load() checked that the weights are float32)
         network.quantize_int8()
     context = hf_config.max_position_embeddings

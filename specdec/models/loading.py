@@ -166,7 +166,7 @@ def resolve_model_path(path: str | Path) -> Path:
 
 
 def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, device: str,
-               max_context: int | None) -> LanguageModel:
+               max_context: int | None, exact: bool = True) -> LanguageModel:
     """llama.cpp's kernels when llama-cpp-python is installed (or asked for), else dequantized
     into the own forward (backend "specdec")."""
     if path.suffix != ".gguf":
@@ -180,7 +180,7 @@ def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, devic
     if backend == "specdec":
         from specdec.models.gguf import load_gguf_dequantized
 
-        return load_gguf_dequantized(path, dtype, device, quantize, max_context)
+        return load_gguf_dequantized(path, dtype, device, quantize, max_context, exact)
     if quantize is not None or dtype != "float32" or device != "cpu":
         raise ValueError("a GGUF file on llama.cpp keeps its own quantization on the CPU kernels: drop --quantize, "
                          "--dtype and --device (or dequantize it into the own forward: --backend specdec)")
@@ -198,6 +198,7 @@ def load(
     backend: str = "auto",
     trust_remote_code: bool = False,
     max_context: int | None = None,
+    exact: bool = True,
 ) -> LanguageModel:
     """Load a model folder.
 
@@ -205,6 +206,10 @@ def load(
     for any architecture) or "auto" (own forward where the architecture is supported).
     quantize: None or "int8" (int8 weights, per-row int8 activations; CPU only).
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
+    exact: float weights on the own forward score every token of a verify block bit-for-bit as
+    alone (make_batch_invariant: linears in fixed 8-row calls, attention one query at a time
+    after the prefill), so greedy speculative output equals target-only output. False trades that
+    for a cheaper single-token forward (docs/design.md has the measured price). int8 is exact anyway.
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
     """
     if dtype not in DTYPES:
@@ -221,7 +226,7 @@ def load(
         raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
     folder = resolve_model_path(path)
     if backend == "llama.cpp" or folder.suffix == ".gguf":
-        return _load_gguf(folder, backend, dtype, quantize, device, max_context)
+        return _load_gguf(folder, backend, dtype, quantize, device, max_context, exact)
     raw_config = _read_config(folder)
     model_type = raw_config.get("model_type")
     if "auto_map" in raw_config and not trust_remote_code:
@@ -258,6 +263,8 @@ def load(
         ).to(device)
         network = HFNetwork(hf_model)
         used_backend = "transformers"
+    if used_backend == "specdec" and exact:
+        network.make_batch_invariant()
     if quantize == "int8":
         from specdec.models.quantize import quantize_int8
 

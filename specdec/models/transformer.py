@@ -28,6 +28,7 @@ LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 # Rope kinds whose frequencies do not depend on the sequence length; "dynamic" and "longrope"
 # change with the length, which a position-indexed cache cannot follow, so they use the adapter.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+DEFAULT_FIXED_ROWS = 8
 
 
 class UnsupportedByLeanModel(ValueError):
@@ -131,6 +132,16 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
+def project(linear: nn.Module, x: torch.Tensor, fixed_rows: int | None) -> torch.Tensor:
+    """linear(x) for x [n, in]; with fixed_rows (n a multiple of it), as calls of exactly that many
+    rows. A float matmul kernel picks its blocking, and so its summation order, from the row count:
+    one row alone and the same row inside a 5-row block can differ in the last bits. Calls of one
+    shape make every row's result independent of the block it is in."""
+    if fixed_rows is None or x.shape[0] == fixed_rows:
+        return linear(x)
+    return torch.cat([linear(chunk) for chunk in x.split(fixed_rows)])
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: TransformerConfig, window: int | None) -> None:
         super().__init__()
@@ -146,15 +157,16 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [n, hidden], every segment's new tokens
+        x: torch.Tensor,  # [n, hidden], every segment's new tokens (+ zero rows up to a multiple of fixed_rows)
         cos: torch.Tensor,  # [n, head_dim]
         sin: torch.Tensor,  # [n, head_dim]
         plan: AttentionPlan,
         cache: KVCache,
         layer_index: int,
+        fixed_rows: int | None = None,  # see project(); padding rows are never attended
     ) -> torch.Tensor:  # [n, hidden]
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(self.input_norm(x)).view(num_tokens, -1, self.head_dim).transpose(0, 1)
+        qkv = project(self.qkv_proj, self.input_norm(x), fixed_rows).view(num_tokens, -1, self.head_dim).transpose(0, 1)
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
         qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one go: fewer ops per layer
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=0)
@@ -171,9 +183,12 @@ class DecoderLayer(nn.Module):
                 else:
                     attended.append(self.attend(q[:, rows], keys, values, segment.masks.get(self.window)))
             attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)  # [heads, n, d]
-        x = x + self.o_proj(attended.transpose(0, 1).reshape(num_tokens, -1))
-        gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
+        if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
+            attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
+        x = x + project(self.o_proj, attended, fixed_rows)
+        gate, up = project(self.gate_up_proj, self.post_attention_norm(x), fixed_rows).chunk(2, dim=-1)
+        return x + project(self.down_proj, F.silu(gate) * up, fixed_rows)
 
     def attend(
         self,
@@ -203,6 +218,7 @@ class LlamaFamilyModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.set_rope_tables(inv_freq, attention_scaling)
         self.quantized = False
+        self.fixed_rows: int | None = None  # set by make_batch_invariant
 
     def quantize_int8(self) -> LlamaFamilyModel:
         """int8 linears, and per-row attention after the prefill, so that a token is scored
@@ -211,6 +227,17 @@ class LlamaFamilyModel(nn.Module):
 
         quantize_int8(self)
         self.quantized = True
+        self.fixed_rows = None  # integer products are exact in any blocking
+        return self
+
+    def make_batch_invariant(self, fixed_rows: int = DEFAULT_FIXED_ROWS) -> LlamaFamilyModel:
+        """Exact verify blocks in float dtypes: after the prefill, wherever the caller asks for batch
+        invariance, the linears run in calls of `fixed_rows` rows (project()) and attention one
+        query at a time, so a token inside a verify block gets the logits it gets alone. int8
+        models need only the attention part (integer products are exact in any blocking)."""
+        if fixed_rows < 1:
+            raise ValueError(f"fixed_rows must be at least 1, got {fixed_rows}")
+        self.fixed_rows = None if self.quantized else fixed_rows
         return self
 
     def set_rope_tables(self, inv_freq: torch.Tensor, attention_scaling: float) -> None:
@@ -249,11 +276,19 @@ class LlamaFamilyModel(nn.Module):
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
         windows = {layer.window for layer in self.layers}
-        # A quantized model attends one query at a time after the prefill (see quantize.py),
-        # where the caller needs each token scored as alone.
-        plan = plan_attention(attention, positions, cache, windows, per_query=self.quantized and attention.batch_invariant)
+        # An int8 or batch-invariant model attends one query at a time after the prefill (see
+        # quantize.py), where the caller needs each token scored as alone; a float one also runs
+        # its linears in fixed-size calls then. The prefill itself is the same in every mode.
+        invariant = attention.batch_invariant and (self.quantized or self.fixed_rows is not None)
+        plan = plan_attention(attention, positions, cache, windows, per_query=invariant)
+        after_prefill = any(cache.lengths[segment.row] > 0 for segment in attention.segments)
+        fixed_rows = self.fixed_rows if invariant and after_prefill else None
         x = self.embed_tokens(tokens)
+        count = x.shape[0]
+        if fixed_rows is not None:  # the whole stack runs on a multiple of fixed_rows rows
+            padding = (0, 0, 0, -count % fixed_rows)
+            x, cos, sin = F.pad(x, padding), F.pad(cos, padding), F.pad(sin, padding)
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, plan, cache, index)
-        logits = self.lm_head(self.norm(x)) if want_logits else None
-        return ForwardOutput(logits, x if want_hidden else None)
+            x = layer(x, cos, sin, plan, cache, index, fixed_rows)
+        logits = project(self.lm_head, self.norm(x), fixed_rows)[:count] if want_logits else None
+        return ForwardOutput(logits, x[:count] if want_hidden else None)
