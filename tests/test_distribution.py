@@ -1,5 +1,6 @@
 """Speculative sampling keeps the target's distribution exactly (p = target, q = draft)."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -124,20 +125,21 @@ COMBINATIONS = [
 
 @pytest.mark.parametrize("drafter_kind, policy, case", COMBINATIONS)
 def test_end_to_end_law_of_three_tokens(drafter_kind, policy, case):
-    """Chi-square of 20k seeded 3-token generations against the enumerated target law."""
-    vocab, length, samples = 6, 3, 20000
+    """Chi-square of 20k seeded 3-token generations against the enumerated target law (in batches of
+    100 requests, each with its own seed: a seeded sample is the same alone or in any batch)."""
+    vocab, length, samples, batch = 6, 3, 20000, 100
     sampling = SAMPLING_CASES[case]
     target = table_model(vocab, seed=100)
     decoder = SpeculativeDecoder(target, table_drafter(drafter_kind, vocab), gamma=2, policy=policy)
     law = exact_sequence_law(target, PROMPT, length, sampling)
     counts = dict.fromkeys(law, 0)
     drafted = accepted = 0
-    for seed in range(samples):
-        result = decoder.generate(PROMPT, max_new_tokens=length, seed=seed, temperature=sampling.temperature,
-                                  top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p)
-        counts[tuple(result.token_ids)] += 1
-        drafted += result.stats.drafted
-        accepted += result.stats.accepted
+    for first in range(0, samples, batch):
+        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length) for seed in range(first, first + batch)]
+        for result in decoder.generate([PROMPT] * batch, settings):
+            counts[tuple(result.token_ids)] += 1
+            drafted += result.stats.drafted
+            accepted += result.stats.accepted
     assert 0 < accepted < drafted  # speculation really happened, with rejections
     support = [s for s in law if law[s] > 0]
     assert sum(counts[s] for s in law if law[s] == 0) == 0, "sampled a sequence the target cannot produce"

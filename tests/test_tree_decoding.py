@@ -36,19 +36,20 @@ def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
                          ids=["temperature", "top-k"])
 def test_tree_law_of_three_tokens(sampling):
     """Trees of depth <= 3 and 1-3 children per node over a 6-token vocabulary; 20k seeded
-    3-token generations against the enumerated target law."""
-    vocab, length, samples = 6, 3, 20000
+    3-token generations against the enumerated target law, in batches of 100 seeded requests."""
+    vocab, length, samples, batch = 6, 3, 20000, 100
     target = table_model(vocab, seed=100)
     drafter = ModelTreeDrafter(table_model(vocab, seed=101, sharpness=1.0), budget=6, branching=3)
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
     law = exact_sequence_law(target, PROMPT, length, sampling)
     counts = dict.fromkeys(law, 0)
     accepted = drafted = 0
-    for seed in range(samples):
-        result = decoder.generate(PROMPT, dataclasses.replace(sampling, seed=seed, max_new_tokens=length))
-        counts[tuple(result.token_ids)] += 1
-        accepted += result.stats.accepted
-        drafted += result.stats.drafted
+    for first in range(0, samples, batch):
+        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length) for seed in range(first, first + batch)]
+        for result in decoder.generate([PROMPT] * batch, settings):
+            counts[tuple(result.token_ids)] += 1
+            accepted += result.stats.accepted
+            drafted += result.stats.drafted
     assert 0 < accepted < drafted
     assert_matches_law(counts, law)
 

@@ -17,7 +17,9 @@ the op torch's x86 inductor quantization uses), with scale 1 and zero point 128 
 returns the exact integer products, which the scales then turn into floats exactly as before.
 `torch._int_mm` repacks the weight on every call: on a 2-core Xeon (no AMX) 12 layers of
 Qwen2.5-1.5B-shaped matmuls took 15.4 / 26.2 / 28.6 / 29.5 ms for 1 / 2 / 5 / 8 rows with it,
-15.7 / 16.4 / 19.9 / 21.4 ms prepacked. `_int_mm` stays as the fallback where the op is missing.
+15.7 / 16.4 / 19.9 / 21.4 ms prepacked. The packed op costs ~35 us more per call, so small
+matrices (under PACKED_MIN_WEIGHTS entries; measured crossover for 5-row blocks between 1.6M and
+4.4M) keep `_int_mm`, as does any build without the op. Both give the same floats.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Int8Linear(nn.Module):
         weight = linear.weight.detach().float()  # [out, in]
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
         weight_int8 = torch.round(weight / scale[:, None]).to(torch.int8)  # [out, in]
-        self.packed = PACKED_KERNEL_AVAILABLE
+        self.packed = PACKED_KERNEL_AVAILABLE and weight.numel() >= PACKED_MIN_WEIGHTS
         # One copy of the weight: oneDNN's packed layout, or the plain int8 matrix for _int_mm.
         self.register_buffer("weight_int8", pack_weight(weight_int8) if self.packed else weight_int8)
         self.register_buffer("weight_scale", scale)  # [out]
@@ -97,6 +99,7 @@ def quantize_int8(module: nn.Module) -> nn.Module:
 
 
 PACKED_KERNEL_AVAILABLE = _packed_kernel_available()
+PACKED_MIN_WEIGHTS = 2**21
 
 
 def _replace_linears(module: nn.Module) -> None:
