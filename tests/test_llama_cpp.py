@@ -107,3 +107,18 @@ def test_clear_errors(tmp_path, target):
 
     with pytest.raises(ValueError, match="vocabularies differ"):
         SpeculativeDecoder(target, load(default_model("draft")))
+
+
+def test_a_long_verify_block_scores_each_token_as_alone(target):
+    """Blocks past llama_cpp.EXACT_ROWS are split into several decode calls: ggml's quantized
+    matmuls switch kernels for 8+ rows (a 9-token block was 0.52 off on Qwen2.5 Q4_K_M here).
+    Mutation checked: without the split this fails with SPECDEC_TEST_GGUF = that Q4_K_M file and
+    passes on SmolLM2's Q4_1 (whose kernels gave exact long blocks here)."""
+    ids = torch.tensor(target.tokenizer.encode("x = 1\ny = 2\nz = x + y\nprint(x, y, z)\nw = [x, y, z]\n"))
+    assert len(ids) >= 4 + 12
+    verify_cache, alone_cache = target.new_cache(), target.new_cache()
+    for cache in (verify_cache, alone_cache):
+        target.extend(ids[:4], cache)
+    verify_block = target.extend(ids[4:], verify_cache)
+    alone = torch.cat([target.extend(ids[i : i + 1], alone_cache) for i in range(4, len(ids))])
+    assert torch.equal(verify_block, alone)

@@ -100,6 +100,13 @@ class LlamaCppCache:
         self.commit(row, len(keep))
 
 
+# Qwen2.5-Coder-1.5B Q4_K_M, 2-core Xeon without AMX, 2026-11-22: a verify block of up to 7
+# tokens in one llama_decode gave exactly the logits of one token at a time; 8 and more were up
+# to 0.52 off (16: 0.63), which made greedy n-gram speculation (blocks of up to 9) diverge from
+# target-only on 4 of 8 bench prompts. Longer blocks are split into calls of this many tokens.
+EXACT_ROWS = 7
+
+
 class LlamaCppNetwork:
     def __init__(self, lib, model, context_size: int, max_sequences: int, batch_size: int, threads: int,
                  flash_attention: bool) -> None:
@@ -167,9 +174,13 @@ class LlamaCppNetwork:
             cache.crop(segment.row)
             seq_ids += [cache.seq_ids[segment.row]] * segment.count
         token_list, position_list = tokens.tolist(), positions.tolist()
+        # After the prefill, decode calls of at most EXACT_ROWS tokens: ggml's quantized matmuls
+        # switch kernels for more rows, and a token must be scored as alone (measured below).
+        after_prefill = any(cache.lengths[segment.row] > 0 for segment in attention.segments)
+        step = min(self.batch_size, EXACT_ROWS) if attention.batch_invariant and after_prefill else self.batch_size
         logits = []
-        for start in range(0, len(token_list), self.batch_size):
-            end = min(start + self.batch_size, len(token_list))
+        for start in range(0, len(token_list), step):
+            end = min(start + step, len(token_list))
             logits.append(self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end], want_logits))
         for segment in attention.segments:
             cache.stored[segment.row] = cache.lengths[segment.row] + segment.count
