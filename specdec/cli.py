@@ -160,6 +160,7 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
             raise ValueError("llama.cpp methods need both --llama-cpp-bin DIR and --target-gguf FILE")
         llama_tools = LlamaCppTools(Path(args.llama_cpp_bin), Path(args.target_gguf),
                                     Path(args.draft_gguf) if args.draft_gguf else None)
+        # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
         llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
     target, draft = load_models(args, errors)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)

@@ -1,5 +1,8 @@
 """A chi-square check of sampled sequences against an enumerated law, shared by the law tests."""
 
+import dataclasses
+from collections import Counter
+
 import numpy as np
 from scipy.stats import chisquare
 
@@ -18,3 +21,18 @@ def assert_matches_law(counts: dict, law: dict, label: str = "") -> None:
         expected = np.append(expected[~rare], expected[rare].sum())
         observed = np.append(observed[~rare], observed[rare].sum())
     assert chisquare(observed, expected).pvalue > 1e-3, label
+
+
+def sample_sequences(decoder, prompt: list[int], sampling, length: int, samples: int,
+                     batch: int = 100) -> tuple[Counter, int, int]:
+    """Seeds 0..samples-1, generated in batches of `batch` requests (a seeded sample is the same
+    alone or in any batch). Returns (sequence -> count, accepted draft tokens, drafted tokens)."""
+    counts, accepted, drafted = Counter(), 0, 0
+    for first in range(0, samples, batch):
+        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length)
+                    for seed in range(first, min(first + batch, samples))]
+        for result in decoder.generate([prompt] * len(settings), settings):
+            counts[tuple(result.token_ids)] += 1
+            accepted += result.stats.accepted
+            drafted += result.stats.drafted
+    return counts, accepted, drafted

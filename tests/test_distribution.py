@@ -1,6 +1,5 @@
 """Speculative sampling keeps the target's distribution exactly (p = target, q = draft)."""
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -11,6 +10,7 @@ from scipy.stats import chisquare
 from specdec import SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter, rejection_sample
 from specdec.policy import POLICIES
 from specdec.verify import acceptance_probs, residual_distribution
+from law import sample_sequences
 from table_lm import table_model
 
 
@@ -127,19 +127,12 @@ COMBINATIONS = [
 def test_end_to_end_law_of_three_tokens(drafter_kind, policy, case):
     """Chi-square of 20k seeded 3-token generations against the enumerated target law (in batches of
     100 requests, each with its own seed: a seeded sample is the same alone or in any batch)."""
-    vocab, length, samples, batch = 6, 3, 20000, 100
+    vocab, length, samples = 6, 3, 20000
     sampling = SAMPLING_CASES[case]
     target = table_model(vocab, seed=100)
     decoder = SpeculativeDecoder(target, table_drafter(drafter_kind, vocab), gamma=2, policy=policy)
     law = exact_sequence_law(target, PROMPT, length, sampling)
-    counts = dict.fromkeys(law, 0)
-    drafted = accepted = 0
-    for first in range(0, samples, batch):
-        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length) for seed in range(first, first + batch)]
-        for result in decoder.generate([PROMPT] * batch, settings):
-            counts[tuple(result.token_ids)] += 1
-            drafted += result.stats.drafted
-            accepted += result.stats.accepted
+    counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)
     assert 0 < accepted < drafted  # speculation really happened, with rejections
     support = [s for s in law if law[s] > 0]
     assert sum(counts[s] for s in law if law[s] == 0) == 0, "sampled a sequence the target cannot produce"

@@ -1,13 +1,12 @@
 """Decoding with token trees: greedy output equals target-only, sampled output has the target's
 law (chi-square against the enumerated law), and the adapter refuses trees clearly."""
 
-import dataclasses
 
 import pytest
 
 from specdec import SamplingParams, SpeculativeDecoder, load
 from specdec.drafting import ModelTreeDrafter
-from law import assert_matches_law
+from law import assert_matches_law, sample_sequences
 from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
 from test_greedy_equality import DRAFT_KINDS, check_equality, lean_models  # noqa: F401 (fixture)
@@ -37,19 +36,12 @@ def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
 def test_tree_law_of_three_tokens(sampling):
     """Trees of depth <= 3 and 1-3 children per node over a 6-token vocabulary; 20k seeded
     3-token generations against the enumerated target law, in batches of 100 seeded requests."""
-    vocab, length, samples, batch = 6, 3, 20000, 100
+    vocab, length, samples = 6, 3, 20000
     target = table_model(vocab, seed=100)
     drafter = ModelTreeDrafter(table_model(vocab, seed=101, sharpness=1.0), budget=6, branching=3)
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
     law = exact_sequence_law(target, PROMPT, length, sampling)
-    counts = dict.fromkeys(law, 0)
-    accepted = drafted = 0
-    for first in range(0, samples, batch):
-        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length) for seed in range(first, first + batch)]
-        for result in decoder.generate([PROMPT] * batch, settings):
-            counts[tuple(result.token_ids)] += 1
-            accepted += result.stats.accepted
-            drafted += result.stats.drafted
+    counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)
     assert 0 < accepted < drafted
     assert_matches_law(counts, law)
 
@@ -101,10 +93,7 @@ def test_merged_tree_law_of_three_tokens():
     drafter = make_drafter("model+ngram-tree", table_model(vocab, seed=101, sharpness=1.0), max_n=2, tree_budget=6)
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
     law = exact_sequence_law(target, PROMPT, length, sampling)
-    counts = dict.fromkeys(law, 0)
-    for seed in range(samples):
-        result = decoder.generate(PROMPT, temperature=0.9, seed=seed, max_new_tokens=length)
-        counts[tuple(result.token_ids)] += 1
+    counts, _, _ = sample_sequences(decoder, PROMPT, sampling, length, samples)
     assert_matches_law(counts, law)
 
 
