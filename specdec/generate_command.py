@@ -44,6 +44,9 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
                                "red = target's correction, blue = bonus")
+    generate.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                          help="then run the target alone on the same prompt: measured speedup, and whether the text "
+                               "is the same (default: on for the default pair, off with --target)")
     generate.add_argument("--json", action="store_true",
                           help="write one JSON object (text, finish reason, stats) to stdout instead of streaming")
 
@@ -73,7 +76,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     return decode_prompt(args.prompt.encode("utf-8", "surrogateescape"), "the command line")
 
 
-def stats_table(stats: SpecStats, title: str, finish_reason: str) -> Table:
+def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None, same_text: bool | None = None) -> Table:
     table = Table(title=title, show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
@@ -90,6 +93,10 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str) -> Table:
                                                  f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s"),
         ("tokens per second", f"{stats.tokens_per_second:.1f}"),
     ]
+    if baseline is not None:
+        rows += [("target alone: tokens per second", f"{baseline.tokens_per_second:.1f}"),
+                 ("speedup (measured, this prompt)", f"{stats.tokens_per_second / baseline.tokens_per_second:.2f}x"),
+                 ("same text as the target alone", "yes" if same_text else "no")]
     for name, value in rows:
         table.add_row(name, value)
     return table
@@ -107,10 +114,20 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
+
+    def target_alone():
+        with errors.status("running the target alone on the same prompt, for comparison"):
+            return SpeculativeDecoder(target).generate(prompt, sampling)
+
     if args.json:
         result = decoder.generate(prompt, sampling)
-        console.file.write(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                                       **result.stats.to_dict()}) + "\n")
+        payload = {"text": result.text, "finish_reason": result.finish_reason, **result.stats.to_dict()}
+        if compare:
+            baseline = target_alone()
+            payload["target_alone"] = {"text": baseline.text, "same_text": baseline.text == result.text,
+                                       **baseline.stats.to_dict()}
+        console.file.write(json.dumps(payload) + "\n")
         return 0
     if not args.chat:
         console.print(Text(text, style="dim"), end="")  # the prompt, then its continuation
@@ -135,5 +152,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     title = "target only" if drafter is None else \
         f"speculative decoding: {args.drafter}{' (trees)' if args.tree else ''} drafter, {args.policy} policy, " \
         f"gamma {args.gamma}"
-    errors.print(stats_table(result.stats, title, result.finish_reason))
+    baseline = target_alone() if compare else None
+    errors.print(stats_table(result.stats, title, result.finish_reason, baseline and baseline.stats,
+                             baseline is not None and baseline.text == result.text))
     return 0

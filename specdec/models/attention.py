@@ -1,6 +1,6 @@
 """How a forward attends, worked out once for all layers: per segment (its cache row, chain or
-tree masks, or one query at a time for batch invariance), or, for a batch of chains, as padded
-rows in a single attention call per layer.
+tree masks), each query over its own keys for batch invariance (QueryGroup), or, for a batch of
+chains, as padded rows in a single attention call per layer.
 
 Why two ways: on a CPU a small model's step is dominated by per-op overhead, and attending row
 by row costs a few ops per request per layer; padded rows cost a few ops per layer in all. The
@@ -26,8 +26,8 @@ class SegmentPlan:
     end: int
     written: int
     masks: dict[int | None, torch.Tensor | None]  # per sliding window (None = full): [k, length + k] or None
-    # When attending one query at a time: per window, the key slots each query sees.
-    per_query: dict[int | None, list[torch.Tensor | slice]] | None = None
+    # For batch invariance: per window, the key slots each query sees (attended via QueryGroups).
+    per_query: dict[int | None, list[torch.Tensor]] | None = None
 
 
 def plan_segment(
@@ -38,12 +38,13 @@ def plan_segment(
     count, length, device = segment.count, committed + segment.count, positions.device
     chain = segment.parents is None
     if per_query:
-        # One query at a time, over exactly the keys it sees, in slot order: each token is scored
-        # as it would be alone, whatever else is in the block (see quantize.py). A chain's keys
-        # are a contiguous run of slots (a view); a tree node's are gathered.
+        # Each query over exactly the keys it sees, in slot order (QueryGroups): each token is
+        # scored as it would be alone, whatever else is in the block (see quantize.py). A
+        # chain's keys are a contiguous run of slots; a tree node's are its ancestors'.
         if chain:
-            slots = {window: [slice(0 if window is None else max(0, committed + i + 1 - window), committed + i + 1)
-                              for i in range(count)] for window in windows}
+            slots = {window: [torch.arange(0 if window is None else max(0, committed + i + 1 - window),
+                                           committed + i + 1, device=device) for i in range(count)]
+                     for window in windows}
         else:
             masks = segment_masks(segment, committed, positions, windows)
             visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device),
@@ -160,21 +161,74 @@ class PaddedChains:
         return out.transpose(0, 1)
 
 
+QUERY_BUCKET = 32  # a query's keys are padded (masked) to a multiple of this many slots
+
+
+@dataclass
+class QueryGroup:
+    """Queries attended one by one but in one call: each is a batch element of its own, over its
+    own keys padded to the same multiple of QUERY_BUCKET. Alone, the same query gets the same
+    padded length, so the same kernel shape and summation order, whatever else is in the call."""
+
+    tokens: torch.Tensor  # [b] index of each query among the forward's tokens
+    rows: torch.Tensor  # [b, 1] its cache row
+    slots: torch.Tensor  # [b, L] its key slots (padding repeats slot 0)
+    mask: torch.Tensor  # [b, 1, 1, L] True = a real key
+
+    def attend(
+        self,
+        layer,  # a DecoderLayer: its attend()
+        q: torch.Tensor,  # [heads, n, d]
+        cache,
+        layer_index: int,
+        out: torch.Tensor,  # [heads, n, d], written at self.tokens
+    ) -> None:
+        keys = cache.keys[layer_index][self.rows, :, self.slots].transpose(1, 2)  # [b, kv_heads, L, d]
+        values = cache.values[layer_index][self.rows, :, self.slots].transpose(1, 2)
+        queries = q[:, self.tokens].transpose(0, 1).unsqueeze(2)  # [b, heads, 1, d]
+        out[:, self.tokens] = layer.attend(queries, keys, values, self.mask)[:, :, 0].transpose(0, 1)
+
+
+def group_queries(plans: list[SegmentPlan], window: int | None) -> list[QueryGroup]:
+    """The per-query segments' queries, grouped by padded key length."""
+    by_length: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+    for plan in plans:
+        if plan.per_query is not None:
+            for token, slots in zip(range(plan.start, plan.end), plan.per_query[window]):
+                padded = -(-slots.shape[0] // QUERY_BUCKET) * QUERY_BUCKET
+                by_length.setdefault(padded, []).append((token, plan.row, slots))
+    groups = []
+    for length, queries in by_length.items():
+        device = queries[0][2].device
+        slots = torch.zeros(len(queries), length, dtype=torch.long, device=device)
+        mask = torch.zeros(len(queries), 1, 1, length, dtype=torch.bool, device=device)
+        for index, (_, _, query_slots) in enumerate(queries):
+            slots[index, : query_slots.shape[0]] = query_slots
+            mask[index, :, :, : query_slots.shape[0]] = True
+        groups.append(QueryGroup(torch.tensor([t for t, _, _ in queries], device=device),
+                                 torch.tensor([[r] for _, r, _ in queries], device=device), slots, mask))
+    return groups
+
+
 @dataclass
 class AttentionPlan:
     segments: list[SegmentPlan]  # used when padded is None
     padded: PaddedChains | None = None
+    groups: dict[int | None, list[QueryGroup]] | None = None  # per window: the per-query segments' queries
 
 
 def plan_attention(
     attention: Attention, positions: torch.Tensor, cache: Cache, windows: set[int | None], per_query: bool,
 ) -> AttentionPlan:
-    """per_query: attend one query at a time over exactly its keys (after each row's prefill)."""
+    """per_query: attend each query over exactly its keys (after each row's prefill)."""
     if len(attention.segments) > 1 and not attention.has_trees and not per_query:
         return AttentionPlan([], PaddedChains.build(attention, positions, cache, windows))
     offsets = attention.offsets
-    return AttentionPlan([
+    plans = [
         plan_segment(segment, start, cache.lengths[segment.row], positions[start:end], windows,
                      per_query=per_query and cache.lengths[segment.row] > 0)
         for segment, start, end in zip(attention.segments, offsets, offsets[1:])
-    ])
+    ]
+    if not any(plan.per_query is not None for plan in plans):
+        return AttentionPlan(plans)
+    return AttentionPlan(plans, groups={window: group_queries(plans, window) for window in windows})

@@ -207,7 +207,7 @@ def load(
     quantize: None or "int8" (int8 weights, per-row int8 activations; CPU only).
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
     exact: float weights on the own forward score every token of a verify block bit-for-bit as
-    alone (make_batch_invariant: linears in fixed 8-row calls, attention one query at a time
+    alone (make_batch_invariant: linears in fixed 8-row calls, attention per query
     after the prefill), so greedy speculative output equals target-only output. False trades that
     for a cheaper single-token forward (docs/design.md has the measured price). int8 is exact anyway.
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).

@@ -172,18 +172,17 @@ class DecoderLayer(nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=0)
         if plan.padded is not None:
             attended = plan.padded.attend(self, q, k, v, cache, layer_index)
+            attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
         else:
-            attended = []
+            attended = q.new_zeros(q.shape)  # [heads, n, d]; padding rows stay zero
             for segment in plan.segments:
                 rows = slice(segment.start, segment.end)
                 keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
-                if segment.per_query is not None:  # each query alone over exactly the keys it sees
-                    attended += [self.attend(q[:, i : i + 1], keys[:, slots], values[:, slots], None)
-                                 for i, slots in zip(range(segment.start, segment.end), segment.per_query[self.window])]
-                else:
-                    attended.append(self.attend(q[:, rows], keys, values, segment.masks.get(self.window)))
-            attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)  # [heads, n, d]
-        attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
+                if segment.per_query is None:
+                    attended[:, rows] = self.attend(q[:, rows], keys, values, segment.masks.get(self.window))
+            for group in plan.groups[self.window] if plan.groups else ():
+                group.attend(self, q, cache, layer_index, attended)
+            attended = attended.transpose(0, 1).reshape(num_tokens, -1)
         if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
             attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
         x = x + project(self.o_proj, attended, fixed_rows)
@@ -276,7 +275,7 @@ class LlamaFamilyModel(nn.Module):
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
         windows = {layer.window for layer in self.layers}
-        # An int8 or batch-invariant model attends one query at a time after the prefill (see
+        # An int8 or batch-invariant model attends per query after the prefill (see
         # quantize.py), where the caller needs each token scored as alone; a float one also runs
         # its linears in fixed-size calls then. The prefill itself is the same in every mode.
         invariant = attention.batch_invariant and (self.quantized or self.fixed_rows is not None)
