@@ -138,7 +138,7 @@ def resolve_models(args: argparse.Namespace, errors: Console) -> tuple[str, str 
     if args.quantize is None and args.dtype == "float32" and args.device == "cpu":
         quantize = pair.quantize
     errors.print(f"[dim]default pair: {pair.name}{'' if quantize == pair.quantize else ', ' + (quantize or args.dtype)}"
-                 f" ({pair.target.parent})[/]", highlight=False)
+                 f" ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
     return str(pair.target), str(pair.draft), quantize
 
 

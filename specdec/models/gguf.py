@@ -1,4 +1,4 @@
-"""A GGUF file dequantized into specdec's own forward (needs ``pip install "specdec[gguf]"``):
+"""A GGUF file dequantized into specdec's own forward (gguf and accelerate are dependencies):
 transformers reads the GGUF's config, tokenizer and weights (dequantized to float32), and the
 own Llama-family forward runs them in any dtype, int8 included. For llama.cpp's own kernels on
 the quantized weights, use the llama.cpp backend instead."""
@@ -20,7 +20,7 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
         import accelerate  # noqa: F401 - transformers needs both to read a GGUF
         import gguf  # noqa: F401
     except ImportError:
-        raise ValueError('dequantizing a GGUF file needs gguf and accelerate: pip install "specdec[gguf]" '
+        raise ValueError("dequantizing a GGUF file needs gguf and accelerate: pip install gguf accelerate "
                          '(or run it on llama.cpp\'s kernels: pip install "specdec[llama-cpp]")') from None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

