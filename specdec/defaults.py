@@ -96,8 +96,7 @@ def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
                                                  quantization_config=GgufConfig(dequantize=True))
     model.save_pretrained(str(partial / "target"))
     tokenizer.save_pretrained(str(partial / "target"))
-    assemble_draft(SMOLLM2_DRAFT, model.state_dict(), partial / "draft")
-    tokenizer.save_pretrained(str(partial / "draft"))
+    assemble_draft(SMOLLM2_DRAFT, model.state_dict(), tokenizer, partial / "draft")
     (partial / MARKER).write_text(json.dumps({"gguf": str(gguf_path), "sha256": SMOLLM2_SHA256,
                                               "size": gguf_path.stat().st_size,
                                               "draft_layers_sha256": sha256_of(SMOLLM2_DRAFT / "layers.safetensors")}))

@@ -48,3 +48,41 @@ def test_train_pair_end_to_end(tmp_path):
     # --resume picks up from the checkpoints: nothing left to train, same result
     assert main([*arguments, "--resume"]) == 0
     assert json.loads((out / "training_summary.json").read_text())["target"]["total_steps"] == 10
+
+
+def test_distil_a_draft_from_a_teachers_layers(tmp_path):
+    """`specdec train --teacher`: the draft starts as the chosen layers, only they are trained and
+    saved; assembled with the teacher's embedding it loads, and speculation with it is lossless."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from specdec.training.distill import LAYERS_FILE, assemble_draft, layer_subset
+    from tiny import save_random_model
+
+    teacher_dir = save_random_model(tmp_path / "teacher", num_hidden_layers=4, tie_word_embeddings=True)
+    teacher = AutoModelForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32)
+    start = layer_subset(teacher, (0, 3))
+    assert torch.equal(start.model.layers[1].mlp.up_proj.weight, teacher.model.layers[3].mlp.up_proj.weight)
+    assert not start.model.embed_tokens.weight.requires_grad
+
+    corpus, out = tmp_path / "corpus", tmp_path / "run"
+    write_corpus(corpus)
+    assert main(["train", "--teacher", str(teacher_dir), "--draft-from-layers", "0,-1", "--data", str(corpus),
+                 "--out", str(out), "--seq-len", "32", "--batch-size", "2", "--heldout-fraction", "0.25",
+                 "--eval-every", "3", "--checkpoint-every", "3", "--draft-steps", "3", "--save-dtype", "float32"]) == 0
+    saved = load_file(str(out / "draft" / LAYERS_FILE))
+    assert "model.embed_tokens.weight" not in saved and "model.layers.1.mlp.up_proj.weight" in saved
+    assert "model.layers.2.mlp.up_proj.weight" not in saved  # two layers: 0 and the last
+    assert not torch.equal(saved["model.layers.1.mlp.up_proj.weight"], teacher.model.layers[3].mlp.up_proj.weight)
+    source = json.loads((out / "draft" / "draft_source.json").read_text())
+    assert source["teacher_layers"] == [0, 3] and source["draft"]["total_steps"] == 3
+
+    from transformers import AutoTokenizer
+
+    assemble_draft(out / "draft", teacher.state_dict(), AutoTokenizer.from_pretrained(str(teacher_dir)),
+                   tmp_path / "assembled")
+    target, draft = load(teacher_dir), load(tmp_path / "assembled")
+    assert len(draft.network.layers) == 2
+    prompt = "def function_1_2(value):"
+    expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=10).token_ids
+    assert SpeculativeDecoder(target, draft, gamma=3).generate(prompt, max_new_tokens=10).token_ids == expected

@@ -74,8 +74,8 @@ def trained_weights(draft, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {name: tensor.to(dtype).contiguous() for name, tensor in draft.state_dict().items() if name not in SHARED}
 
 
-def assemble_draft(layers_folder: Path, teacher_state: dict[str, torch.Tensor], out: Path) -> None:
-    """Write a complete model folder: the distilled layers plus the teacher's embedding."""
+def assemble_draft(layers_folder: Path, teacher_state: dict[str, torch.Tensor], tokenizer, out: Path) -> None:
+    """Write a complete model folder: the distilled layers plus the teacher's embedding and tokenizer."""
     from safetensors.torch import load_file, save_file
 
     weights = load_file(str(layers_folder / LAYERS_FILE))
@@ -85,6 +85,7 @@ def assemble_draft(layers_folder: Path, teacher_state: dict[str, torch.Tensor], 
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     for name in ("config.json", "README.md"):
         (out / name).write_bytes((layers_folder / name).read_bytes())
+    tokenizer.save_pretrained(str(out))
 
 
 def distill_draft(config: DistillConfig, console: Console | None = None) -> dict:
