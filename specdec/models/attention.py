@@ -168,12 +168,17 @@ QUERY_BUCKET = 32  # a query's keys are padded (masked) to a multiple of this ma
 class QueryGroup:
     """Queries attended one by one but in one call: each is a batch element of its own, over its
     own keys padded to the same multiple of QUERY_BUCKET. Alone, the same query gets the same
-    padded length, so the same kernel shape and summation order, whatever else is in the call."""
+    padded length, so the same kernel shape and summation order, whatever else is in the call.
+    The padding keys are masked; what they hold (finite: the cache is zero-initialised) adds
+    exact zeros."""
 
     tokens: torch.Tensor  # [b] index of each query among the forward's tokens
     rows: torch.Tensor  # [b, 1] its cache row
     slots: torch.Tensor  # [b, L] its key slots (padding repeats slot 0)
     mask: torch.Tensor  # [b, 1, 1, L] True = a real key
+    # (row, L) when every query sees a prefix of one row's slots (a chain, no sliding window):
+    # then the keys are a view of slots 0..L-1, shared by the group, not a gathered copy.
+    prefix_of_row: tuple[int, int] | None = None
 
     def attend(
         self,
@@ -183,13 +188,19 @@ class QueryGroup:
         layer_index: int,
         out: torch.Tensor,  # [heads, n, d], written at self.tokens
     ) -> None:
-        keys = cache.keys[layer_index][self.rows, :, self.slots].transpose(1, 2)  # [b, kv_heads, L, d]
-        values = cache.values[layer_index][self.rows, :, self.slots].transpose(1, 2)
+        if self.prefix_of_row is not None:
+            row, length = self.prefix_of_row
+            shape = (self.tokens.shape[0], -1, length, -1)
+            keys = cache.keys[layer_index, row, :, :length].unsqueeze(0).expand(shape)  # [b, kv_heads, L, d]
+            values = cache.values[layer_index, row, :, :length].unsqueeze(0).expand(shape)
+        else:
+            keys = cache.keys[layer_index][self.rows, :, self.slots].transpose(1, 2)  # [b, kv_heads, L, d]
+            values = cache.values[layer_index][self.rows, :, self.slots].transpose(1, 2)
         queries = q[:, self.tokens].transpose(0, 1).unsqueeze(2)  # [b, heads, 1, d]
         out[:, self.tokens] = layer.attend(queries, keys, values, self.mask)[:, :, 0].transpose(0, 1)
 
 
-def group_queries(plans: list[SegmentPlan], window: int | None) -> list[QueryGroup]:
+def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -> list[QueryGroup]:
     """The per-query segments' queries, grouped by padded key length."""
     by_length: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
     for plan in plans:
@@ -202,11 +213,15 @@ def group_queries(plans: list[SegmentPlan], window: int | None) -> list[QueryGro
         device = queries[0][2].device
         slots = torch.zeros(len(queries), length, dtype=torch.long, device=device)
         mask = torch.zeros(len(queries), 1, 1, length, dtype=torch.bool, device=device)
+        prefixes = length <= capacity and len({row for _, row, _ in queries}) == 1
         for index, (_, _, query_slots) in enumerate(queries):
             slots[index, : query_slots.shape[0]] = query_slots
             mask[index, :, :, : query_slots.shape[0]] = True
+            # Sorted distinct slots from 0 to count - 1 are exactly 0..count-1.
+            prefixes = prefixes and int(query_slots[0]) == 0 and int(query_slots[-1]) == query_slots.shape[0] - 1
         groups.append(QueryGroup(torch.tensor([t for t, _, _ in queries], device=device),
-                                 torch.tensor([[r] for _, r, _ in queries], device=device), slots, mask))
+                                 torch.tensor([[r] for _, r, _ in queries], device=device), slots, mask,
+                                 (queries[0][1], length) if prefixes else None))
     return groups
 
 
@@ -231,4 +246,4 @@ def plan_attention(
     ]
     if not any(plan.per_query is not None for plan in plans):
         return AttentionPlan(plans)
-    return AttentionPlan(plans, groups={window: group_queries(plans, window) for window in windows})
+    return AttentionPlan(plans, groups={window: group_queries(plans, window, cache.capacity) for window in windows})

@@ -10,6 +10,12 @@ two alternations (ms, k = 1/2/3/5/8):
     after  int8 20.4/25.3/28.0/31.3/35.6  bf16 exact 50.3/50.5/52.1/52.9/55.4
     before int8 19.8/25.9/28.5/33.2/40.5  bf16 exact 51.0/53.7/56.7/60.6/68.8
     after  int8 19.9/25.2/27.2/30.5/35.2  bf16 exact 49.7/50.5/50.6/52.0/55.0
+Then a chain's keys as a view of its row (QueryGroup.prefix_of_row) instead of a gathered copy,
+alternated the same way (training paused), "gather" = the line above:
+    gather      int8 21.6/26.2/27.5/31.3/36.0  bf16 exact 54.7/52.7/52.2/53.5/55.0
+    prefix-view int8 19.1/23.2/24.7/27.5/30.6  bf16 exact 48.6/48.4/49.7/49.8/51.2
+    gather      int8 20.7/25.7/27.7/31.3/35.7  bf16 exact 51.7/51.2/52.1/54.1/55.7
+    prefix-view int8 19.3/23.8/25.3/27.5/30.6  bf16 exact 50.1/49.5/49.6/49.4/53.1
 """
 import sys
 
