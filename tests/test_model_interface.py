@@ -190,3 +190,30 @@ def test_a_tree_grown_over_several_forwards_equals_one_forward(tree_models, kind
         pieces.append(model.forward(nodes[start:end], positions, cache, Attention((segment,))).logits)
     torch.testing.assert_close(torch.cat(pieces), whole, atol=1e-10, rtol=0)
     assert cache.lengths[0] == PREFIX  # nothing committed
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_restricted_output_scores_only_its_tokens(tmp_path, quantize):
+    """restrict_output (a draft's cheaper head): the chosen tokens keep exactly their logits,
+    every other token gets -inf; bad ids are refused."""
+    from specdec.models.base import Attention
+    from specdec.models.loading import load
+    from tiny import save_random_model
+
+    folder = save_random_model(tmp_path / "m", tie_word_embeddings=True)
+    full, restricted = load(folder), load(folder)
+    keep = torch.tensor([3, 7, 8, 20, 41])
+    restricted.network.restrict_output(keep)
+    if quantize:
+        full.network.quantize_int8()
+        restricted.network.quantize_int8()
+    tokens = torch.tensor([5, 9, 11, 2])
+    logits = {}
+    for name, model in (("full", full), ("restricted", restricted)):
+        logits[name] = model.forward(tokens, torch.arange(4), model.new_cache(), Attention.chain(4)).logits
+    assert torch.equal(logits["restricted"][:, keep], logits["full"][:, keep])
+    others = torch.ones(logits["full"].shape[1], dtype=torch.bool)
+    others[keep] = False
+    assert torch.isneginf(logits["restricted"][:, others]).all()
+    with pytest.raises(ValueError, match="distinct"):
+        load(folder).network.restrict_output(torch.tensor([1, 1]))

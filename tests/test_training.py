@@ -69,7 +69,8 @@ def test_distil_a_draft_from_a_teachers_layers(tmp_path):
     write_corpus(corpus)
     assert main(["train", "--teacher", str(teacher_dir), "--draft-from-layers", "0,-1", "--data", str(corpus),
                  "--out", str(out), "--seq-len", "32", "--batch-size", "2", "--heldout-fraction", "0.25",
-                 "--eval-every", "3", "--checkpoint-every", "3", "--draft-steps", "3", "--save-dtype", "float32"]) == 0
+                 "--eval-every", "3", "--checkpoint-every", "3", "--draft-steps", "3", "--save-dtype", "float32",
+                 "--draft-output-tokens", "24"]) == 0
     saved = load_file(str(out / "draft" / LAYERS_FILE))
     assert "model.embed_tokens.weight" not in saved and "model.layers.1.mlp.up_proj.weight" in saved
     assert "model.layers.2.mlp.up_proj.weight" not in saved  # two layers: 0 and the last
@@ -83,6 +84,9 @@ def test_distil_a_draft_from_a_teachers_layers(tmp_path):
                    tmp_path / "assembled")
     target, draft = load(teacher_dir), load(tmp_path / "assembled")
     assert len(draft.network.layers) == 2
+    output = json.loads((tmp_path / "assembled" / "output_tokens.json").read_text())
+    assert len(output["token_ids"]) == 24 and 0 < output["heldout_coverage"] <= 1
+    assert draft.network.lm_head.token_ids.tolist() == output["token_ids"]  # the loader restricted the head
     prompt = "def function_1_2(value):"
     expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=10).token_ids
     assert SpeculativeDecoder(target, draft, gamma=3).generate(prompt, max_new_tokens=10).token_ids == expected

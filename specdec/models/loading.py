@@ -94,6 +94,10 @@ def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> Llam
     return build_lean(raw, hf_config, dtype, device, f"{folder}: the safetensors files")
 
 
+# A draft folder may name the only tokens it proposes (SubsetHead); the own forward honours it.
+OUTPUT_TOKENS_FILE = "output_tokens.json"
+
+
 def build_lean(raw: dict[str, torch.Tensor], hf_config, dtype: torch.dtype, device: str, source: str) -> LlamaFamilyModel:
     """The own forward from transformers-named weights (``source`` names where they came from)."""
     config = TransformerConfig.from_hf(hf_config)
@@ -265,6 +269,8 @@ def load(
         used_backend = "transformers"
     if used_backend == "specdec" and exact:
         network.make_batch_invariant()
+    if used_backend == "specdec" and (folder / OUTPUT_TOKENS_FILE).is_file():
+        network.restrict_output(torch.tensor(read_json(folder / OUTPUT_TOKENS_FILE)["token_ids"], dtype=torch.long))
     if quantize == "int8":
         from specdec.models.quantize import quantize_int8
 

@@ -202,6 +202,25 @@ class DecoderLayer(nn.Module):
         )
 
 
+class SubsetHead(nn.Module):
+    """An output head over a subset of the vocabulary, for drafts: logits for ``token_ids`` from
+    their rows of the full head, -inf for every other token (so q is 0 there and they are
+    never drafted; rejection sampling stays exact for any q). Cheaper: a 135M model's 49152-row
+    head was a third of a 3-layer draft's step."""
+
+    def __init__(self, head_weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(head_weight.shape[1], token_ids.shape[0], bias=False)
+        self.linear.weight = nn.Parameter(head_weight[token_ids].clone(), requires_grad=False)
+        self.register_buffer("token_ids", token_ids)  # [subset]
+        self.vocab_size = vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [n, hidden] -> [n, vocab]
+        subset_logits = self.linear(x)  # [n, subset]
+        logits = subset_logits.new_full((x.shape[0], self.vocab_size), float("-inf"))
+        return logits.index_copy_(1, self.token_ids, subset_logits)
+
+
 class LlamaFamilyModel(nn.Module):
     """Weights plus rope tables; stateless between calls (all state lives in the KVCache), so
     one set of weights can serve as both target and draft with two caches."""
@@ -218,6 +237,16 @@ class LlamaFamilyModel(nn.Module):
         self.set_rope_tables(inv_freq, attention_scaling)
         self.quantized = False
         self.fixed_rows: int | None = None  # set by make_batch_invariant
+
+    def restrict_output(self, token_ids: torch.Tensor) -> LlamaFamilyModel:
+        """Score only ``token_ids`` [subset] (SubsetHead): for drafts, before any quantization."""
+        if self.quantized:
+            raise ValueError("restrict the output before quantizing")
+        if token_ids.unique().shape[0] != token_ids.shape[0] or not (0 <= token_ids).all() or \
+                not (token_ids < self.config.vocab_size).all():
+            raise ValueError(f"output token ids must be distinct ids below the vocabulary size {self.config.vocab_size}")
+        self.lm_head = SubsetHead(self.lm_head.weight.detach(), token_ids.to(self.device), self.config.vocab_size)
+        return self
 
     def quantize_int8(self) -> LlamaFamilyModel:
         """int8 linears, and per-row attention after the prefill, so that a token is scored

@@ -47,6 +47,9 @@ def add_parser(commands) -> None:
     train.add_argument("--draft-from-layers", type=lambda text: tuple(int(i) for i in text.split(",")),
                        default=(0, 1, -1), help="with --teacher: the teacher's layers the draft starts from "
                                                 "(comma-separated, negative counts from the end)")
+    train.add_argument("--draft-output-tokens", type=int, default=0,
+                       help="with --teacher: the draft proposes only this many of the most frequent training tokens "
+                            "(a cheaper output head; 0 = all)")
 
 
 def run(args: argparse.Namespace, errors: Console) -> int:
@@ -93,5 +96,6 @@ def run_distill(args: argparse.Namespace, plan, errors: Console) -> int:
         teacher=args.teacher, data=args.data, out=args.out, layers=layers, plan=plan, seq_len=args.seq_len,
         batch_size=args.batch_size, heldout_fraction=args.heldout_fraction, seed=args.seed,
         save_dtype=args.save_dtype, resume=args.resume, command=command_line(), suffixes=tuple(args.suffix or [".py"]),
+        output_tokens=args.draft_output_tokens,
     ), errors)
     return 0

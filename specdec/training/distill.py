@@ -43,6 +43,22 @@ class DistillConfig:
     resume: bool = False
     command: str = ""
     suffixes: tuple[str, ...] = (".py",)
+    output_tokens: int = 0  # > 0: the draft proposes only this many of the most frequent training tokens
+
+
+def write_output_tokens(train_tokens: np.ndarray, heldout_tokens: np.ndarray, vocab_size: int, count: int,
+                        folder: Path) -> float:
+    """The ``count`` most frequent training tokens as the draft's output vocabulary
+    (OUTPUT_TOKENS_FILE, read by load()); returns the share of held-out tokens they cover."""
+    from specdec.models.loading import OUTPUT_TOKENS_FILE
+
+    counts = np.bincount(train_tokens, minlength=vocab_size)
+    keep = np.sort(np.argsort(-counts, kind="stable")[:count])
+    coverage = float(np.isin(heldout_tokens, keep).mean())
+    (folder / OUTPUT_TOKENS_FILE).write_text(json.dumps({
+        "source": f"the {count} most frequent tokens of the training files", "heldout_coverage": round(coverage, 4),
+        "token_ids": keep.tolist()}))
+    return coverage
 
 
 def layer_subset(teacher, layers: tuple[int, ...]):
@@ -83,8 +99,11 @@ def assemble_draft(layers_folder: Path, teacher_state: dict[str, torch.Tensor], 
     weights = {name: tensor.float().contiguous() for name, tensor in weights.items()}
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for name in ("config.json", "README.md"):
-        (out / name).write_bytes((layers_folder / name).read_bytes())
+    from specdec.models.loading import OUTPUT_TOKENS_FILE
+
+    for name in ("config.json", "README.md", OUTPUT_TOKENS_FILE):
+        if (layers_folder / name).is_file():
+            (out / name).write_bytes((layers_folder / name).read_bytes())
     tokenizer.save_pretrained(str(out))
 
 
@@ -142,11 +161,22 @@ def distill_draft(config: DistillConfig, console: Console | None = None) -> dict
         "draft": asdict(history) | {"steps": [], "train_loss": []},
         "command": config.command, "seq_len": config.seq_len, "batch_size": config.batch_size,
     }
+    if config.output_tokens:
+        summary["output_tokens"] = config.output_tokens
+        summary["output_tokens_heldout_coverage"] = write_output_tokens(
+            streams["train"], streams["heldout"], draft.config.vocab_size, config.output_tokens, folder)
     (folder / SOURCE_FILE).write_text(json.dumps(summary, indent=1))
     (folder / "README.md").write_text(draft_card(summary, history, config))
     plot_losses({"draft": history}, {"draft": config.batch_size * config.seq_len}, out / "loss_curves.png")
     console.print(f"saved {folder} and {out / 'loss_curves.png'}")
     return summary
+
+
+def output_line(summary: dict) -> str:
+    if not summary.get("output_tokens"):
+        return ""
+    return (f"- output: the {summary['output_tokens']} most frequent training tokens only (`output_tokens.json`, "
+            f"{summary['output_tokens_heldout_coverage']:.1%} of held-out tokens), a cheaper head\n")
 
 
 def draft_card(summary: dict, history: History, config: DistillConfig) -> str:
@@ -165,7 +195,7 @@ its embedding and tied output head are the teacher's own, frozen, and not stored
   AdamW, peak learning rate {config.plan.learning_rate}, {history.seconds / 60:.1f} minutes on {summary['machine']}
 - held-out: KL-trained cross-entropy {history.eval_loss[-1]:.3f} nats per token, top-1 agreement with the
   teacher {history.eval_agreement[-1]:.3f}
-- trained {summary['date']} with:
+{output_line(summary)}- trained {summary['date']} with:
 
 ```bash
 {config.command}
