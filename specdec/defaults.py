@@ -73,6 +73,19 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def draft_digest() -> str:
+    """sha256 over the shipped draft's files: a changed draft is assembled again."""
+    digest = hashlib.sha256()
+    for path in sorted(SMOLLM2_DRAFT.iterdir()):
+        digest.update(path.name.encode() + bytes.fromhex(sha256_of(path)))
+    return digest.hexdigest()
+
+
+def conversion_record(gguf_path: Path) -> dict:
+    return {"gguf": str(gguf_path), "sha256": SMOLLM2_SHA256, "size": gguf_path.stat().st_size,
+            "draft": draft_digest()}
+
+
 def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
     """GGUF -> cache folder with target/ and draft/ (written aside, renamed when complete)."""
     import torch
@@ -97,9 +110,7 @@ def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
     model.save_pretrained(str(partial / "target"))
     tokenizer.save_pretrained(str(partial / "target"))
     assemble_draft(SMOLLM2_DRAFT, model.state_dict(), tokenizer, partial / "draft")
-    (partial / MARKER).write_text(json.dumps({"gguf": str(gguf_path), "sha256": SMOLLM2_SHA256,
-                                              "size": gguf_path.stat().st_size,
-                                              "draft_layers_sha256": sha256_of(SMOLLM2_DRAFT / "layers.safetensors")}))
+    (partial / MARKER).write_text(json.dumps(conversion_record(gguf_path)))
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
 
@@ -112,10 +123,7 @@ def smollm2_pair(status=None) -> DefaultPair | None:
         return None
     folder = cache_root() / "smollm2-135m-instruct"
     marker = folder / MARKER
-    current = marker.is_file() and json.loads(marker.read_text()) == {
-        "gguf": str(gguf_path), "sha256": SMOLLM2_SHA256, "size": gguf_path.stat().st_size,
-        "draft_layers_sha256": sha256_of(SMOLLM2_DRAFT / "layers.safetensors")}
-    if not current:
+    if not (marker.is_file() and json.loads(marker.read_text()) == conversion_record(gguf_path)):
         convert_smollm2(gguf_path, folder, status)
     layers = json.loads((SMOLLM2_DRAFT / "draft_source.json").read_text())["teacher_layers"]
     return DefaultPair(f"SmolLM2-135M-Instruct + a draft distilled from it ({len(layers)} of its layers), int8",

@@ -76,7 +76,8 @@ def read_prompt(args: argparse.Namespace) -> str:
     return decode_prompt(args.prompt.encode("utf-8", "surrogateescape"), "the command line")
 
 
-def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None, same_text: bool | None = None) -> Table:
+def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None, same_text: bool | None = None,
+                sampled: bool = False) -> Table:
     table = Table(title=title, show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
@@ -96,7 +97,8 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
     if baseline is not None:
         rows += [("target alone: tokens per second", f"{baseline.tokens_per_second:.1f}"),
                  ("speedup (measured, this prompt)", f"{stats.tokens_per_second / baseline.tokens_per_second:.2f}x"),
-                 ("same text as the target alone", "yes" if same_text else "no")]
+                 ("same text as the target alone", "yes" if same_text else
+                  "no (sampling: the same distribution, other draws)" if sampled else "no")]
     for name, value in rows:
         table.add_row(name, value)
     return table
@@ -154,5 +156,5 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         f"gamma {args.gamma}"
     baseline = target_alone() if compare else None
     errors.print(stats_table(result.stats, title, result.finish_reason, baseline and baseline.stats,
-                             baseline is not None and baseline.text == result.text))
+                             baseline is not None and baseline.text == result.text, args.temperature > 0))
     return 0
