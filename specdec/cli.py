@@ -40,16 +40,17 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=4,
                         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
                              "a tree's depth limit)")
-    parser.add_argument("--drafter", default="model", metavar="|".join(DRAFTERS),
+    parser.add_argument("--drafter", metavar="|".join(DRAFTERS),
                         help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram "
-                             "stage; tree / ngram-tree: token trees; A+B: both, merged into one tree")
+                             "stage; tree / ngram-tree: token trees; A+B: both, merged into one tree (default: "
+                             "model; for the default pair, the drafter measured fastest with it)")
     parser.add_argument("--tree", action="store_true",
                         help="draft token trees: model -> tree (dynamic draft-model tree), ngram -> ngram-tree "
                              "(several earlier occurrences as branches); A+B merges two drafters into one tree")
     parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
-    parser.add_argument("--policy", default="fixed", choices=POLICIES + TREE_POLICIES,
+    parser.add_argument("--policy", choices=POLICIES + TREE_POLICIES,
                         help="how many tokens to draft each step (tree-cost: a tree's node budget from measured "
-                             "tokens per second)")
+                             "tokens per second; default: fixed, or the default pair's measured best)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
 
@@ -122,15 +123,15 @@ def add_bench_parser(commands) -> None:
                             "--synthetic: forward timings, default 7)")
 
 
-def resolve_models(args: argparse.Namespace, errors: Console) -> tuple[str, str | None, str | None]:
-    """(target, draft, quantize): --target/--draft, or the default pair when no --target is given.
-    --quantize unset means int8 for the default SmolLM2 pair on a CPU (its fastest exact
-    precision), none otherwise."""
+def resolve_models(args: argparse.Namespace, errors: Console):
+    """(target, draft, quantize, default pair or None): --target/--draft, or the default pair when
+    no --target is given. --quantize unset means int8 for the default SmolLM2 pair on a CPU (its
+    fastest exact precision), none otherwise."""
     from specdec.defaults import default_pair
 
     quantize = None if args.quantize == "none" else args.quantize
     if args.target:
-        return args.target, args.draft, quantize
+        return args.target, args.draft, quantize, None
     if args.draft:
         raise ValueError("--draft needs --target: the default draft only fits the default target")
     with errors.status("preparing the default models") as status:
@@ -139,13 +140,13 @@ def resolve_models(args: argparse.Namespace, errors: Console) -> tuple[str, str 
         quantize = pair.quantize
     errors.print(f"[dim]default pair: {pair.name}{'' if quantize == pair.quantize else ', ' + (quantize or args.dtype)}"
                  f" ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
-    return str(pair.target), str(pair.draft), quantize
+    return str(pair.target), str(pair.draft), quantize, pair
 
 
-def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True):
+def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True, resolved=None):
     from specdec.models.loading import load
 
-    target_path, draft_path, quantize = resolve_models(args, errors)
+    target_path, draft_path, quantize, _ = resolved or resolve_models(args, errors)
     options = dict(dtype=args.dtype, device=args.device, quantize=quantize, backend=args.backend,
                    trust_remote_code=args.trust_remote_code, exact=not args.inexact)
     with errors.status("loading models"):
@@ -264,8 +265,13 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     """The target and the drafter that --drafter, --tree and --no-draft ask for."""
     from specdec.drafting import make_drafter
 
+    resolved = resolve_models(args, errors)
+    pair = resolved[3]
+    # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma.
+    args.drafter = args.drafter or (pair.drafter if pair else "model")
+    args.policy = args.policy or (pair.policy if pair else "fixed")
     needs_model = not args.no_draft and any(kind not in ("ngram", "ngram-tree") for kind in args.drafter.split("+"))
-    target, draft = load_models(args, errors, want_draft=needs_model)
+    target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
     drafter = None

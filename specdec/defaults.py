@@ -32,6 +32,8 @@ class DefaultPair:
     target: Path
     draft: Path
     quantize: str | None  # the precision that is fastest for this pair on a CPU
+    drafter: str = "model"  # the drafter and policy measured fastest with it (docs/benchmarks.md)
+    policy: str = "fixed"
 
 
 def default_model(role: str) -> Path:
