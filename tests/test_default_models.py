@@ -81,6 +81,7 @@ def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it
     from specdec.sampling import SamplingParams
 
     assert "SmolLM2" in smollm2_pair.name and smollm2_pair.quantize == "int8"
+    assert (smollm2_pair.drafter, smollm2_pair.policy) == ("ngram", "cost")  # measured fastest (docs/default-pair.md)
     target = load(smollm2_pair.target, quantize="int8")
     draft = load(smollm2_pair.draft, quantize="int8")
     assert draft.vocab_size == target.vocab_size and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab()
@@ -88,9 +89,9 @@ def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it
     prompts = [item["prompt"] for item in json.loads(defaults.default_prompts().read_text())[::16]]
     for prompt in prompts:
         expected = SpeculativeDecoder(target).generate(prompt, sampling).token_ids
-        for kind in ("model", "staged"):
-            got = SpeculativeDecoder(target, make_drafter(kind, draft), gamma=4).generate(prompt, sampling)
-            assert got.token_ids == expected, (kind, prompt)
+        for kind, policy in (("model", "fixed"), ("staged", "fixed"), ("ngram", "cost")):
+            decoder = SpeculativeDecoder(target, make_drafter(kind, draft), gamma=4, policy=policy)
+            assert decoder.generate(prompt, sampling).token_ids == expected, (kind, prompt)
 
 
 def test_the_cached_conversion_is_reused(smollm2_pair, monkeypatch):

@@ -193,8 +193,8 @@ its embedding and tied output head are the teacher's own, frozen, and not stored
   {summary['heldout_files']} files ({summary['heldout_tokens']:,} tokens) held out by a hash of their names
 - training: {history.total_steps} steps of {config.batch_size} x {config.seq_len} tokens ({tokens_seen:,} tokens),
   AdamW, peak learning rate {config.plan.learning_rate}, {history.seconds / 60:.1f} minutes on {summary['machine']}
-- held-out: KL-trained cross-entropy {history.eval_loss[-1]:.3f} nats per token, top-1 agreement with the
-  teacher {history.eval_agreement[-1]:.3f}
+- held-out files: cross-entropy {history.eval_loss[-1]:.3f} nats per token (on their next tokens), top-1
+  agreement with the teacher {history.eval_agreement[-1]:.3f} (teacher-forced)
 {output_line(summary)}- trained {summary['date']} with:
 
 ```bash
