@@ -32,7 +32,7 @@ class DefaultPair:
     target: Path
     draft: Path
     quantize: str | None  # the precision that is fastest for this pair on a CPU
-    drafter: str = "model"  # the drafter and policy measured fastest with it (docs/benchmarks.md)
+    drafter: str = "model"  # the drafter and policy measured fastest with it (docs/default-pair.md)
     policy: str = "fixed"
 
 
