@@ -260,8 +260,8 @@ class LlamaFamilyModel(nn.Module):
 
     def make_batch_invariant(self, fixed_rows: int = DEFAULT_FIXED_ROWS) -> LlamaFamilyModel:
         """Exact verify blocks in float dtypes: after the prefill, wherever the caller asks for batch
-        invariance, the linears run in calls of `fixed_rows` rows (project()) and attention one
-        query at a time, so a token inside a verify block gets the logits it gets alone. int8
+        invariance, the linears run in calls of `fixed_rows` rows (project()) and attention per
+        query (QueryGroup), so a token inside a verify block gets the logits it gets alone. int8
         models need only the attention part (integer products are exact in any blocking)."""
         if fixed_rows < 1:
             raise ValueError(f"fixed_rows must be at least 1, got {fixed_rows}")
