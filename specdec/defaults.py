@@ -92,7 +92,6 @@ def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
     """GGUF -> cache folder with target/ and draft/ (written aside, renamed when complete)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    from transformers.utils import logging as transformers_logging
 
     from specdec.training.distill import assemble_draft
 
@@ -105,7 +104,6 @@ def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     say(f"converting {gguf_path.name} once into {folder} (about 30 s)")
     parent, name = str(gguf_path.parent), gguf_path.name
-    transformers_logging.disable_progress_bar()  # the status line says what is happening
     tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32,
                                                  quantization_config=GgufConfig(dequantize=True))

@@ -173,8 +173,8 @@ class QueryGroup:
     exact zeros."""
 
     tokens: torch.Tensor  # [b] index of each query among the forward's tokens
-    rows: torch.Tensor  # [b, 1] its cache row
-    slots: torch.Tensor  # [b, L] its key slots (padding repeats slot 0)
+    rows: torch.Tensor | None  # [b, 1] its cache row (None with prefix_of_row)
+    slots: torch.Tensor | None  # [b, L] its key slots, padding repeats slot 0 (None with prefix_of_row)
     mask: torch.Tensor  # [b, 1, 1, L] True = a real key
     # (row, L) when every query sees a prefix of one row's slots (a chain, no sliding window):
     # then the keys are a view of slots 0..L-1, shared by the group, not a gathered copy.
@@ -211,17 +211,20 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
     groups = []
     for length, queries in by_length.items():
         device = queries[0][2].device
-        slots = torch.zeros(len(queries), length, dtype=torch.long, device=device)
+        tokens = torch.tensor([token for token, _, _ in queries], device=device)
+        rows = [row for _, row, _ in queries]
         mask = torch.zeros(len(queries), 1, 1, length, dtype=torch.bool, device=device)
-        prefixes = length <= capacity and len({row for _, row, _ in queries}) == 1
+        for index, (_, _, query_slots) in enumerate(queries):
+            mask[index, :, :, : query_slots.shape[0]] = True
+        # Sorted distinct slots from 0 to count - 1 are exactly 0..count-1: a view suffices.
+        if length <= capacity and len(set(rows)) == 1 and all(
+                int(slots[0]) == 0 and int(slots[-1]) == slots.shape[0] - 1 for _, _, slots in queries):
+            groups.append(QueryGroup(tokens, None, None, mask, (rows[0], length)))
+            continue
+        slots = torch.zeros(len(queries), length, dtype=torch.long, device=device)
         for index, (_, _, query_slots) in enumerate(queries):
             slots[index, : query_slots.shape[0]] = query_slots
-            mask[index, :, :, : query_slots.shape[0]] = True
-            # Sorted distinct slots from 0 to count - 1 are exactly 0..count-1.
-            prefixes = prefixes and int(query_slots[0]) == 0 and int(query_slots[-1]) == query_slots.shape[0] - 1
-        groups.append(QueryGroup(torch.tensor([t for t, _, _ in queries], device=device),
-                                 torch.tensor([[r] for _, r, _ in queries], device=device), slots, mask,
-                                 (queries[0][1], length) if prefixes else None))
+        groups.append(QueryGroup(tokens, torch.tensor(rows, device=device)[:, None], slots, mask))
     return groups
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from specdec.training.data import TokenWindows, collect_files, encode_files, split_files
+from specdec.training.data import TokenWindows, collect_files, split_files
+from specdec.training.pipeline import CorpusRun, token_streams
 from specdec.training.trainer import History, Trainer, TrainPlan, plot_losses, progress_bar
 
 SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # the teacher's, never trained or saved
@@ -28,21 +29,11 @@ LAYERS_FILE = "layers.safetensors"
 SOURCE_FILE = "draft_source.json"
 
 
-@dataclass
-class DistillConfig:
+@dataclass(kw_only=True)
+class DistillConfig(CorpusRun):
     teacher: str  # a model folder (transformers format)
-    data: list[str]
-    out: str
     layers: tuple[int, ...]  # teacher layers the draft starts from, in order
     plan: TrainPlan
-    seq_len: int = 256
-    batch_size: int = 8
-    heldout_fraction: float = 0.03
-    seed: int = 0
-    save_dtype: str = "bfloat16"
-    resume: bool = False
-    command: str = ""
-    suffixes: tuple[str, ...] = (".py",)
     output_tokens: int = 0  # > 0: the draft proposes only this many of the most frequent training tokens
 
 
@@ -121,17 +112,7 @@ def distill_draft(config: DistillConfig, console: Console | None = None) -> dict
 
     files = collect_files(config.data, config.suffixes)
     train_files, heldout_files = split_files(files, config.heldout_fraction)
-    streams = {}
-    for split, split_files_ in (("train", train_files), ("heldout", heldout_files)):
-        path = out / f"{split}_tokens.npy"
-        if config.resume and path.is_file():
-            streams[split] = np.load(path)
-        else:
-            with console.status(f"tokenizing {len(split_files_)} {split} files"):
-                streams[split] = encode_files(tokenizer, split_files_)
-            np.save(path, streams[split])
-    console.print(f"data: {len(train_files)} train files ({streams['train'].shape[0]:,} tokens), "
-                  f"{len(heldout_files)} held-out files ({streams['heldout'].shape[0]:,} tokens)")
+    streams = token_streams(tokenizer, train_files, heldout_files, out, config.resume, console)
 
     draft = layer_subset(teacher, config.layers)
     train = TokenWindows(streams["train"], config.seq_len, config.batch_size, config.seed + 1)

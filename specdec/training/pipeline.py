@@ -23,24 +23,30 @@ from specdec.training.data import TokenWindows, code_prompts, collect_files, enc
 from specdec.training.trainer import History, ModelShape, Trainer, TrainPlan, plot_losses, progress_bar
 
 
-@dataclass
-class TrainConfig:
+@dataclass(kw_only=True)
+class CorpusRun:
+    """What every training run shares: its files, output folder, batching and saving."""
+
     data: list[str]
     out: str
-    target_shape: ModelShape
-    draft_shape: ModelShape
-    target_plan: TrainPlan
-    draft_plan: TrainPlan
-    vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 16
-    max_positions: int = 2048
     heldout_fraction: float = 0.03
     seed: int = 0
     save_dtype: str = "float16"
     resume: bool = False
     command: str = ""
     suffixes: tuple[str, ...] = (".py",)
+
+
+@dataclass(kw_only=True)
+class TrainConfig(CorpusRun):
+    target_shape: ModelShape
+    draft_shape: ModelShape
+    target_plan: TrainPlan
+    draft_plan: TrainPlan
+    vocab_size: int = 4096
+    max_positions: int = 2048
 
 
 def count_parameters(model) -> int:
@@ -60,10 +66,17 @@ def prepare_data(config: TrainConfig, out: Path, console: Console):
         with console.status(f"training a {config.vocab_size}-token BPE tokenizer on {len(train_files)} files"):
             tokenizer = train_tokenizer(train_files, config.vocab_size)
         tokenizer.save_pretrained(str(tokenizer_dir))
-    token_files = {"train": (out / "train_tokens.npy", train_files), "heldout": (out / "heldout_tokens.npy", heldout_files)}
+    streams = token_streams(tokenizer, train_files, heldout_files, out, config.resume, console)
+    return tokenizer, streams, train_files, heldout_files
+
+
+def token_streams(tokenizer, train_files: list[Path], heldout_files: list[Path], out: Path, resume: bool,
+                  console: Console) -> dict[str, np.ndarray]:
+    """The train and held-out token streams, cached under ``out`` (reused with resume)."""
     streams = {}
-    for split, (path, split_files_) in token_files.items():
-        if config.resume and path.is_file():
+    for split, split_files_ in (("train", train_files), ("heldout", heldout_files)):
+        path = out / f"{split}_tokens.npy"
+        if resume and path.is_file():
             streams[split] = np.load(path)
         else:
             with console.status(f"tokenizing {len(split_files_)} {split} files"):
@@ -71,7 +84,7 @@ def prepare_data(config: TrainConfig, out: Path, console: Console):
             np.save(path, streams[split])
     console.print(f"data: {len(train_files)} train files ({streams['train'].shape[0]:,} tokens), "
                   f"{len(heldout_files)} held-out files ({streams['heldout'].shape[0]:,} tokens)")
-    return tokenizer, streams, train_files, heldout_files
+    return streams
 
 
 def train_one(model, name: str, config: TrainConfig, streams, out: Path, plan: TrainPlan, console: Console,
