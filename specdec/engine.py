@@ -273,10 +273,11 @@ class Engine:
         count = outcome.emitted.shape[0]
         request.tokens[request.length : request.length + count] = outcome.emitted
         request.length += count
+        widths = tree_widths(outcome.parents)
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
-            request.policy.update(outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds)
-        request.stats.observe(outcome.num_drafted, outcome.num_accepted, tree_widths(outcome.parents))
+            request.policy.update(outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths)
+        request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds
 

@@ -2,19 +2,20 @@ from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
-from specdec.drafting.staged import StagedDrafter
+from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
 from specdec.drafting.tree import ModelTreeDrafter
 
-DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree")
-TREE_KINDS = {"model": "tree", "ngram": "ngram-tree"}  # what --tree turns a chain drafter into
+DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree")
+TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree"}  # what --tree turns a chain drafter into
 
 
 def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tree: bool = False,
                  tree_budget: int = 16) -> Drafter:
-    """A drafter by name: "model", "staged" and "tree" need the draft model; "ngram" and
-    "ngram-tree" (the continuations of several earlier occurrences as branches) need none;
-    "A+B" merges the proposals of A and B into one tree. tree=True turns "model" into "tree"
-    and "ngram" into "ngram-tree"."""
+    """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
+    draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
+    continuations of several earlier occurrences as branches) need none; "A+B" merges the
+    proposals of A and B into one tree. tree=True turns "model" into "tree", "ngram" into
+    "ngram-tree" and "staged" into "staged-tree"."""
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget) for k in kinds],
@@ -28,8 +29,10 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tr
         raise ValueError(f"the {kind!r} drafter needs a draft model (--draft)")
     if kind == "tree":
         return ModelTreeDrafter(draft_model, budget=tree_budget)
+    if kind == "staged-tree":
+        return StagedTreeDrafter(draft_model, max_n, min_n, budget=tree_budget)
     return ModelDrafter(draft_model) if kind == "model" else StagedDrafter(draft_model, max_n, min_n)
 
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter",
+__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
            "make_drafter"]
