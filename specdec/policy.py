@@ -7,6 +7,8 @@ so drafters skip computing the chain probability), and ``update(...)`` after ver
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -22,6 +24,11 @@ class DraftLengthPolicy(Protocol):
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float,
                widths: list[int] | None = None) -> None: ...
 
+    def for_request(self) -> DraftLengthPolicy:
+        """This policy's copy for a new request. What depends on the text (acceptance, an adapted
+        gamma) starts fresh; measured seconds, which depend on the models and the machine, are
+        shared by the requests of one engine, so later requests do not pay to measure them again."""
+
 
 class FixedPolicy:
     name = "fixed"
@@ -33,6 +40,9 @@ class FixedPolicy:
 
     def next_gamma(self) -> int:
         return self.gamma
+
+    def for_request(self) -> DraftLengthPolicy:
+        return copy.deepcopy(self)  # nothing measured to share
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float,
                widths: list[int] | None = None) -> None:
@@ -200,6 +210,10 @@ class CostModelPolicy:
             return None
         return self.acceptance.expected_tokens(gamma) / (gamma * (draft or 0.0) + verify)
 
+    def for_request(self) -> CostModelPolicy:
+        """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
+        return dataclasses.replace(self, acceptance=None)
+
     def next_gamma(self) -> int:
         rates = {g: self.expected_rate(g) for g in range(0, self.max_gamma + 1)}
         if any(rate is None for g, rate in rates.items() if g > 0):
@@ -288,6 +302,12 @@ class TreeCostPolicy(FixedPolicy):
         self.depth, self.width = gamma, 1
         self.node_budget = gamma
 
+    def for_request(self) -> TreeCostPolicy:
+        """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
+        fresh = TreeCostPolicy(self.gamma, self.max_depth, self.max_width, self.max_budget, self.decay)
+        fresh.draft_cost, fresh.verify_cost = self.draft_cost, self.verify_cost
+        return fresh
+
     def draft_seconds_per_depth(self, width: int) -> float | None:
         measured = [w for w, stat in self.draft_cost.items() if stat.mean is not None]
         if not measured:
@@ -317,17 +337,19 @@ class TreeCostPolicy(FixedPolicy):
                widths: list[int] | None = None) -> None:
         if num_drafted == 0:
             return
-        widths = widths or [1] * num_drafted  # a chain: one node per depth
+        # What is learned is what asking for a width gives: a drafter may deliver fewer nodes (a
+        # chain drafter always one per depth, an n-gram tree as many as the text offers).
+        levels = len(widths) if widths else num_drafted
         for stat in self.draft_cost.values():
             stat.total *= self.decay
             stat.count *= self.decay
-        self.acceptance.update(widths, num_accepted)
-        self.draft_cost.setdefault(max(widths), RunningMean()).add(draft_seconds / len(widths))
+        self.acceptance.update([self.width] * levels, num_accepted)
+        self.draft_cost.setdefault(self.width, RunningMean()).add(draft_seconds / levels)
         self.verify_cost.add(num_drafted + 1, verify_seconds)
 
 
 POLICIES = ("fixed", "heuristic", "threshold", "cost")
-TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter it is the fixed policy)
+TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 
 
 def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
