@@ -8,11 +8,12 @@ tokens, each token with its explicit position and its row's sequence id, and log
 token. As with the other caches, a forward commits nothing: the entries past a row's committed
 length are removed (``llama_memory_seq_rm``) before that row's next forward or on rollback.
 
-Removed entries are parked, not freed: their cells move to a parking sequence that is never
-attended, and are freed only when no sequence is leased. llama.cpp's slot search restarts at the
+While two or more sequences are leased, removed entries are parked, not freed: their cells move
+to a parking sequence that is never attended, and are freed when no sequence is leased. llama.cpp's slot search restarts at the
 first freed cell (``llama_kv_cache::seq_rm`` moves its head back) and takes cells one by one, so a
 freed hole lets a row's next token land before that row's older cells; attention then sums the
-keys in another order than a chain does (measured: 0.56 off in a logit on SmolLM2 Q4_1).
+keys in another order than a chain does (measured: 0.56 off in a logit on SmolLM2 Q4_1). With one
+sequence, the freed cells are its own suffix, which its next tokens refill in order: freed at once.
 
 Chains only, for now: trees would need a token in several sequences (seq-id sets) and a
 ``compact`` that moves the accepted path's entries; they are refused with a clear error.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -160,8 +160,9 @@ class LlamaCppNetwork:
             self.lib.llama_memory_seq_rm(self.memory, self.parking, 0, -1)
 
     def remove(self, seq_id: int, start: int) -> None:
-        """Drop sequence seq_id's entries at positions >= start, parking their cells."""
-        self.lib.llama_memory_seq_cp(self.memory, seq_id, self.parking, start, -1)
+        """Drop sequence seq_id's entries at positions >= start (parking their cells if others are leased)."""
+        if len(self.free_ids) < self.max_sequences - 1:
+            self.lib.llama_memory_seq_cp(self.memory, seq_id, self.parking, start, -1)
         self.lib.llama_memory_seq_rm(self.memory, seq_id, start, -1)
 
     def new_cache(self, max_length: int, rows: int = 1) -> LlamaCppCache:
@@ -209,12 +210,9 @@ class LlamaCppNetwork:
             batch.seq_id[index][0] = seq_id
         status = self.lib.llama_decode(self.context, batch)
         if status == 1 and self.lib.llama_memory_seq_pos_max(self.memory, self.parking) >= 0:
-            # The pool is full, partly of parked cells: free them and go on. Exact up to the
-            # order in which attention sums keys from then on (see the module docstring).
-            warnings.warn("llama.cpp KV pool full of rejected drafts: freed them; logits may now differ "
-                          "from a chain's in the last bits; load with a larger context_size", stacklevel=2)
-            self.lib.llama_memory_seq_rm(self.memory, self.parking, 0, -1)
-            status = self.lib.llama_decode(self.context, batch)
+            # Freeing the parked cells now would make holes before live cells (not exact).
+            raise RuntimeError("the llama.cpp KV pool is full, partly of rejected drafts kept until the batch "
+                               "ends (for exactness): load with a larger context_size or run fewer rows")
         if status != 0:
             raise RuntimeError(f"llama_decode failed (status {status})" +
                                ("; the KV pool is full: load with a larger context_size" if status == 1 else ""))
