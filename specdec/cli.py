@@ -42,15 +42,16 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
                              "a tree's depth limit)")
     parser.add_argument("--drafter", metavar="|".join(DRAFTERS),
                         help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram "
-                             "stage; tree / ngram-tree: token trees; A+B: both, merged into one tree (default: "
+                             "stage; tree / ngram-tree / staged-tree: token trees; A+B: both, merged into one tree (default: "
                              "model; for the default pair, the drafter measured fastest with it)")
     parser.add_argument("--tree", action="store_true",
                         help="draft token trees: model -> tree (dynamic draft-model tree), ngram -> ngram-tree "
-                             "(several earlier occurrences as branches); A+B merges two drafters into one tree")
+                             "(several earlier occurrences as branches), staged -> staged-tree (the staged chain "
+                             "with the draft's next-best tokens as side leaves); A+B merges two drafters into one tree")
     parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
     parser.add_argument("--policy", choices=POLICIES + TREE_POLICIES,
-                        help="how many tokens to draft each step (tree-cost: a tree's node budget from measured "
-                             "tokens per second; default: fixed, or the default pair's measured best)")
+                        help="how many tokens to draft each step (tree-cost: a tree's depth and width from measured "
+                             "acceptance and costs; default: fixed, or the default pair's measured best)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
 
