@@ -195,6 +195,11 @@ class CostModelPolicy:
     acceptance: AcceptanceByPosition | None = None
     draft_cost: RunningMean = field(default_factory=RunningMean)
     verify_cost: VerifyCost | None = None
+    # Where no draft length beats plain decoding (measured: the llama.cpp backend on 2 cores, whose
+    # verify blocks cost nearly their length in forwards): plain steps, with a one-token probe this
+    # often so that acceptance keeps being measured.
+    probe_every: int = 8
+    plain_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
@@ -212,15 +217,18 @@ class CostModelPolicy:
 
     def for_request(self) -> CostModelPolicy:
         """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
-        return dataclasses.replace(self, acceptance=None)
+        return dataclasses.replace(self, acceptance=None, plain_steps=0)
 
     def next_gamma(self) -> int:
         rates = {g: self.expected_rate(g) for g in range(0, self.max_gamma + 1)}
         if any(rate is None for g, rate in rates.items() if g > 0):
             return self.gamma
         best = max(rates, key=lambda g: rates[g] or 0.0)
-        # Keep drafting at least one token so acceptance keeps being measured.
-        return max(1, best)
+        if best > 0:
+            self.plain_steps = 0
+            return best
+        self.plain_steps += 1
+        return 1 if self.plain_steps % self.probe_every == 0 else 0
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float,
                widths: list[int] | None = None) -> None:

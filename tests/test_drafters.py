@@ -135,6 +135,16 @@ def test_cost_model_matches_the_leviathan_formula_on_known_costs():
     assert abs(policy.next_gamma() - best) <= 1
 
 
+def test_cost_model_decodes_plainly_with_probes_where_drafting_does_not_pay():
+    """alpha 0.2, a draft token costing 0.3 of a verify and each verified token 0.4 more (T(k)
+    nearly linear in k): gamma 0 is best; a probe every probe_every steps keeps measuring."""
+    policy = CostModelPolicy(probe_every=8)
+    lengths = synthetic_steps(policy, 0.2, 300, random.Random(2), draft_seconds=0.3, verify_slope=0.4)
+    assert lengths[-96:].count(0) == 84 and lengths[-96:].count(1) == 12
+    paying = synthetic_steps(CostModelPolicy(probe_every=8), 0.2, 300, random.Random(2), draft_seconds=0.01)
+    assert 0 not in paying[-100:]  # cheap drafts and verify (slope 0.05) at the same alpha: always drafting
+
+
 def test_threshold_policy_shortens_drafts_when_acceptance_falls():
     policy = ThresholdPolicy(max_gamma=8)
 

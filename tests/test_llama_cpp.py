@@ -9,6 +9,7 @@ pytest.importorskip("llama_cpp")
 
 from specdec import Attention, SpeculativeDecoder, load, make_drafter  # noqa: E402
 from specdec.drafting.base import Draft  # noqa: E402
+from specdec.models.base import Segment  # noqa: E402
 from gguf_files import find_gguf  # noqa: E402
 
 
@@ -48,18 +49,20 @@ def test_rollback_forgets_what_came_after(target):
 
 
 class RandomDrafter:
-    """Proposes random tokens: the target rejects almost all of them."""
+    """Proposes random tokens: the target rejects almost all of them. With tree=True, a tree
+    (two children of the root, the rest under the first child's branch)."""
 
     wants_hidden = False
 
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size, self.generator = vocab_size, torch.Generator().manual_seed(0)
+    def __init__(self, vocab_size: int, tree: bool = False) -> None:
+        self.vocab_size, self.generator, self.tree = vocab_size, torch.Generator().manual_seed(0), tree
 
     def start(self, prompt_ids):
         return None
 
     def propose(self, request, gamma):
-        return Draft(torch.randint(0, self.vocab_size, (gamma,), generator=self.generator), None)
+        parents = (-1, -1, *range(gamma - 2)) if self.tree and gamma > 2 else None
+        return Draft(torch.randint(0, self.vocab_size, (gamma,), generator=self.generator), None, parents)
 
     def observe(self, request, outcome):
         pass
@@ -69,7 +72,8 @@ def test_greedy_speculation_equals_target_only_on_llama_cpp(target):
     plain = SpeculativeDecoder(target)
     expected = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
     drafters = {"ngram": make_drafter("ngram"), "same model": make_drafter("model", target),
-                "random": RandomDrafter(target.vocab_size)}
+                "random": RandomDrafter(target.vocab_size), "random tree": RandomDrafter(target.vocab_size, tree=True),
+                "staged tree": make_drafter("staged-tree", target)}
     for name, drafter in drafters.items():
         decoder = SpeculativeDecoder(target, drafter, gamma=4)
         assert [decoder.generate(p, max_new_tokens=24).token_ids for p in PROMPTS] == expected, name
@@ -100,9 +104,9 @@ def test_clear_errors(tmp_path, target):
         load(truncated)
     with pytest.raises(ValueError, match="quantization"):
         load(GGUF, quantize="int8")
-    with pytest.raises(ValueError, match="trees"):
-        target.forward(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 1]), target.new_cache(),
-                       Attention.tree([-1, 0, 0]))
+    with pytest.raises(ValueError, match="tree grown over several"):
+        target.forward(torch.tensor([1, 2]), torch.tensor([1, 1]), target.new_cache(),
+                       Attention((Segment(0, 2, (-1, 0, 0), written=1),)))
     from specdec.defaults import default_model
 
     with pytest.raises(ValueError, match="vocabularies differ"):
@@ -135,10 +139,10 @@ def test_a_token_after_another_rows_rollback_scores_as_in_a_chain(target):
     ids_b = target.tokenizer.encode("def fibonacci(n): return")
     chain_cache = target.new_cache()
     chain = target.extend(torch.tensor(ids_b[:4]), chain_cache)[-1]  # what b's 4th token gets alone
-    network.decode(ids_a[:3], [0, 1, 2], [first] * 3, True)
-    network.decode(ids_b[:3], [0, 1, 2], [second] * 3, True)  # b's cells after a's
+    network.decode(ids_a[:3], [0, 1, 2], [[first]] * 3, True)
+    network.decode(ids_b[:3], [0, 1, 2], [[second]] * 3, True)  # b's cells after a's
     network.remove(first, 1)  # a rolls back two cells that lie before b's cells
-    interleaved = network.decode([ids_a[1], ids_b[3]], [1, 3], [first, second], True)[1]
+    interleaved = network.decode([ids_a[1], ids_b[3]], [1, 3], [[first], [second]], True)[1]
     network.give_back([first, second])
     assert torch.equal(interleaved, chain)
 
@@ -152,3 +156,26 @@ def test_a_pool_full_of_parked_drafts_is_a_clear_error_and_one_row_never_fills_i
     assert rejecting.generate(PROMPTS[0], max_new_tokens=60).token_ids == plain  # one row: freed at once
     with pytest.raises(RuntimeError, match="pool is full"):
         rejecting.generate(PROMPTS[:2], max_new_tokens=60)  # two rows: rejected drafts stay parked
+
+
+def test_tree_nodes_score_as_in_their_chains_and_the_kept_path_goes_on_as_a_chain(target):
+    """A tree's nodes, each in the sequences of the branches below it, get their chain's logits;
+    after compact (the path through the row's own branch, or through a leased one) the next token
+    too. Mutation checked: with compact freeing the rejected siblings' cells instead of parking
+    them, the token after the compact differs (its cell fills the hole before the path's last cell)."""
+    ids = target.tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))")
+    prefix, (root, a, c, b, e, after) = torch.tensor(ids[:4]), ids[4:10]
+    parents, positions = (-1, 0, 0, 1, 2), torch.tensor([4, 5, 5, 6, 6])  # root; a, b under it; c under a, e under b
+    chains = {}
+    for path in ((root, a, c), (root, b, e)):
+        cache = target.new_cache()
+        target.extend(prefix, cache)
+        chains[path] = (target.extend(torch.tensor(path), cache), target.extend(torch.tensor([after]), cache))
+    for keep, path in (([0, 1, 3], (root, a, c)), ([0, 2, 4], (root, b, e))):
+        cache = target.new_cache()
+        target.extend(prefix, cache)
+        tree = target.forward(torch.tensor([root, a, b, c, e]), positions, cache, Attention.tree(parents)).logits
+        first, second = chains[(root, a, c)][0], chains[(root, b, e)][0]
+        assert torch.equal(tree, torch.stack([first[0], first[1], second[1], first[2], second[2]]))
+        cache.compact(0, keep)
+        assert torch.equal(target.extend(torch.tensor([after]), cache), chains[path][1]), keep

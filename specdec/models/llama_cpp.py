@@ -15,8 +15,12 @@ freed hole lets a row's next token land before that row's older cells; attention
 keys in another order than a chain does (measured: 0.56 off in a logit on SmolLM2 Q4_1). With one
 sequence, the freed cells are its own suffix, which its next tokens refill in order: freed at once.
 
-Chains only, for now: trees would need a token in several sequences (seq-id sets) and a
-``compact`` that moves the accepted path's entries; they are refused with a clear error.
+Token trees (one forward, written = 0): every branch is a sequence (the row's own for the first,
+leased ones for the rest, each given the row's context by ``llama_memory_seq_cp``), and a node is
+in the sequences of every branch below it (a seq-id set in the batch), so it attends to the
+context, its ancestors and itself. ``compact`` parks every cell of the tree, then gives the row
+the accepted path (copied from a branch through its last node) and drops the leased branches:
+the rejected siblings' cells stay occupied, so the row's next token lands after them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import ctypes
 import os
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +88,7 @@ class LlamaCppCache:
         self.seq_ids = network.lease(rows)
         self.lengths = [0] * rows
         self.stored = [0] * rows  # entries in the KV pool, committed or not
+        self.trees: dict[int, TreeBranches] = {}  # rows whose uncommitted entries are a token tree
         weakref.finalize(self, network.give_back, list(self.seq_ids))
 
     def reserve(self, capacity: int) -> None:
@@ -90,7 +96,9 @@ class LlamaCppCache:
 
     def crop(self, row: int) -> None:
         """Forget the row's uncommitted entries."""
-        if self.stored[row] > self.lengths[row]:
+        if row in self.trees:
+            self.settle_tree(row, [])
+        elif self.stored[row] > self.lengths[row]:
             self.network.remove(self.seq_ids[row], self.lengths[row])
             self.stored[row] = self.lengths[row]
 
@@ -102,9 +110,56 @@ class LlamaCppCache:
         self.crop(row)
 
     def compact(self, row: int, keep: Sequence[int]) -> None:
-        if list(keep) != list(range(len(keep))):
-            raise ValueError("the llama.cpp backend does not run token trees yet; use --backend specdec for trees")
+        """Keep the written nodes ``keep`` (an accepted tree path, or a chain's prefix) and commit them."""
+        if row in self.trees:
+            self.settle_tree(row, list(keep))
+        elif list(keep) != list(range(len(keep))):
+            raise ValueError(f"compact of a chain keeps a prefix, got {list(keep)}")
         self.commit(row, len(keep))
+
+    def start_tree(self, row: int, parents: Sequence[int]) -> list[list[int]]:
+        """Lease a sequence per extra branch of a tree written after the row's committed context;
+        each node's sequence ids (its own branch's first)."""
+        branching, continued = [], set()
+        for parent in parents:  # a node continues its parent's branch unless a sibling already does
+            branching.append(parent in continued)
+            continued.add(parent)
+        own, extra = self.seq_ids[row], self.network.lease(sum(branching))
+        for seq_id in extra:  # a new branch sees the row's committed context
+            self.network.lib.llama_memory_seq_cp(self.network.memory, own, seq_id, 0, -1)
+        leased, homes = iter(extra), []
+        for node, parent in enumerate(parents):
+            homes.append(next(leased) if branching[node] else homes[parent] if parent >= 0 else own)
+        seq_sets = [[home] for home in homes]
+        for node in range(len(parents) - 1, 0, -1):  # children come after their parents
+            if parents[node] >= 0:
+                seq_sets[parents[node]] += [s for s in seq_sets[node] if s not in seq_sets[parents[node]]]
+        self.trees[row] = TreeBranches(extra, [ids[0] for ids in seq_sets])
+        return seq_sets
+
+    def settle_tree(self, row: int, keep: list[int]) -> None:
+        """Park every cell of the row's tree, give the row the nodes ``keep`` (a path from a root),
+        and give the leased branches back."""
+        tree, network, own, start = self.trees.pop(row), self.network, self.seq_ids[row], self.lengths[row]
+        lib, memory = network.lib, network.memory
+        for seq_id in (own, *tree.extra):
+            lib.llama_memory_seq_cp(memory, seq_id, network.parking, start, -1)
+        branch = tree.branch_of[keep[-1]] if keep else own
+        if branch == own:  # the path is the row's own branch: drop what lies past it
+            lib.llama_memory_seq_rm(memory, own, start + len(keep), -1)
+        else:
+            lib.llama_memory_seq_rm(memory, own, start, -1)
+            lib.llama_memory_seq_cp(memory, branch, own, start, start + len(keep))
+        for seq_id in tree.extra:
+            lib.llama_memory_seq_rm(memory, seq_id, 0, -1)
+        network.give_back(tree.extra)
+        self.stored[row] = start + len(keep)
+
+
+@dataclass
+class TreeBranches:
+    extra: list[int]  # the sequences leased for the branches after the first
+    branch_of: list[int]  # each node's own branch (a sequence whose path runs through it)
 
 
 # Qwen2.5-Coder-1.5B Q4_K_M, 2-core Xeon without AMX, 2026-11-22: a verify block of up to 7
@@ -132,7 +187,7 @@ class LlamaCppNetwork:
         self.memory = lib.llama_get_memory(self.context)
         self.vocab_size = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
         self.batch_size = batch_size
-        self.batch = lib.llama_batch_init(batch_size, 0, 1)
+        self.batch = lib.llama_batch_init(batch_size, 0, max_sequences)  # a tree node: up to one id per branch
         self.max_sequences, self.parking = max_sequences, max_sequences
         self.free_ids = list(range(max_sequences))
 
@@ -180,12 +235,16 @@ class LlamaCppNetwork:
         check_forward(tokens, positions, cache, attention)
         if want_hidden:
             raise ValueError("the llama.cpp backend gives no hidden states (drafters that need them run on specdec's forward)")
-        if any(segment.parents is not None or segment.written for segment in attention.segments):
-            raise ValueError("the llama.cpp backend does not run token trees yet; use --backend specdec for trees")
+        if any(segment.written for segment in attention.segments):
+            raise ValueError("the llama.cpp backend scores a token tree in one forward; a tree grown over several "
+                             "(the tree drafter's draft model) runs with --backend specdec")
         seq_ids = []
         for segment in attention.segments:
             cache.crop(segment.row)
-            seq_ids += [cache.seq_ids[segment.row]] * segment.count
+            if segment.parents is None:
+                seq_ids += [[cache.seq_ids[segment.row]]] * segment.count
+            else:
+                seq_ids += cache.start_tree(segment.row, segment.parents)
         token_list, position_list = tokens.tolist(), positions.tolist()
         # After the prefill, decode calls of at most EXACT_ROWS tokens: ggml's quantized matmuls
         # switch kernels for more rows, and a token must be scored as alone (measured below).
@@ -199,15 +258,18 @@ class LlamaCppNetwork:
             cache.stored[segment.row] = cache.lengths[segment.row] + segment.count
         return ForwardOutput(torch.cat(logits) if want_logits else None)
 
-    def decode(self, tokens: list[int], positions: list[int], seq_ids: list[int], want_logits: bool) -> torch.Tensor | None:
+    def decode(self, tokens: list[int], positions: list[int], seq_ids: list[list[int]],
+               want_logits: bool) -> torch.Tensor | None:
+        """One llama_decode; seq_ids: each token's sequences (a tree node is in every branch below it)."""
         count, batch = len(tokens), self.batch
         batch.n_tokens = count
         np.ctypeslib.as_array(batch.token, shape=(count,))[:] = tokens
         np.ctypeslib.as_array(batch.pos, shape=(count,))[:] = positions
-        np.ctypeslib.as_array(batch.n_seq_id, shape=(count,))[:] = 1
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(count,))[:] = [len(ids) for ids in seq_ids]
         np.ctypeslib.as_array(batch.logits, shape=(count,))[:] = 1 if want_logits else 0
-        for index, seq_id in enumerate(seq_ids):
-            batch.seq_id[index][0] = seq_id
+        for index, ids in enumerate(seq_ids):
+            for slot, seq_id in enumerate(ids):
+                batch.seq_id[index][slot] = seq_id
         status = self.lib.llama_decode(self.context, batch)
         if status == 1 and self.lib.llama_memory_seq_pos_max(self.memory, self.parking) >= 0:
             # Freeing the parked cells now would make holes before live cells (not exact).
