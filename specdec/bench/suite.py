@@ -135,7 +135,7 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
     drafter_kind, _, policy = name.partition(":")
-    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min)
+    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target)
     return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed"))
 
 

@@ -16,6 +16,16 @@ StopRule = Callable[[int, float], bool]
 
 
 @dataclass(frozen=True)
+class Translation:
+    """What a translating drafter (another tokenizer) made of one draft: how many tokens it
+    drafted in its own vocabulary, and how many of them have their whole text in the target
+    tokens it proposed (the rest were cut: an incomplete character, or past gamma)."""
+
+    proposed: int
+    kept: int
+
+
+@dataclass(frozen=True)
 class Draft:
     """Proposed continuation (p = target, q = draft, as in Leviathan et al. 2023, Algorithm 1).
     parents is None for a chain; for a tree, parents[i] is node i's parent (-1 = the last
@@ -27,6 +37,7 @@ class Draft:
     tokens: torch.Tensor  # [gamma] int64
     probs: torch.Tensor | None = None  # chain: [gamma, vocab]; tree: [gamma + 1, vocab]
     parents: tuple[int, ...] | None = None
+    translation: Translation | None = None  # set by a drafter that translates from another tokenizer
 
     @property
     def gamma(self) -> int:

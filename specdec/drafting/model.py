@@ -62,6 +62,14 @@ class DraftModelState:
         self.cache.rollback(0, before + agree)
         self.pending = emitted[agree:]
 
+    def rewind(self, context: torch.Tensor, kept: int) -> None:  # context [n] int64
+        """The context is now ``context``, of which only the first ``kept`` tokens are known to
+        match what was fed (a translating drafter re-tokenizes the tail of its context): the
+        cache keeps at most those, and the rest of the context is queued."""
+        fed = min(self.cache.lengths[0], kept)
+        self.cache.rollback(0, fed)
+        self.pending = context[fed:]
+
 
 def sample_from_logits(
     logits: torch.Tensor,  # [1, vocab]
