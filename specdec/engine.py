@@ -143,12 +143,11 @@ class Engine:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.target = target
         self.drafter = as_drafter(drafter, target)
-        # Each request gets a fresh policy: learned state never leaks between generations.
-        if isinstance(policy, str):
-            make_policy(policy, gamma)  # an unknown name fails here, not at the first request
-            self.new_policy: Callable[[], DraftLengthPolicy] = lambda: make_policy(policy, gamma)
-        else:
-            self.new_policy = lambda: copy.deepcopy(policy)
+        # Each request gets its own policy: what a policy learns of the text never leaks between
+        # generations; measured seconds (the models' and the machine's) are shared (for_request).
+        template = make_policy(policy, gamma) if isinstance(policy, str) else policy
+        self.new_policy: Callable[[], DraftLengthPolicy] = getattr(template, "for_request",
+                                                                   lambda: copy.deepcopy(template))
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
             raise ValueError(
@@ -278,10 +277,11 @@ class Engine:
         count = outcome.emitted.shape[0]
         request.tokens[request.length : request.length + count] = outcome.emitted
         request.length += count
+        widths = tree_widths(outcome.parents)
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
-            request.policy.update(outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds)
-        request.stats.observe(outcome.num_drafted, outcome.num_accepted, tree_widths(outcome.parents))
+            request.policy.update(outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths)
+        request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds
 

@@ -106,11 +106,18 @@ def test_repeated_generate_with_one_seed_gives_one_output(policy):
         assert again.stats.drafted_at == first.stats.drafted_at  # the same draft lengths, step by step
 
 
-def test_every_generation_gets_a_fresh_cost_policy():
-    decoder = SpeculativeDecoder(table_model(6, seed=100), table_drafter("model", 6), gamma=3, policy="cost")
+@pytest.mark.parametrize("policy", ["cost", "tree-cost"])
+def test_a_new_generation_learns_acceptance_afresh_and_keeps_measured_seconds(policy):
+    """What a cost policy learned of the text stays with its generation; the seconds it measured
+    (the models' and the machine's) serve the next generation of the same decoder."""
+    decoder = SpeculativeDecoder(table_model(6, seed=100), table_drafter("model", 6), gamma=3, policy=policy)
+    first = decoder.engine.new_policy()
+    assert not first.verify_cost.by_block
     decoder.generate(PROMPT, SamplingParams(temperature=1.0, seed=5, max_new_tokens=40))
     fresh = decoder.engine.new_policy()
-    assert fresh.acceptance.accepted_given_reached == [] and fresh.draft_cost.count == 0 and not fresh.verify_cost
+    acceptance = fresh.acceptance
+    assert (acceptance.accepted_given_reached == []) if policy == "cost" else (acceptance.stats == {})
+    assert fresh.verify_cost.by_block and fresh.verify_cost is decoder.engine.new_policy().verify_cost
 
 
 def test_two_open_streams_on_one_decoder_are_independent(tiny_pair):

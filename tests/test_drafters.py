@@ -162,23 +162,43 @@ def test_heuristic_policy_grows_and_shrinks():
     assert policy.next_gamma() == 1
 
 
-@pytest.mark.parametrize("width_pays", [False, True])
-def test_tree_budget_policy_shrinks_trees_where_width_does_not_pay(width_pays):
-    """Synthetic steps: with width_pays, bigger trees accept much more for a little more time;
-    without, they accept the same and cost more. The policy settles on the budget that pays."""
-    from specdec.policy import TreeBudgetPolicy
+def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: float, steps: int = 300):
+    """Synthetic steps for TreeCostPolicy: a level of w nodes is accepted with probability
+    alpha_at_width(w) (seeded); the shapes (depth, width) chosen over the last 100 steps."""
+    import random
 
-    policy = TreeBudgetPolicy(gamma=4)
-    assert policy.budgets == [4, 8, 16]
-    chosen = []
-    for _ in range(200):
-        assert policy.next_gamma() == 4
-        budget = policy.node_budget
-        accepted = {4: 1, 8: 3, 16: 4}[budget] if width_pays else 2
-        seconds = 1.0 + budget * (0.01 if width_pays else 0.1)
-        policy.update(budget, accepted, 0.0, seconds)
-        chosen.append(budget)
-    late = chosen[-100:]
-    best = 16 if width_pays else 4
-    assert late.count(best) >= 80  # the rest: revisits of the other sizes
-    assert set(late) == {4, 8, 16}  # every size is still measured now and then
+    from specdec.policy import TreeCostPolicy
+
+    policy, rng, chosen = TreeCostPolicy(gamma=4), random.Random(0), []
+    for _ in range(steps):
+        depth = policy.next_gamma()
+        width = policy.node_budget // depth
+        accepted = 0
+        while accepted < depth and rng.random() < alpha_at_width(width):
+            accepted += 1
+        policy.update(depth * width, accepted, depth * draft_seconds_per_depth, verify_seconds(depth * width + 1),
+                      [width] * depth)
+        chosen.append((depth, width))
+    return chosen[-100:]
+
+
+def test_tree_cost_policy_widens_trees_where_width_pays():
+    """Each sibling is a fresh chance (alpha 0.4 for one node, 0.87 for four) and a node costs
+    almost nothing to verify: the policy settles on the widest, deep trees."""
+    late = settle_tree_shape(lambda width: 1 - 0.6 ** width, lambda block: 1.0 + 0.002 * block, 0.01)
+    assert sum(width == 4 for _, width in late) >= 80
+    assert sum(depth >= 6 for depth, _ in late) >= 80
+
+
+def test_tree_cost_policy_narrows_trees_where_width_does_not_pay():
+    """Siblings add nothing (alpha 0.6 at every width) and each verified node costs 10% of a
+    block: width 1 wins, and depth stays short (deep levels are rarely reached)."""
+    late = settle_tree_shape(lambda width: 0.6, lambda block: 1.0 + 0.1 * block, 0.02)
+    assert sum(width == 1 for _, width in late) >= 80  # the rest: wider shapes re-measured now and then
+    assert sum(depth <= 3 for depth, width in late if width == 1) >= 80
+
+
+def test_tree_cost_policy_stays_shallow_when_drafts_are_rarely_accepted():
+    """alpha 0.1 per node and a draft depth costing 30% of a verify: one level is the most that pays."""
+    late = settle_tree_shape(lambda width: 0.1 * width, lambda block: 1.0 + 0.01 * block, 0.3)
+    assert sum(depth == 1 for depth, _ in late) >= 90

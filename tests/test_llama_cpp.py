@@ -122,3 +122,33 @@ def test_a_long_verify_block_scores_each_token_as_alone(target):
     verify_block = target.extend(ids[4:], verify_cache)
     alone = torch.cat([target.extend(ids[i : i + 1], alone_cache) for i in range(4, len(ids))])
     assert torch.equal(verify_block, alone)
+
+
+def test_a_token_after_another_rows_rollback_scores_as_in_a_chain(target):
+    """A rollback's cells are parked, not freed: freed, they were a hole before the other row's
+    cells that its next token filled (llama.cpp's slot search restarts at the first freed cell),
+    and attention summed its keys in another order. Mutation checked: with remove() freeing the
+    cells, this fails (0.56 off on SmolLM2 Q4_1, 0.40 on Qwen2.5 Q4_K_M here)."""
+    network = target.network
+    first, second = network.lease(2)  # two sequences of the shared KV pool
+    ids_a = target.tokenizer.encode("The quick brown fox jumps")
+    ids_b = target.tokenizer.encode("def fibonacci(n): return")
+    chain_cache = target.new_cache()
+    chain = target.extend(torch.tensor(ids_b[:4]), chain_cache)[-1]  # what b's 4th token gets alone
+    network.decode(ids_a[:3], [0, 1, 2], [first] * 3, True)
+    network.decode(ids_b[:3], [0, 1, 2], [second] * 3, True)  # b's cells after a's
+    network.remove(first, 1)  # a rolls back two cells that lie before b's cells
+    interleaved = network.decode([ids_a[1], ids_b[3]], [1, 3], [first, second], True)[1]
+    network.give_back([first, second])
+    assert torch.equal(interleaved, chain)
+
+
+def test_a_pool_full_of_parked_drafts_is_a_clear_error_and_one_row_never_fills_it():
+    from specdec.models.llama_cpp import load_gguf
+
+    small = load_gguf(GGUF, context_size=96, max_sequences=4)
+    plain = SpeculativeDecoder(small).generate(PROMPTS[0], max_new_tokens=60).token_ids
+    rejecting = SpeculativeDecoder(small, RandomDrafter(small.vocab_size), gamma=6)
+    assert rejecting.generate(PROMPTS[0], max_new_tokens=60).token_ids == plain  # one row: freed at once
+    with pytest.raises(RuntimeError, match="pool is full"):
+        rejecting.generate(PROMPTS[:2], max_new_tokens=60)  # two rows: rejected drafts stay parked

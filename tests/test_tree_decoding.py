@@ -21,6 +21,17 @@ def test_tree_drafts_equal_target_only(lean_models):  # noqa: F811
     assert counts["independent"][0] < counts["perturbed"][0]
 
 
+def test_staged_tree_drafts_equal_target_only(lean_models):  # noqa: F811
+    """The staged chain with the draft's next-best tokens as side leaves."""
+    from specdec import make_drafter
+
+    target, drafts = lean_models
+    drafters = {kind: make_drafter("staged-tree", drafts[kind], max_n=3, tree_budget=12) for kind in DRAFT_KINDS}
+    counts = check_equality(target, drafters, "fixed")
+    assert counts["same"][0] > 0
+    assert counts["independent"][0] < counts["perturbed"][0]
+
+
 def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
     target = load(tiny_pair["target"], quantize="int8")
     drafter = ModelTreeDrafter(load(tiny_pair["perturbed"], quantize="int8"), budget=8, branching=3)
@@ -31,14 +42,22 @@ def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
             baseline.generate(prompt, max_new_tokens=24).token_ids, prompt
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=3)],
-                         ids=["temperature", "top-k"])
-def test_tree_law_of_three_tokens(sampling):
+@pytest.mark.parametrize("kind, sampling", [("tree", SamplingParams(temperature=0.8, top_k=5)),
+                                            ("staged-tree", SamplingParams(temperature=1.0, top_k=3))],
+                         ids=["tree", "staged-tree"])
+def test_tree_law_of_three_tokens(kind, sampling):
     """Trees of depth <= 3 and 1-3 children per node over a 6-token vocabulary; 20k seeded
-    3-token generations against the enumerated target law, in batches of 100 seeded requests."""
+    3-token generations against the enumerated target law, in batches of 100 seeded requests.
+    Temperature and top-k apply on both sides (target and draft). Mutation, checked: staged-tree
+    leaves taken as q's next-best tokens instead of drawn from it fails the staged-tree case."""
+    from specdec import make_drafter
+
     vocab, length, samples = 6, 3, 20000
     target = table_model(vocab, seed=100)
-    drafter = ModelTreeDrafter(table_model(vocab, seed=101, sharpness=1.0), budget=6, branching=3)
+    draft = table_model(vocab, seed=101, sharpness=1.0)
+    # staged-tree: 3 levels of 3 nodes (the staged token and two leaves drawn after it)
+    drafter = ModelTreeDrafter(draft, budget=6, branching=3) if kind == "tree" else make_drafter(kind, draft, max_n=2,
+                                                                                                tree_budget=9)
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
     law = exact_sequence_law(target, PROMPT, length, sampling)
     counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)

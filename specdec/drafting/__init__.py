@@ -2,23 +2,24 @@ from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
-from specdec.drafting.staged import StagedDrafter
+from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
 from specdec.drafting.translate import TranslatingDrafter
 from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 
-DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree")
-TREE_KINDS = {"model": "tree", "ngram": "ngram-tree"}  # what --tree turns a chain drafter into
+DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree")
+TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree"}  # what --tree turns a chain drafter into
 
 
 def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tree: bool = False,
                  tree_budget: int = 16, target=None) -> Drafter:
-    """A drafter by name: "model", "staged" and "tree" need the draft model; "ngram" and
-    "ngram-tree" (the continuations of several earlier occurrences as branches) need none;
-    "A+B" merges the proposals of A and B into one tree. tree=True turns "model" into "tree"
-    and "ngram" into "ngram-tree". With the target given, the draft is paired with it by
-    tokenizer: the same tokenizer under another embedding size works as is (logits fitted to the
-    target's rows); another tokenizer is translated (TranslatingDrafter, "model" only)."""
+    """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
+    draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
+    continuations of several earlier occurrences as branches) need none; "A+B" merges the
+    proposals of A and B into one tree. tree=True turns "model" into "tree", "ngram" into
+    "ngram-tree" and "staged" into "staged-tree". With the target given, the draft is paired with
+    it by tokenizer: the same tokenizer under another embedding size works as is (logits fitted to
+    the target's rows); another tokenizer is translated (TranslatingDrafter, "model" only)."""
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target) for k in kinds],
@@ -42,8 +43,10 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tr
         draft_model = fit_to_target(draft_model, target)
     if kind == "tree":
         return ModelTreeDrafter(draft_model, budget=tree_budget)
+    if kind == "staged-tree":
+        return StagedTreeDrafter(draft_model, max_n, min_n, budget=tree_budget)
     return ModelDrafter(draft_model) if kind == "model" else StagedDrafter(draft_model, max_n, min_n)
 
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter",
+__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
            "TranslatingDrafter", "make_drafter"]

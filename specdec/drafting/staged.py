@@ -22,6 +22,15 @@ from specdec.verify import greedy_verify, rejection_sample
 
 
 @dataclass
+class Trunk:
+    """A staged chain: its tokens, the draft logits each came from and, when sampling, their q."""
+
+    tokens: torch.Tensor  # [k] int64
+    logits: torch.Tensor | None  # [k, vocab]
+    probs: torch.Tensor | None  # [k, vocab], None when greedy
+
+
+@dataclass
 class StagedState:
     model: DraftModelState
     index: NGramIndex
@@ -45,15 +54,20 @@ class StagedDrafter:
         state.index.extend(outcome.emitted.tolist())
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        trunk = self.draft_trunk(request, gamma)
+        return Draft(trunk.tokens, trunk.probs)
+
+    def draft_trunk(self, request: DraftRequest, gamma: int) -> Trunk:
         state: StagedState = request.draft_state
         context, sampling, stop_early = request.context, request.sampling, request.stop_early
         gamma = state.model.start_draft(context.shape[0], gamma)
         if gamma == 0:
-            return Draft.empty(context.device)
+            return Trunk(Draft.empty(context.device).tokens, None, None)
         pending = state.model.pending  # [m >= 1], not yet in the draft cache
         state.model.pending = pending[:0]
         drafted: list[int] = []
-        probs: list[torch.Tensor] = []  # q rows, [k, vocab] each
+        logit_rows: list[torch.Tensor] = []  # the draft's logits each token came from, [1, vocab] each
+        probs: list[torch.Tensor] = []  # q rows, [1, vocab] each
         chain_probability = 1.0
         while len(drafted) < gamma:
             # Leave room for the draft model's own token after the guess.
@@ -76,6 +90,7 @@ class StagedDrafter:
             stop = False
             for position, token in enumerate(emitted.tolist()):
                 drafted.append(token)
+                logit_rows.append(logits[position : position + 1])
                 row = None if step_probs is None else step_probs[position : position + 1]
                 if row is not None:
                     probs.append(row)
@@ -87,6 +102,64 @@ class StagedDrafter:
                         break
             if stop:
                 break
+        drafted = drafted[:gamma]
         state.model.drafted = drafted  # the cache holds a prefix of these past the context
-        tokens = torch.tensor(drafted[:gamma], dtype=torch.long, device=context.device)
-        return Draft(tokens, torch.cat(probs)[:gamma] if probs else None)
+        return Trunk(torch.tensor(drafted, dtype=torch.long, device=context.device),
+                     torch.cat(logit_rows)[:gamma], torch.cat(probs)[:gamma] if probs else None)
+
+
+class StagedTreeDrafter(StagedDrafter):
+    """Staged drafting feeding a tree: the staged chain is the trunk, and at each trunk depth the
+    draft's other likely tokens at that position become side leaves. The draft model already
+    computed those distributions for the trunk, so the tree costs no extra draft forward; only
+    the target's verify block grows. Width per depth (trunk node + leaves) is the policy's node
+    budget over its depth (e.g. the tree-cost policy's choice), else ``budget`` over gamma.
+
+    Lossless when sampling: the trunk token at a depth was drawn from q there (the staged stage
+    hands on exact samples of the draft model), and its leaves are then drawn from the same q
+    without replacement, so the siblings are the sequential draws without replacement that
+    tree_rejection_sample assumes. How many leaves a depth gets depends on q alone (its support),
+    never on the tokens drawn. When greedy, the leaves are the next-best tokens."""
+
+    def __init__(self, model: LanguageModel, max_n: int = 4, min_n: int = 1, budget: int = 16) -> None:
+        super().__init__(model, max_n, min_n)
+        self.budget = budget
+
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        trunk = self.draft_trunk(request, gamma)
+        depth = trunk.tokens.shape[0]
+        if depth == 0:
+            return Draft(trunk.tokens)
+        width = max(1, (request.node_budget or self.budget) // depth)
+        greedy = request.sampling.greedy
+        tokens: list[int] = []
+        parents: list[int] = []
+        q_rows: list[torch.Tensor] = []  # q_rows[i]: the q trunk token i and its leaves were drawn from
+        trunk_nodes: list[int] = []
+        parent = -1
+        for position, trunk_token in enumerate(trunk.tokens.tolist()):
+            tokens.append(trunk_token)
+            parents.append(parent)
+            trunk_nodes.append(len(tokens) - 1)
+            if greedy:
+                ranked = trunk.logits[position].topk(min(width + 1, trunk.logits.shape[-1])).indices.tolist()
+                leaves = [token for token in ranked if token != trunk_token][: width - 1]
+            else:
+                q = trunk.probs[position]  # [vocab]
+                q_rows.append(q)
+                rest = q.clone()
+                rest[trunk_token] = 0.0
+                count = min(width - 1, int((rest > 0).sum()))
+                leaves = torch.multinomial(rest, count, replacement=False, generator=request.generator).tolist() if count else []
+            for leaf in leaves:
+                tokens.append(leaf)
+                parents.append(parent)
+            parent = trunk_nodes[-1]
+        block = torch.tensor(tokens, dtype=torch.long, device=trunk.tokens.device)
+        if greedy:
+            return Draft(block, None, tuple(parents))
+        # Row 0: q at the root; row i + 1: q at node i (zeros at the leaves: they have no children).
+        probs = torch.zeros(len(tokens) + 1, trunk.probs.shape[-1], dtype=trunk.probs.dtype, device=block.device)
+        for position, q in enumerate(q_rows):
+            probs[0 if position == 0 else trunk_nodes[position - 1] + 1] = q
+        return Draft(block, probs, tuple(parents))
