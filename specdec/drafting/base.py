@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -48,9 +48,9 @@ class Draft:
         if count >= self.gamma:
             return self
         if self.parents is None:
-            return Draft(self.tokens[:count], None if self.probs is None else self.probs[:count])
-        return Draft(self.tokens[:count], None if self.probs is None else self.probs[: count + 1],
-                     self.parents[:count])
+            return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[:count])
+        return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[: count + 1],
+                       parents=self.parents[:count])
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> Draft:

@@ -1,9 +1,12 @@
 """Pairing a draft with a target: compare tokenizers, not embedding sizes.
 
-Two checkpoints often share one tokenizer but pad their embeddings to different row counts
-(Qwen2.5-7B has 152064 rows, Qwen2.5-0.5B 151936, one tokenizer): the draft then works as is,
-its logits cut or padded to the target's row count (see PaddedLogits). Checkpoints with
-different tokenizers are paired through a TranslatingDrafter (specdec.drafting.translate).
+What matters for drafting in the target's token ids is that an id means the same string to both
+models. Two checkpoints often share one tokenizer but pad their embeddings to different row
+counts (Qwen2.5-7B has 152064 rows, Qwen2.5-0.5B 151936, one tokenizer), or one adds a few
+special tokens at the end: every id both vocabularies name then names the same string, and the
+draft works as is, its logits cut or padded to the target's row count (PaddedLogits).
+Tokenizers whose shared ids name different strings are paired through a TranslatingDrafter
+(specdec.drafting.translate): text is the common currency.
 """
 
 from __future__ import annotations
@@ -16,22 +19,21 @@ import torch
 from specdec.models.base import Attention, Cache, ForwardOutput, LanguageModel, Network
 
 
-def same_tokenizer(first: Any, second: Any) -> bool:
-    """Whether two tokenizers map the same strings to the same ids (special tokens included).
-    The vocabularies are compared, not their sizes: a padded embedding changes no token."""
+def id_conflicts(first: Any, second: Any) -> int:
+    """How many token ids the two tokenizers both name but map to different strings (special
+    tokens included); 0 means a draft can propose its own ids to the other model directly."""
     if first is second:
-        return True
-    if first is None or second is None:
-        return False
-    return first.get_vocab() == second.get_vocab()
+        return 0
+    by_id = {index: text for text, index in second.get_vocab().items()}
+    return sum(1 for text, index in first.get_vocab().items() if index in by_id and by_id[index] != text)
 
 
 class PaddedLogits:
     """A network whose logits have ``vocab_size`` columns: extra columns cut off, missing ones
     filled with -inf (probability 0). Used for a draft whose embedding is padded to another row
     count than the target's under the same tokenizer: q then ranges over the target's rows, as
-    verification expects, and the draft samples from exactly that q (lossless). Rows past the
-    tokenizer's real vocabulary are padding, so cutting them drops no real token."""
+    verification expects, and the draft samples from exactly that q (lossless whatever the cut
+    columns held: q is still a distribution and the draft draws from it)."""
 
     def __init__(self, network: Network, vocab_size: int) -> None:
         self.network, self.vocab_size = network, vocab_size
@@ -70,9 +72,10 @@ def vocabulary_mismatch(draft: LanguageModel, target: LanguageModel) -> str | No
     if draft.tokenizer is None or target.tokenizer is None:
         if draft.vocab_size == target.vocab_size:
             return None  # token-id models (tests, synthetic benchmarks): one vocabulary by construction
-        return (f"draft and target vocabularies differ ({draft.vocab_size} vs {target.vocab_size} tokens) and "
-                "a model without a tokenizer cannot be translated")
-    if same_tokenizer(draft.tokenizer, target.tokenizer):
+        return (f"draft and target vocabularies differ ({draft.vocab_size} vs {target.vocab_size} tokens) and a "
+                "model without a tokenizer cannot be translated: give both models their tokenizer files")
+    conflicts = id_conflicts(draft.tokenizer, target.tokenizer)
+    if conflicts == 0:
         return None
-    return (f"the draft {draft.name!r} ({len(draft.tokenizer)} tokens) and the target {target.name!r} "
-            f"({len(target.tokenizer)} tokens) have different tokenizers")
+    return (f"the draft {draft.name!r} and the target {target.name!r} have different tokenizers "
+            f"({conflicts} token ids name different strings)")
