@@ -4,6 +4,8 @@ sampling (p = target, q = draft)."""
 
 import dataclasses
 import itertools
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +193,21 @@ def test_another_tokenizer_is_refused_where_it_cannot_be_translated(bpe_pairs, m
     bare = load(save_random_model(model_dir / "bare-draft", "llama", seed=5, tokenizer=False, vocab_size=64))
     with pytest.raises(ValueError, match=r"vocabularies differ \(64 vs 120 tokens\).*without a tokenizer"):
         SpeculativeDecoder(target, bare)
+
+
+REAL_MODELS = Path(os.environ["SPECDEC_REAL_MODELS"]) if os.environ.get("SPECDEC_REAL_MODELS") else None
+
+
+@pytest.mark.real_models
+@pytest.mark.skipif(REAL_MODELS is None, reason="set SPECDEC_REAL_MODELS to the folder fetch.sh wrote")
+def test_smollm2_drafts_for_qwen_coder_through_text():
+    """The real cross-tokenizer pair: SmolLM2-135M-Instruct (49152 tokens) drafting for
+    Qwen2.5-Coder-1.5B-Instruct (151936 rows) gives the target's own greedy output."""
+    target = load(REAL_MODELS / "qwen2.5-coder-1.5b", quantize="int8")
+    draft = load(REAL_MODELS / "smollm2-135m")
+    assert isinstance(make_drafter("model", draft, target=target), TranslatingDrafter)
+    prompts = ["def quicksort(items):", "class LRUCache:\n    def __init__(self, capacity):"]
+    expected = SpeculativeDecoder(target).generate(prompts, max_new_tokens=32)
+    got = SpeculativeDecoder(target, draft, gamma=5).generate(prompts, max_new_tokens=32)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert all(r.stats.alpha > 0.2 and r.stats.source_kept > 0 for r in got), [r.stats.alpha for r in got]
