@@ -4,6 +4,7 @@ sampling (p = target, q = draft)."""
 
 import dataclasses
 import itertools
+import json
 import os
 from pathlib import Path
 
@@ -74,6 +75,18 @@ def test_different_tokenizers_greedy_equals_target_only(bpe_pairs, byte_level):
     assert sum(r.stats.source_drafted for r in got) > 0  # it did draft, and translate
     assert all(r.stats.source_kept <= r.stats.source_drafted for r in got)
 
+
+
+def test_cli_says_how_many_drafted_tokens_survived_translation(bpe_pairs, capsys):
+    from specdec.cli import main
+
+    target, draft = bpe_pairs[False]["target"], bpe_pairs[False]["draft"]
+    base = ["generate", "--target", target.path, "--draft", draft.path, "def add(a, b):", "--max-new-tokens", "16"]
+    assert main(base + ["--show"]) == 0
+    assert "translated draft tokens" in capsys.readouterr().err  # the stats table's row
+    assert main(base + ["--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert 0 < stats["source_kept"] <= stats["source_drafted"]
 
 class TextOracleNetwork:
     """A draft "model" that knows the text to come: after a context whose text is a prefix of
