@@ -150,16 +150,17 @@ def hand_made_bpe(merges: list[tuple[str, str]], order: str):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
 
 
-def test_sampling_with_another_tokenizer_keeps_the_targets_law():
+@pytest.mark.parametrize("rule", ["intersection", "point-mass"])
+def test_sampling_with_another_tokenizer_keeps_the_targets_law(rule):
     """Tiny vocabularies whose strings overlap partly (target: a b c ab abc; draft: c b a bc ca):
     the law of 3 sampled target tokens, enumerated from the target alone, against 3000 seeded
-    speculative samples (chi-square)."""
+    speculative samples (chi-square), for both sampling rules."""
     target_tokenizer = hand_made_bpe([("a", "b"), ("ab", "c")], "abc")
     draft_tokenizer = hand_made_bpe([("b", "c"), ("c", "a")], "cba")
     target = dataclasses.replace(table_model(5, seed=3, sharpness=1.0), tokenizer=target_tokenizer)
     draft = dataclasses.replace(table_model(5, seed=4, sharpness=2.0), tokenizer=draft_tokenizer)
-    drafter = make_drafter("model", draft, target=target)
-    assert isinstance(drafter, TranslatingDrafter)
+    assert isinstance(make_drafter("model", draft, target=target), TranslatingDrafter)
+    drafter = TranslatingDrafter(draft, target, sampling_rule=rule)
     sampling, prompt, length = SamplingParams(temperature=0.9, top_k=4), target_tokenizer.encode("abca"), 3
     law = {}
     for sequence in itertools.product(range(5), repeat=length):

@@ -38,7 +38,7 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tr
         if kind != "model":
             raise ValueError(f"{mismatch}: only the 'model' drafter translates between tokenizers (the {kind!r} "
                              "drafter works in the target's tokens); use --drafter model, or ngram (no draft model)")
-        return TranslatingDrafter(ModelDrafter(draft_model), draft_model.tokenizer, target.tokenizer)
+        return TranslatingDrafter(draft_model, target)
     if target is not None:
         draft_model = fit_to_target(draft_model, target)
     if kind == "tree":

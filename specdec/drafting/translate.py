@@ -13,22 +13,24 @@ with the draft's tokenizer. Each step:
   draft's cache keeps the longest prefix it shares with the new draft context. A character
   whose bytes are split over target tokens waits until it is complete (no drafting meanwhile).
 
-Lossless, whatever the translation does. The proposal is handed on as deterministic guesses
-(Draft.probs None, point masses). Greedy verification accepts a guess only where it equals the
-target's argmax. When sampling, verification accepts a guess x with probability p(x) and
-otherwise samples from p without x, renormalized (the residual max(0, p - 1_x)): the emitted
-token has law p(x) 1{y = x} + (1 - p(x)) p(y) 1{y != x} / (1 - p(x)) = p(y) for every y, whatever
-x is, as long as x was chosen without looking at the uniform draws that judge it (the draft reads
-only its own context). The draft drafts greedily because a point mass on x is accepted with
-probability p(x): the draft's most likely token is its best guess of where p is large.
-The draft's q is not used: one draft token may become several target tokens or part of one, so
-it is no distribution over target tokens. (Token-level intersection, Timor et al. 2025, keeps q
-on the strings both vocabularies share; it needs one draft token to be one target token, which
-re-tokenized text breaks, and it restricts the draft to the shared strings.)
+Sampling, lossless by two rules (docs/tokenizers.md):
+- "intersection" (the default; Timor et al., ICML 2025, token-level intersection): the draft
+  samples from its q restricted to the tokens whose strings both vocabularies have, renormalized
+  (q'); each drafted token is then exactly one target token, q' moves to the target's rows, and
+  the usual rejection sampling with q' keeps p exactly, since the tokens were drawn from q'.
+- "point-mass" (and whenever no token is shared): the greedy text translation above, handed on
+  as deterministic guesses (Draft.probs None). Verification accepts a guess x with probability
+  p(x) and otherwise samples from p without x, renormalized (the residual max(0, p - 1_x)): the
+  emitted token has law p(x) 1{y = x} + (1 - p(x)) p(y) 1{y != x} / (1 - p(x)) = p(y) for every
+  y, whatever x is, as long as x was chosen without looking at the uniform draws that judge it.
+  The draft guesses greedily because a point mass on x is accepted with probability p(x).
+Greedy requests always take the text translation: greedy verification accepts a guess only
+where it equals the target's argmax, and the draft is not confined to the shared tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,8 @@ import torch
 from specdec.drafting.base import Draft, DraftRequest, StepOutcome, Translation
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import DraftModelState, ModelDrafter
+from specdec.drafting.vocab import SharedLogits, shared_token_map
+from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams
 
 INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
@@ -106,9 +110,11 @@ class TranslationState:
 
 @dataclass
 class DraftTokenRequest(SubRequest):
-    """The inner drafter's view of a request: the context in draft ids, its own state, greedy."""
+    """The inner drafter's view of a request: the context in draft ids, its own state, and how
+    it samples (greedy guesses for text translation, the request's own for the intersection)."""
 
     draft_context: torch.Tensor | None = None  # [n] int64, draft ids
+    draft_sampling: SamplingParams = GREEDY
 
     @property
     def context(self) -> torch.Tensor:
@@ -116,29 +122,38 @@ class DraftTokenRequest(SubRequest):
 
     @property
     def sampling(self) -> SamplingParams:
-        return GREEDY
+        return self.draft_sampling
+
+
+SAMPLING_RULES = ("intersection", "point-mass")
 
 
 class TranslatingDrafter:
     """A draft model of another tokenizer as a drafter in the target's token ids (see the module
-    docstring). ``inner`` drafts chains in the draft's ids; look_behind is the number of context
-    tokens decoded and re-encoded with each piece of new text."""
+    docstring). Greedy requests get the draft's greedy text re-encoded; sampled requests get,
+    with sampling_rule "intersection", tokens sampled from q restricted to the shared tokens
+    (or, with "point-mass" or no shared token, greedy text as point masses). look_behind is the
+    number of context tokens decoded and re-encoded with each piece of new text."""
 
     wants_hidden = False
-    vocab_size = None  # deterministic guesses in the target's ids: no q
+    vocab_size = None  # q, where there is one, is built over the target's rows
 
-    def __init__(self, inner: ModelDrafter, draft_tokenizer: Any, target_tokenizer: Any, look_behind: int = 4) -> None:
-        if type(inner) is not ModelDrafter:
-            raise ValueError("a draft with another tokenizer drafts chains with its model (--drafter model); "
-                             "staged and tree drafting need the target's tokenizer (or use --drafter ngram, "
-                             "which needs no draft model)")
-        if draft_tokenizer is None or target_tokenizer is None:
+    def __init__(self, draft: LanguageModel, target: LanguageModel, look_behind: int = 4,
+                 sampling_rule: str = "intersection") -> None:
+        if draft.tokenizer is None or target.tokenizer is None:
             raise ValueError("translating between vocabularies needs both models' tokenizers")
         if look_behind < 1:
             raise ValueError(f"look_behind must be >= 1, got {look_behind}")
-        self.inner, self.look_behind = inner, look_behind
-        self.draft_tokenizer, self.target_tokenizer = draft_tokenizer, target_tokenizer
-        self.device = inner.model.device
+        if sampling_rule not in SAMPLING_RULES:
+            raise ValueError(f"unknown sampling rule {sampling_rule!r}; choose one of {', '.join(SAMPLING_RULES)}")
+        self.inner, self.look_behind = ModelDrafter(draft), look_behind
+        self.draft_tokenizer, self.target_tokenizer = draft.tokenizer, target.tokenizer
+        self.target_rows, self.device = target.vocab_size, draft.device
+        self.to_target = shared_token_map(draft.tokenizer, target.tokenizer, draft.vocab_size).to(draft.device)
+        shared = self.to_target >= 0
+        self.shared_draft = None
+        if sampling_rule == "intersection" and bool(shared.any()):
+            self.shared_draft = dataclasses.replace(draft, network=SharedLogits(draft.network, shared))
 
     def start(self, prompt_ids: torch.Tensor) -> TranslationState:  # prompt_ids [n] int64, target ids
         draft_ids = encode(self.draft_tokenizer, decode(self.target_tokenizer, prompt_ids.tolist()))
@@ -152,15 +167,35 @@ class TranslatingDrafter:
         state.drafted = []
         if state.synced < len(context) or not state.draft_ids:  # a character is incomplete, or no text yet
             return Draft.empty(device)
-        view = DraftTokenRequest(request, state.inner, torch.tensor(state.draft_ids, dtype=torch.long,
-                                                                    device=self.device))
-        state.drafted = self.inner.propose(view, gamma).tokens.tolist()
+        draft_context = torch.tensor(state.draft_ids, dtype=torch.long, device=self.device)
+        if self.shared_draft is not None and not request.sampling.greedy:
+            return self.propose_shared(request, DraftTokenRequest(request, state.inner, draft_context,
+                                                                  request.sampling), gamma)
+        greedy_view = DraftTokenRequest(request, state.inner, draft_context)
+        state.drafted = self.inner.propose(greedy_view, gamma).tokens.tolist()
         text = appended_text(self.draft_tokenizer, state.draft_ids, state.drafted, self.look_behind).rstrip(INCOMPLETE)
         if not text:
             return Draft.empty(device)
         proposal = continuation_ids(self.target_tokenizer, context, text, self.look_behind)[:gamma]
         translation = Translation(len(state.drafted), self.kept_draft_tokens(state, context, proposal))
         return Draft(torch.tensor(proposal, dtype=torch.long, device=device), None, translation=translation)
+
+    def propose_shared(self, request: DraftRequest, view: DraftTokenRequest, gamma: int) -> Draft:
+        """Token-level intersection: the draft samples from q restricted to the shared tokens and
+        renormalized (q' = 0 off them), each drafted token is one target token, and q' moves
+        to the target's rows: verification then sees the very q' the tokens were drawn from."""
+        state: TranslationState = request.draft_state
+        state.inner.model = self.shared_draft  # the same weights and cache, logits off the shared tokens masked
+        draft = self.inner.propose(view, gamma)
+        state.drafted = draft.tokens.tolist()
+        if draft.gamma == 0:
+            return Draft.empty(request.context.device)
+        tokens = self.to_target[draft.tokens]
+        probs = draft.probs.new_zeros(draft.gamma, self.target_rows)  # [gamma, target rows]
+        shared = self.to_target >= 0
+        probs[:, self.to_target[shared]] = draft.probs[:, shared]
+        translation = Translation(draft.gamma, draft.gamma)
+        return Draft(tokens.to(request.context.device), probs.to(request.context.device), translation=translation)
 
     def kept_draft_tokens(self, state: TranslationState, context: list[int], proposal: list[int]) -> int:
         """How many of the drafted tokens have their whole text in the proposal's text."""
