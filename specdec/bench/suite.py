@@ -19,6 +19,7 @@ from specdec.bench.runner import (
     write_json,
 )
 from specdec.decoder import SpeculativeDecoder
+from specdec.drafting.vocab import vocabulary_mismatch
 from specdec.sampling import SamplingParams
 from specdec.models.base import LanguageModel
 
@@ -92,6 +93,8 @@ def transformers_method(name: str, target: LanguageModel, draft: LanguageModel |
         for key, value in extra.pop("assistant").items():
             setattr(assistant.generation_config, key, value)
         extra["assistant_model"] = assistant
+        if vocabulary_mismatch(draft, target) is not None:  # universal assisted decoding translates
+            extra.update(tokenizer=target.tokenizer, assistant_tokenizer=draft.tokenizer)
     tokenizer = target.tokenizer
 
     def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
@@ -135,7 +138,7 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
     drafter_kind, _, policy = name.partition(":")
-    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min)
+    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target)
     return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed"))
 
 
@@ -199,7 +202,10 @@ def run_bench(
                 "measurements": [
                     {"method": m.method, "prompt": m.prompt.id, "category": m.prompt.category,
                      "tokens": len(m.token_ids), "seconds": m.seconds, "alpha": m.stats.alpha if m.stats else None,
-                     "tau": m.stats.tau if m.stats else None, "timings": m.timings}
+                     "tau": m.stats.tau if m.stats else None, "timings": m.timings,
+                     # a draft with another tokenizer: its own tokens drafted, and those translated
+                     **({"source_drafted": m.stats.source_drafted, "source_kept": m.stats.source_kept}
+                        if m.stats and m.stats.source_drafted else {})}
                     for m in run.measurements]}
 
     out.mkdir(parents=True, exist_ok=True)

@@ -3,22 +3,26 @@ from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
+from specdec.drafting.translate import TranslatingDrafter
 from specdec.drafting.tree import ModelTreeDrafter
+from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 
 DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree")
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree"}  # what --tree turns a chain drafter into
 
 
 def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tree: bool = False,
-                 tree_budget: int = 16) -> Drafter:
+                 tree_budget: int = 16, target=None) -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
     continuations of several earlier occurrences as branches) need none; "A+B" merges the
     proposals of A and B into one tree. tree=True turns "model" into "tree", "ngram" into
-    "ngram-tree" and "staged" into "staged-tree"."""
+    "ngram-tree" and "staged" into "staged-tree". With the target given, the draft is paired with
+    it by tokenizer: the same tokenizer under another embedding size works as is (logits fitted to
+    the target's rows); another tokenizer is translated (TranslatingDrafter, "model" only)."""
     kinds = kind.split("+")
     if len(kinds) > 1:
-        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget) for k in kinds],
+        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target) for k in kinds],
                              budget=tree_budget)
     kind = TREE_KINDS.get(kind, kind) if tree else kind
     if kind not in DRAFTERS:
@@ -27,6 +31,16 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tr
         return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
     if draft_model is None:
         raise ValueError(f"the {kind!r} drafter needs a draft model (--draft)")
+    mismatch = None if target is None else vocabulary_mismatch(draft_model, target)
+    if mismatch is not None:
+        if draft_model.tokenizer is None or target.tokenizer is None:
+            raise ValueError(mismatch)
+        if kind != "model":
+            raise ValueError(f"{mismatch}: only the 'model' drafter translates between tokenizers (the {kind!r} "
+                             "drafter works in the target's tokens); use --drafter model, or ngram (no draft model)")
+        return TranslatingDrafter(draft_model, target)
+    if target is not None:
+        draft_model = fit_to_target(draft_model, target)
     if kind == "tree":
         return ModelTreeDrafter(draft_model, budget=tree_budget)
     if kind == "staged-tree":
@@ -35,4 +49,4 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tr
 
 
 __all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
-           "make_drafter"]
+           "TranslatingDrafter", "make_drafter"]

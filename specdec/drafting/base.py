@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -13,6 +13,16 @@ from specdec.sampling import SamplingParams
 #: Called after each drafted token with (tokens drafted so far, their chain probability under q);
 #: True stops drafting. Draft-length policies supply it (see specdec.policy).
 StopRule = Callable[[int, float], bool]
+
+
+@dataclass(frozen=True)
+class Translation:
+    """What a translating drafter (another tokenizer) made of one draft: how many tokens it
+    drafted in its own vocabulary, and how many of them have their whole text in the target
+    tokens it proposed (the rest were cut: an incomplete character, or past gamma)."""
+
+    proposed: int
+    kept: int
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,7 @@ class Draft:
     tokens: torch.Tensor  # [gamma] int64
     probs: torch.Tensor | None = None  # chain: [gamma, vocab]; tree: [gamma + 1, vocab]
     parents: tuple[int, ...] | None = None
+    translation: Translation | None = None  # set by a drafter that translates from another tokenizer
 
     @property
     def gamma(self) -> int:
@@ -37,9 +48,9 @@ class Draft:
         if count >= self.gamma:
             return self
         if self.parents is None:
-            return Draft(self.tokens[:count], None if self.probs is None else self.probs[:count])
-        return Draft(self.tokens[:count], None if self.probs is None else self.probs[: count + 1],
-                     self.parents[:count])
+            return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[:count])
+        return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[: count + 1],
+                       parents=self.parents[:count])
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> Draft:

@@ -62,6 +62,15 @@ class DraftModelState:
         self.cache.rollback(0, before + agree)
         self.pending = emitted[agree:]
 
+    def rewind(self, context: torch.Tensor, kept: int) -> None:  # context [n] int64
+        """The context is now ``context``, of which only the first ``kept`` tokens are known to
+        match what was fed (a translating drafter re-tokenizes the tail of its context): the
+        cache keeps at most those, and the rest of the context is queued (at least the last
+        token, whose logits give q for the next draft)."""
+        fed = max(0, min(self.cache.lengths[0], kept, context.shape[0] - 1))
+        self.cache.rollback(0, fed)
+        self.pending = context[fed:]
+
 
 def sample_from_logits(
     logits: torch.Tensor,  # [1, vocab]

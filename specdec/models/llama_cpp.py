@@ -66,7 +66,14 @@ class LlamaCppTokenizer:
             count = self.lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special_tokens, False)
         return list(buffer[:count])
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def get_vocab(self) -> dict[str, int]:
+        """Token text -> id, as transformers' tokenizers give it (GGUF stores the same texts)."""
+        count = self.lib.llama_vocab_n_tokens(self.vocab)
+        texts = (self.lib.llama_vocab_get_text(self.vocab, token) for token in range(count))
+        return {text.decode("utf-8", errors="replace"): token for token, text in enumerate(texts)}
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
+               clean_up_tokenization_spaces: bool = False) -> str:  # llama.cpp never cleans up spaces
         if not ids:
             return ""
         tokens = (self.lib.llama_token * len(ids))(*ids)

@@ -33,7 +33,7 @@ class SpecdecReplica:
         target_model = load(target, dtype=dtype)
         draft_model = load(draft, dtype=dtype) if draft else None
         needs_model = any(kind not in ("ngram", "ngram-tree") for kind in drafter.split("+"))
-        chosen = make_drafter(drafter, draft_model) if draft_model is not None or not needs_model else None
+        chosen = make_drafter(drafter, draft_model, target=target_model) if draft_model is not None or not needs_model else None
         self.asgi_app = build_app(target_model, chosen, model_name or target_model.name, gamma=gamma,
                                   speculation=speculation, max_batch=max_batch)
 
