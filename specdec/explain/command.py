@@ -1,0 +1,56 @@
+"""`specdec explain`: the argument parser and what each mode runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+
+def add_parser(commands, add_model_options, add_sampling_options, add_drafting_options) -> None:
+    explain = commands.add_parser(
+        "explain", help="see speculation happen: one generation's steps with q, p, draws and decisions",
+        description="Runs one generation and shows a step (default: the first with a rejection): the drafted "
+                    "tokens with q and p, min(1, p/q), the uniform draw, the decision, the residual max(0, p - q) "
+                    "on rejection, the verify block's positions and attention mask, and the step's cost. "
+                    "--calculator instead tabulates Leviathan et al.'s expected speedup for each gamma.")
+    explain.add_argument("prompt", nargs="?", help="the prompt (not needed with --calculator)")
+    add_model_options(explain)
+    add_sampling_options(explain)
+    add_drafting_options(explain)
+    explain.set_defaults(temperature=0.8, seed=0)  # sampling shows the draws; a seed makes it repeatable
+    explain.add_argument("--max-new-tokens", type=int, default=48)
+    explain.add_argument("--step", type=int, help="the step to show (1-based; default: the first with a rejection)")
+    explain.add_argument("--seeds", type=int, default=20000,
+                         help="re-run the shown step's verification this many times: emitted tokens vs p")
+    explain.add_argument("--html", help="write a self-contained HTML report of every step to this file")
+    explain.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                         help="also time the target alone (for the measured speedup and c)")
+    calculator = explain.add_argument_group("--calculator", "expected tokens per step and speedup for each gamma")
+    calculator.add_argument("--calculator", action="store_true", help="tabulate instead of generating")
+    calculator.add_argument("--alpha", type=float, help="probability that a draft token is accepted")
+    calculator.add_argument("--c", type=float, help="a draft forward's time over a target forward's")
+    calculator.add_argument("--verify-cost", type=float, nargs="+",
+                            help="T(gamma+1)/T(1), a verify block's time over a one-token forward: one value "
+                                 "for every gamma or one per gamma 1..--max-gamma (default 1, Leviathan's "
+                                 "assumption)")
+    calculator.add_argument("--max-gamma", type=int, default=10)
+
+
+def run_calculator(args: argparse.Namespace, console: Console) -> int:
+    from specdec.explain.calculator import best_row, calculator_table, speedup_table
+
+    if args.alpha is None or args.c is None:
+        raise ValueError("--calculator needs --alpha A and --c C")
+    rows = speedup_table(args.alpha, args.c, args.max_gamma, args.verify_cost)
+    console.print(calculator_table(args.alpha, args.c, rows))
+    best = best_row(rows)
+    console.print(f"best gamma: {best.gamma} ({best.expected_tokens:.3f} tokens per step, "
+                  f"{best.speedup:.3f}x expected speedup)")
+    return 0
+
+
+def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
+    if args.calculator:
+        return run_calculator(args, console)
+    raise ValueError("specdec explain PROMPT is not built yet; use --calculator")
