@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
+from rich.text import Text
 
 
 def add_parser(commands, add_model_options, add_sampling_options, add_drafting_options) -> None:
@@ -18,10 +19,12 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
     add_model_options(explain)
     add_sampling_options(explain)
     add_drafting_options(explain)
-    explain.set_defaults(temperature=0.8, seed=0)  # sampling shows the draws; a seed makes it repeatable
+    # Sampling shows the draws and a seed makes the run repeatable; a draft model's q is what
+    # there is to see, so the draft model and a fixed gamma by default (also for the default pair).
+    explain.set_defaults(temperature=0.8, seed=0, drafter="model", policy="fixed", no_draft=False)
     explain.add_argument("--max-new-tokens", type=int, default=48)
     explain.add_argument("--step", type=int, help="the step to show (1-based; default: the first with a rejection)")
-    explain.add_argument("--seeds", type=int, default=20000,
+    explain.add_argument("--seeds", type=int, default=5000,
                          help="re-run the shown step's verification this many times: emitted tokens vs p")
     explain.add_argument("--html", help="write a self-contained HTML report of every step to this file")
     explain.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
@@ -53,4 +56,40 @@ def run_calculator(args: argparse.Namespace, console: Console) -> int:
 def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
     if args.calculator:
         return run_calculator(args, console)
-    raise ValueError("specdec explain PROMPT is not built yet; use --calculator")
+    if not args.prompt:
+        raise ValueError("no prompt: specdec explain \"PROMPT\" (or --calculator --alpha A --c C)")
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.explain.lossless import check_lossless
+    from specdec.explain.record import chosen_step, record_generation
+    from specdec.explain.steps import step_view
+    from specdec.explain.view import lossless_renderable, step_renderable
+    from specdec.generate_command import stats_table
+    from specdec.sampling import SamplingParams
+
+    target, drafter = build_drafter(args, errors)
+    if drafter is None:
+        raise ValueError("explain needs a drafter: pass --draft (with --target) or --drafter ngram")
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed, max_new_tokens=args.max_new_tokens)
+    with errors.status("generating, every step recorded"):
+        run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy)
+    baseline = None
+    if args.compare:
+        with errors.status("running the target alone on the same prompt, for the measured speedup"):
+            baseline = SpeculativeDecoder(target).generate(args.prompt, sampling).stats
+    tokenizer = target.tokenizer
+    console.print(Text(args.prompt, style="dim") + Text(run.result.text))
+    view = step_view(chosen_step(run.records, args.step))
+    console.print(step_renderable(view, tokenizer, len(run.records)))
+    if not sampling.greedy:
+        with errors.status(f"re-running step {view.record.index}'s verification with {args.seeds} seeds"):
+            check = check_lossless(view.record, args.seeds)
+        console.print(lossless_renderable(check, tokenizer))
+    console.print(stats_table(run.result.stats, f"the whole run ({len(run.records)} steps)", run.result.finish_reason,
+                              baseline, sampled=not sampling.greedy))
+    if args.html:
+        from specdec.explain.report import write_report
+
+        write_report(args.html, run, tokenizer, baseline, gamma=args.gamma)
+        errors.print(f"wrote {args.html}")
+    return 0
