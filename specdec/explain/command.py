@@ -90,6 +90,6 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     if args.html:
         from specdec.explain.report import write_report
 
-        write_report(args.html, run, tokenizer, baseline, gamma=args.gamma)
+        write_report(args.html, run, tokenizer, baseline, args.gamma, args.prompt)
         errors.print(f"wrote {args.html}")
     return 0
