@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed, max_new_tokens=args.max_new_tokens)
     with errors.status("generating, every step recorded"):
-        run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy)
+        run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy, warm_up=True)
     baseline = None
     if args.compare:
         with errors.status("running the target alone on the same prompt, for the measured speedup"):

@@ -8,6 +8,7 @@ so a chain step's uniform draws and decision can be replayed exactly afterwards
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -146,10 +147,16 @@ class RecordedRun:
 
 
 def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | None, prompt: str | list[int],
-                      sampling: SamplingParams, gamma: int = 4, policy: str = "fixed") -> RecordedRun:
-    """Generate once with every step recorded (the decoder's own loop, on a recording engine)."""
+                      sampling: SamplingParams, gamma: int = 4, policy: str = "fixed",
+                      warm_up: bool = False) -> RecordedRun:
+    """Generate once with every step recorded (the decoder's own loop, on a recording engine).
+    warm_up: first a two-token generation, so the first recorded step's times are not those of
+    the models' first calls (hundreds of ms)."""
     decoder = SpeculativeDecoder(target)
     decoder.engine = engine = RecordingEngine(target, drafter, gamma, policy)
+    if warm_up:
+        decoder.generate(prompt, dataclasses.replace(sampling, max_new_tokens=2))
+        engine.records.clear()
     result = decoder.generate(prompt, sampling)
     return RecordedRun(result, engine.records, sampling)
 

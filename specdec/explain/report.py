@@ -116,7 +116,7 @@ def step_html(view: StepView, tokenizer: Any, expanded: bool = False) -> str:
         for row in view.rows)
     charts = [bars_html(f"q at block row {view.at}", view.q_top, tokenizer)] if view.q_top else []
     charts.append(bars_html(f"p at block row {view.at}", view.p_top, tokenizer))
-    if record.rejected and record.parents is None:
+    if record.rejected and record.parents is None and not record.greedy:
         charts.append(bars_html("norm(max(0, p - q)): drawn from", view.final_top, tokenizer))
     emitted = " ".join(html.escape(token_text(tokenizer, t)) for t in record.emitted)
     kind = "tree" if record.parents is not None else "chain"

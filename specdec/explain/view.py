@@ -73,7 +73,7 @@ def outcome_text(view: StepView, tokenizer: Any) -> Text:
         how = "nothing drafted: plain decoding"
     if record.greedy:
         how = "greedy: drafts are kept while they equal the target's argmax, then the argmax is emitted"
-    return Text(f"emitted {record.num_accepted + 1} tokens ({emitted}); {how}")
+    return Text(f"emitted {record.num_accepted + 1} token(s) ({emitted}); {how}")
 
 
 def charts(view: StepView, tokenizer: Any) -> Table:
@@ -84,7 +84,7 @@ def charts(view: StepView, tokenizer: Any) -> Table:
     if view.q_top:
         parts.append(bar_chart(f"q at block row {view.at} (draft)", view.q_top, tokenizer, drafted))
     parts.append(bar_chart(f"p at block row {view.at} (target)", view.p_top, tokenizer, drafted))
-    if view.record.rejected and view.record.parents is None:
+    if view.record.rejected and view.record.parents is None and not view.record.greedy:
         parts.append(bar_chart("norm(max(0, p - q)): drawn from", view.final_top, tokenizer, emitted))
     for _ in parts:
         grid.add_column()
