@@ -53,7 +53,7 @@ def best_row(rows: Sequence[GammaRow]) -> GammaRow:
 
 def calculator_table(alpha: float, c: float, rows: Sequence[GammaRow]) -> Table:
     best = best_row(rows)
-    table = Table(title=f"alpha = {alpha:g}, c = {c:g}: E = (1 - alpha^(gamma+1)) / (1 - alpha), "
+    table = Table(title=f"alpha = {alpha:.4g}, c = {c:.4g}: E = (1 - alpha^(gamma+1)) / (1 - alpha), "
                         "speedup = E / (gamma c + T(gamma+1)/T(1))")
     for name in ("gamma", "expected tokens per step", "T(gamma+1)/T(1)", "speedup", ""):
         table.add_column(name, justify="right")

@@ -59,19 +59,21 @@ def figure_tag(figure, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
 
-def plots(run: RecordedRun, costs: RunCosts, gamma: int) -> list[str]:
+def run_figures(run: RecordedRun, costs: RunCosts, gamma: int) -> dict[str, Any]:
+    """matplotlib figures by name: acceptance per position, tau over the run, and (with the
+    target alone timed) expected speedup vs gamma with the measured point."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stats = run.result.stats
-    tags = []
+    figures = {}
     figure, axes = plt.subplots(figsize=(5, 3))
     positions = range(1, len(stats.acceptance_by_position) + 1)
     axes.bar(positions, stats.acceptance_by_position, color="#4a90d9")
     axes.set(xlabel="draft position", ylabel="accepted share", title="acceptance per position", ylim=(0, 1))
-    tags.append(figure_tag(figure, "acceptance per position"))
+    figures["acceptance per position"] = figure
 
     figure, axes = plt.subplots(figsize=(5, 3))
     steps = [record.index for record in run.records]
@@ -81,7 +83,7 @@ def plots(run: RecordedRun, costs: RunCosts, gamma: int) -> list[str]:
     axes.plot(steps, running, color="#c00", label="tau so far")
     axes.set(xlabel="step", ylabel="tokens", title=f"tau over the run (final {stats.tau:.2f})")
     axes.legend()
-    tags.append(figure_tag(figure, "tau over the run"))
+    figures["tau over the run"] = figure
 
     if costs.c is not None:
         rows = speedup_table(costs.alpha, costs.c, max(10, gamma), [costs.verify_ratio])
@@ -92,8 +94,12 @@ def plots(run: RecordedRun, costs: RunCosts, gamma: int) -> list[str]:
         axes.axhline(1.0, color="#999", linewidth=0.8)
         axes.set(xlabel="gamma", ylabel="speedup over the target alone", title="expected speedup vs gamma")
         axes.legend(fontsize=8)
-        tags.append(figure_tag(figure, "expected speedup vs gamma"))
-    return tags
+        figures["expected speedup vs gamma"] = figure
+    return figures
+
+
+def plots(run: RecordedRun, costs: RunCosts, gamma: int) -> list[str]:
+    return [figure_tag(figure, name) for name, figure in run_figures(run, costs, gamma).items()]
 
 
 def bars_html(title: str, tokens: list[TopToken], tokenizer: Any) -> str:
