@@ -139,3 +139,18 @@ def test_cli_explain_writes_a_report(tmp_path, capsys, monkeypatch):
     assert out.read_text().count("<img") == 3  # with the target alone timed, the speedup curve too
     assert main(argv[:-2] + ["--step", "99"]) == 2
     assert "--step must be in 1.." in capsys.readouterr().err
+
+
+def test_tree_steps_record_the_tree_mask_and_path(pair):
+    from specdec.drafting import make_drafter
+
+    run = record_generation(pair[0], make_drafter("tree", pair[1], tree_budget=6), PROMPT,
+                            SamplingParams(temperature=TEMPERATURE, seed=1, max_new_tokens=12))
+    assert sum(record.num_accepted for record in run.records) == run.result.stats.accepted
+    for record in run.records:
+        view = step_view(record)
+        assert sum(row.decision == "on the path" for row in view.rows) == record.num_accepted
+        for node, parent in enumerate(record.parents or ()):  # a node sees itself and its parent, not its siblings
+            assert record.mask[node + 1, node + 1] and record.mask[node + 1, parent + 1]
+            siblings = [other for other, p in enumerate(record.parents) if p == parent and other != node]
+            assert not any(record.mask[node + 1, other + 1] for other in siblings)
