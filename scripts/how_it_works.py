@@ -23,7 +23,7 @@ from specdec.defaults import default_model  # noqa: E402
 from specdec.explain.calculator import best_row, calculator_table, speedup_table  # noqa: E402
 from specdec.explain.lossless import check_lossless  # noqa: E402
 from specdec.explain.record import chosen_step, record_generation  # noqa: E402
-from specdec.explain.report import run_costs, run_figures, write_report  # noqa: E402
+from specdec.explain.report import lossless_figure, run_costs, run_figures, write_report  # noqa: E402
 from specdec.explain.steps import step_view, token_text  # noqa: E402
 from specdec.explain.view import lossless_renderable, step_renderable  # noqa: E402
 from specdec.models.loading import load  # noqa: E402
@@ -49,21 +49,6 @@ def save(figure, name: str) -> str:
     figure.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(figure)
     return f"![{name}](how-it-works/{path.name})"
-
-
-def lossless_figure(check, tokenizer):
-    import matplotlib.pyplot as plt
-
-    tokens = check.p.topk(10).indices.tolist()
-    shares = (check.counts.double() / check.seeds)[tokens].tolist()
-    figure, axes = plt.subplots(figsize=(7, 3))
-    where = torch.arange(len(tokens)).tolist()
-    axes.bar([x - 0.2 for x in where], [float(check.p[t]) for t in tokens], 0.4, label="p (the target)")
-    axes.bar([x + 0.2 for x in where], shares, 0.4, label=f"first emitted token, {check.seeds} re-runs")
-    axes.set_xticks(where, [token_text(tokenizer, t) for t in tokens], rotation=45, fontsize=8)
-    axes.set(ylabel="probability", title=f"re-running one step's verification: chi-square p-value {check.p_value:.2f}")
-    axes.legend(fontsize=8)
-    return figure
 
 
 def single_pass_gap(target, context: list[int], block: list[int], sampling: SamplingParams) -> float:
@@ -92,7 +77,7 @@ def main() -> None:
     view = step_view(chosen_step(run.records, None))
     record = view.record
     check = check_lossless(record, SEEDS)
-    write_report(str(FIGURES / "report.html"), run, tokenizer, baseline, GAMMA, PROMPT)
+    write_report(str(FIGURES / "report.html"), run, tokenizer, baseline, GAMMA, PROMPT, check)
     figures = {name: save(figure, name) for name, figure in run_figures(run, costs, GAMMA).items()}
     figures["lossless"] = save(lossless_figure(check, tokenizer), "lossless")
 

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     console.print(Text(args.prompt, style="dim") + Text(run.result.text))
     view = step_view(chosen_step(run.records, args.step))
     console.print(step_renderable(view, tokenizer, len(run.records)))
+    check = None
     if not sampling.greedy:
         with errors.status(f"re-running step {view.record.index}'s verification with {args.seeds} seeds"):
             check = check_lossless(view.record, args.seeds)
@@ -90,6 +91,6 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     if args.html:
         from specdec.explain.report import write_report
 
-        write_report(args.html, run, tokenizer, baseline, args.gamma, args.prompt)
+        write_report(args.html, run, tokenizer, baseline, args.gamma, args.prompt, check)
         errors.print(f"wrote {args.html}")
     return 0

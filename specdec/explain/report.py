@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.explain.calculator import speedup_table
+from specdec.explain.lossless import LosslessCheck
 from specdec.explain.record import RecordedRun, StepRecord, chosen_step
 from specdec.explain.steps import StepView, TopToken, step_view, token_text
 from specdec.metrics import SpecStats
@@ -102,6 +103,25 @@ def plots(run: RecordedRun, costs: RunCosts, gamma: int) -> list[str]:
     return [figure_tag(figure, name) for name, figure in run_figures(run, costs, gamma).items()]
 
 
+def lossless_figure(check: LosslessCheck, tokenizer: Any):
+    """p next to the shares of the first emitted token over the re-runs, top 10 tokens of p."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = check.p.topk(10).indices.tolist()
+    shares = (check.counts.double() / check.seeds)[tokens].tolist()
+    figure, axes = plt.subplots(figsize=(7, 3))
+    where = list(range(len(tokens)))
+    axes.bar([x - 0.2 for x in where], [float(check.p[t]) for t in tokens], 0.4, label="p (the target)")
+    axes.bar([x + 0.2 for x in where], shares, 0.4, label=f"first emitted token, {check.seeds} re-runs")
+    axes.set_xticks(where, [token_text(tokenizer, t) for t in tokens], rotation=45, fontsize=8)
+    axes.set(ylabel="probability", title=f"re-running one step's verification: chi-square p-value {check.p_value:.2f}")
+    axes.legend(fontsize=8)
+    return figure
+
+
 def bars_html(title: str, tokens: list[TopToken], tokenizer: Any) -> str:
     rows = "".join(f"<tr><td>{html.escape(token_text(tokenizer, t.token))}</td><td class=n>{t.probability:.4f}</td>"
                    f"<td><span class=bar style='width:{t.probability * 120:.0f}px'></span></td></tr>" for t in tokens)
@@ -157,8 +177,13 @@ def stats_html(stats: SpecStats, costs: RunCosts, baseline: SpecStats | None) ->
                                for name, value in rows) + "</table>"
 
 
-def report_html(run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, gamma: int, prompt: str) -> str:
+def report_html(run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, gamma: int, prompt: str,
+                lossless: LosslessCheck | None = None) -> str:
+    """The page; lossless: the shown step's re-run (its histogram against p is added)."""
     costs = run_costs(run, baseline)
+    figures = plots(run, costs, gamma)
+    if lossless is not None:
+        figures.append(figure_tag(lossless_figure(lossless, tokenizer), "lossless re-run"))
     shown = chosen_step(run.records, None)
     steps = "".join(step_html(step_view(record), tokenizer, record is shown) for record in run.records)
     sampling = run.sampling
@@ -167,11 +192,11 @@ def report_html(run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, ga
             f"{html.escape(run.result.text)}</pre><p>temperature {sampling.temperature}, top-k {sampling.top_k}, "
             f"top-p {sampling.top_p}, seed {sampling.seed}, gamma {gamma}: {len(run.records)} steps.</p>"
             f"<h2>the run</h2>{stats_html(run.result.stats, costs, baseline)}<div class=charts>"
-            f"{''.join(plots(run, costs, gamma))}</div><h2>every step</h2><p>Each step drafts tokens, runs the target "
+            f"{''.join(figures)}</div><h2>every step</h2><p>Each step drafts tokens, runs the target "
             f"once over [last token, drafts], keeps draft x when u &lt; min(1, p(x)/q(x)), and at the first "
             f"rejection draws the target's own token from norm(max(0, p - q)).</p>{steps}</body></html>")
 
 
 def write_report(path: str, run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, gamma: int,
-                 prompt: str) -> None:
-    Path(path).write_text(report_html(run, tokenizer, baseline, gamma, prompt), encoding="utf-8")
+                 prompt: str, lossless: LosslessCheck | None = None) -> None:
+    Path(path).write_text(report_html(run, tokenizer, baseline, gamma, prompt, lossless), encoding="utf-8")
