@@ -137,6 +137,8 @@ def test_cli_explain_writes_a_report(tmp_path, capsys, monkeypatch):
     terminal = capsys.readouterr().out
     assert "min(1, p/q)" in terminal and "chi-square" in terminal and "speedup (measured" in terminal
     assert out.read_text().count("<img") == 4  # with the target alone timed the speedup curve; the lossless re-run
+    assert main(argv[:-2] + ["--temperature", "0"]) == 0
+    assert re.search(r"same text as the target alone\s*│\s*yes", capsys.readouterr().out)  # greedy: identical
     assert main(argv[:-2] + ["--step", "99"]) == 2
     assert "--step must be in 1.." in capsys.readouterr().err
 

@@ -58,6 +58,8 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         return run_calculator(args, console)
     if not args.prompt:
         raise ValueError("no prompt: specdec explain \"PROMPT\" (or --calculator --alpha A --c C)")
+    if args.seeds < 100:
+        raise ValueError(f"--seeds must be at least 100 for a histogram, got {args.seeds}")
     from specdec.decoder import SpeculativeDecoder
     from specdec.explain.lossless import check_lossless
     from specdec.explain.record import chosen_step, record_generation
@@ -73,10 +75,11 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
                               seed=args.seed, max_new_tokens=args.max_new_tokens)
     with errors.status("generating, every step recorded"):
         run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy, warm_up=True)
-    baseline = None
+    alone = None
     if args.compare:
         with errors.status("running the target alone on the same prompt, for the measured speedup"):
-            baseline = SpeculativeDecoder(target).generate(args.prompt, sampling).stats
+            alone = SpeculativeDecoder(target).generate(args.prompt, sampling)
+    baseline = alone and alone.stats
     tokenizer = target.tokenizer
     console.print(Text(args.prompt, style="dim") + Text(run.result.text))
     view = step_view(chosen_step(run.records, args.step))
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
             check = check_lossless(view.record, args.seeds)
         console.print(lossless_renderable(check, tokenizer))
     console.print(stats_table(run.result.stats, f"the whole run ({len(run.records)} steps)", run.result.finish_reason,
-                              baseline, sampled=not sampling.greedy))
+                              baseline, alone is not None and alone.text == run.result.text, not sampling.greedy))
     if args.html:
         from specdec.explain.report import write_report
 
