@@ -1,7 +1,7 @@
 """Regenerates docs/how-it-works.md and its figures from `specdec explain` runs on the bundled
 toy pair: every number in the page is computed here, none is pasted.
 
-    flock -x /work/runs/timing.lock python scripts/how_it_works.py   # about a minute; it times things
+    python scripts/how_it_works.py   # about half a minute; it times things: run it on an idle machine
 """
 
 from __future__ import annotations
