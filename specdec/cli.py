@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec import generate_command
 
     generate_command.add_parser(commands, add_model_options, add_sampling_options, add_drafting_options)
+    from specdec.explain import command as explain_command
+
+    explain_command.add_parser(commands, add_model_options, add_sampling_options, add_drafting_options)
     from specdec.training import command as train_command
 
     train_command.add_parser(commands)
@@ -291,6 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specdec import generate_command
 
             return generate_command.run(args, console, errors, build_drafter)
+        if args.command == "explain":
+            from specdec.explain import command as explain_command
+
+            return explain_command.run(args, console, errors, build_drafter)
         if args.command == "train":
             from specdec.training import command as train_command
 

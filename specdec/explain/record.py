@@ -1,0 +1,172 @@
+"""One generation with every verify step recorded: what the engine already knows, kept.
+
+RecordingEngine overrides the engine's two per-step seams (verify, commit) and leaves the
+speculative loop itself untouched: before verification it saves the request's generator state,
+so a chain step's uniform draws and decision can be replayed exactly afterwards
+(replay_chain_step), by the same functions and the same generator the engine used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.decoder import GenerationResult, SpeculativeDecoder
+from specdec.drafting.base import Draft, Drafter, StepOutcome
+from specdec.engine import Engine, Request, block_depths, block_parents
+from specdec.models.base import LanguageModel, tree_visibility
+from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.verify import acceptance_probs, point_mass_probs, residual_distribution
+
+
+@dataclass
+class StepRecord:
+    """One verify step of one request, as the engine saw it."""
+
+    index: int  # 1-based step number
+    context_length: int  # tokens in the context before the step
+    block_tokens: list[int]  # the verify block: [last context token, drafted tokens...]
+    parents: tuple[int, ...] | None  # the drafted tree (None: a chain)
+    positions: list[int]  # each block token's position
+    mask: torch.Tensor  # [gamma + 1, gamma + 1] bool: block token i attends to block token j (and all the context)
+    q: torch.Tensor | None  # chain [gamma, vocab] / tree [gamma + 1, vocab]; None: point masses or greedy
+    p: torch.Tensor  # [gamma + 1, vocab], the target's processed distributions over the block
+    greedy: bool
+    generator_state: torch.Tensor | None  # the request's generator before verification (sampling only)
+    emitted: list[int] = field(default_factory=list)
+    path: list[int] | None = None  # accepted tree nodes (None: a chain)
+    draft_ms: float = 0.0  # drafting this step (the draft model's forwards, or a lookup)
+    verify_ms: float = 0.0  # the target's one forward over the block, and verification
+
+    @property
+    def draft_tokens(self) -> list[int]:
+        return self.block_tokens[1:]
+
+    @property
+    def gamma(self) -> int:
+        return len(self.block_tokens) - 1
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.emitted) - 1
+
+    @property
+    def rejected(self) -> bool:
+        """A draft token was turned down (a chain or tree step that kept fewer than it drafted
+        along its path and ended on a correction)."""
+        if self.parents is None:
+            return self.num_accepted < self.gamma
+        end = self.path[-1] if self.path else -1
+        return end in set(self.parents)  # the last node still had children: they were rejected
+
+    def draft_probs(self) -> torch.Tensor:  # [gamma, vocab] for a chain
+        """q as the verifier used it: the drafter's rows, or point masses on its guesses."""
+        if self.q is not None:
+            return self.q
+        tokens = torch.tensor(self.draft_tokens, dtype=torch.long)
+        return point_mass_probs(tokens, self.p.shape[-1]).to(self.p.dtype)
+
+
+def verify_mask(draft: Draft) -> torch.Tensor:  # [gamma + 1, gamma + 1] bool
+    """Who sees whom inside the verify block (every block token also sees the whole context)."""
+    parents = block_parents(draft)
+    if parents is None:
+        return torch.ones(draft.gamma + 1, draft.gamma + 1, dtype=torch.bool).tril()
+    return tree_visibility(parents)
+
+
+class RecordingEngine(Engine):
+    """The engine, keeping a StepRecord per step (for a single request)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.records: list[StepRecord] = []
+
+    def verify(self, request: Request, draft: Draft, target_logits: torch.Tensor,
+               target_argmax: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        sampling = request.sampling
+        state = None if sampling.greedy else request.generator.get_state()
+        emitted, path = Engine.verify(request, draft, target_logits, target_argmax)
+        length = request.length
+        self.records.append(StepRecord(
+            index=len(self.records) + 1, context_length=length,
+            block_tokens=[int(request.tokens[length - 1])] + draft.tokens.tolist(), parents=draft.parents,
+            positions=[length - 1 + depth for depth in block_depths(draft)], mask=verify_mask(draft),
+            q=None if draft.probs is None else draft.probs.detach().cpu(),
+            p=logits_to_probs(target_logits, sampling).cpu(), greedy=sampling.greedy, generator_state=state,
+            emitted=emitted.tolist(), path=None if path is None else path.tolist()))
+        return emitted, path
+
+    def commit(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
+        super().commit(request, outcome, draft_seconds, verify_seconds)
+        self.records[-1].draft_ms = draft_seconds * 1000
+        self.records[-1].verify_ms = verify_seconds * 1000
+
+
+@dataclass(frozen=True)
+class ChainDecision:
+    """A chain step's verification, replayed: Leviathan et al.'s Algorithm 1 in the open."""
+
+    acceptance: list[float]  # min(1, p(x_i) / q(x_i)) for each drafted x_i
+    uniforms: list[float]  # u_i: x_i is accepted when u_i < acceptance_i
+    num_accepted: int  # drafts kept before the first rejection
+    final_dist: torch.Tensor  # [vocab]: norm(max(0, p - q)) after a rejection, else p after the last draft
+    final_token: int  # drawn from final_dist (greedy: the target's argmax)
+
+
+def replay_chain_step(record: StepRecord) -> ChainDecision:
+    """Recompute a chain step's decision from its record with the engine's generator state:
+    the same draws as verify.rejection_sample (uniforms first, then one multinomial)."""
+    if record.parents is not None:
+        raise ValueError("replay_chain_step takes chain steps; this one drafted a tree")
+    gamma, p = record.gamma, record.p
+    tokens = torch.tensor(record.draft_tokens, dtype=torch.long)
+    if record.greedy:  # greedy verification compares argmaxes; there is nothing to draw
+        best = p.argmax(-1)
+        matches = (tokens == best[:gamma]).int()
+        accepted = int(matches.cumprod(0).sum()) if gamma else 0
+        return ChainDecision(matches.float().tolist(), [], accepted, p[accepted], int(best[accepted]))
+    q = record.draft_probs()
+    p = p.to(q.dtype)
+    generator = torch.Generator().set_state(record.generator_state)
+    uniforms = torch.rand(gamma, generator=generator, dtype=q.dtype)
+    acceptance = acceptance_probs(tokens, q, p)
+    accepted = int((uniforms < acceptance).cumprod(0).sum()) if gamma else 0
+    final = residual_distribution(q[accepted], p[accepted]) if accepted < gamma else p[gamma]
+    token = int(torch.multinomial(final, 1, generator=generator))
+    return ChainDecision(acceptance.tolist(), uniforms.tolist(), accepted, final, token)
+
+
+@dataclass
+class RecordedRun:
+    result: GenerationResult
+    records: list[StepRecord]
+    sampling: SamplingParams
+
+
+def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | None, prompt: str | list[int],
+                      sampling: SamplingParams, gamma: int = 4, policy: str = "fixed",
+                      warm_up: bool = False) -> RecordedRun:
+    """Generate once with every step recorded (the decoder's own loop, on a recording engine).
+    warm_up: first a two-token generation, so the first recorded step's times are not those of
+    the models' first calls (hundreds of ms)."""
+    decoder = SpeculativeDecoder(target)
+    decoder.engine = engine = RecordingEngine(target, drafter, gamma, policy)
+    if warm_up:
+        decoder.generate(prompt, dataclasses.replace(sampling, max_new_tokens=2))
+        engine.records.clear()
+    result = decoder.generate(prompt, sampling)
+    return RecordedRun(result, engine.records, sampling)
+
+
+def chosen_step(records: list[StepRecord], step: int | None) -> StepRecord:
+    """Step ``step`` (1-based), or by default the first with a rejection (else the first)."""
+    if not records:
+        raise ValueError("the generation made no verify steps")
+    if step is not None:
+        if not 1 <= step <= len(records):
+            raise ValueError(f"--step must be in 1..{len(records)} (this run made {len(records)} steps), got {step}")
+        return records[step - 1]
+    return next((record for record in records if record.rejected), records[0])

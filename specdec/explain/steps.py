@@ -1,0 +1,91 @@
+"""The numbers of one step's view, computed once for the terminal and the HTML report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specdec.explain.record import ChainDecision, StepRecord, replay_chain_step
+
+
+def token_text(tokenizer: Any, token: int) -> str:
+    """A token as a person reads it: its text in quotes (escapes shown), or its id."""
+    if tokenizer is None:
+        return f"#{token}"
+    return repr(tokenizer.decode([token]))
+
+
+@dataclass(frozen=True)
+class DraftRow:
+    """One drafted token: q and p of it, and what verification did with it."""
+
+    node: int  # index in the draft
+    parent: int  # -1: hangs off the context (a chain's node i has parent i - 1)
+    token: int
+    q: float  # q(x) where it was drawn (1 for a guess with no q)
+    p: float  # p(x) at the same place
+    acceptance: float | None  # min(1, p/q) (a tree's later siblings are judged against updated p, q: None)
+    uniform: float | None  # the draw u (None: greedy, or a tree)
+    decision: str  # "accepted", "rejected", "not reached" (a chain); "on the path" / "off the path" (a tree)
+
+
+@dataclass(frozen=True)
+class TopToken:
+    token: int
+    probability: float
+
+
+@dataclass(frozen=True)
+class StepView:
+    record: StepRecord
+    decision: ChainDecision | None  # chains only
+    rows: list[DraftRow]
+    at: int  # the position (block row) where the target chose its own token
+    q_top: list[TopToken]  # q there (empty: no q, or a bonus position)
+    p_top: list[TopToken]  # p there
+    final_top: list[TopToken]  # what the target's token was drawn from: the residual, or p
+
+
+def top_tokens(dist: torch.Tensor, count: int) -> list[TopToken]:  # dist [vocab]
+    values, tokens = torch.topk(dist.double(), min(count, dist.shape[-1]))
+    return [TopToken(int(t), float(v)) for t, v in zip(tokens, values) if v > 0]
+
+
+def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
+    q = record.draft_probs()
+    rows = []
+    for i, token in enumerate(record.draft_tokens):
+        state = "accepted" if i < decision.num_accepted else "rejected" if i == decision.num_accepted else "not reached"
+        reached = i <= decision.num_accepted
+        rows.append(DraftRow(i, i - 1, token, float(q[i, token]), float(record.p[i, token]),
+                             decision.acceptance[i] if reached and not record.greedy else None,
+                             decision.uniforms[i] if reached and decision.uniforms else None, state))
+    return rows
+
+
+def tree_rows(record: StepRecord) -> list[DraftRow]:
+    path = set(record.path or [])
+    rows = []
+    for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents)):
+        q = 1.0 if record.q is None else float(record.q[parent + 1, token])
+        p = float(record.p[parent + 1, token])
+        first_sibling = record.parents.index(parent) == node
+        rows.append(DraftRow(node, parent, token, q, p, min(1.0, p / q) if first_sibling and q > 0 else None, None,
+                             "on the path" if node in path else "off the path"))
+    return rows
+
+
+def step_view(record: StepRecord, top: int = 6) -> StepView:
+    if record.parents is None:
+        decision = replay_chain_step(record)
+        rows, at = chain_rows(record, decision), decision.num_accepted
+        final = decision.final_dist
+    else:
+        decision, rows = None, tree_rows(record)
+        at = record.path[-1] + 1 if record.path else 0
+        final = record.p[at]  # after the siblings' rejections the tree draws from an updated p
+    q = record.draft_probs() if record.parents is None else record.q
+    q_top = top_tokens(q[at], top) if q is not None and at < q.shape[0] else []
+    return StepView(record, decision, rows, at, q_top, top_tokens(record.p[at], top), top_tokens(final, top))
