@@ -137,6 +137,11 @@ def test_cli_explain_writes_a_report(tmp_path, capsys, monkeypatch):
     terminal = capsys.readouterr().out
     assert "min(1, p/q)" in terminal and "chi-square" in terminal and "speedup (measured" in terminal
     assert out.read_text().count("<img") == 4  # with the target alone timed the speedup curve; the lossless re-run
+    assert main(argv + ["--step", "2"]) == 0  # the page expands, and re-runs, the step asked for
+    page = out.read_text()
+    assert "<details open><summary>step 2: " in page and page.count("<details open>") == 1
+    assert "lossless: step 2's verification re-run with 300 seeds" in page
+    capsys.readouterr()
     assert main(argv[:-2] + ["--temperature", "0"]) == 0
     assert re.search(r"same text as the target alone\s*│\s*yes", capsys.readouterr().out)  # greedy: identical
     assert main(argv[:-2] + ["--step", "99"]) == 2

@@ -68,16 +68,23 @@ class RandomDrafter:
         pass
 
 
-def test_greedy_speculation_equals_target_only_on_llama_cpp(target):
+DRAFTERS = {"ngram": lambda target: make_drafter("ngram"), "same model": lambda target: make_drafter("model", target),
+            "random": lambda target: RandomDrafter(target.vocab_size),
+            "random tree": lambda target: RandomDrafter(target.vocab_size, tree=True),
+            "staged tree": lambda target: make_drafter("staged-tree", target)}
+
+
+@pytest.fixture(scope="module")
+def target_only(target):
     plain = SpeculativeDecoder(target)
-    expected = [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
-    drafters = {"ngram": make_drafter("ngram"), "same model": make_drafter("model", target),
-                "random": RandomDrafter(target.vocab_size), "random tree": RandomDrafter(target.vocab_size, tree=True),
-                "staged tree": make_drafter("staged-tree", target)}
-    for name, drafter in drafters.items():
-        decoder = SpeculativeDecoder(target, drafter, gamma=4)
-        assert [decoder.generate(p, max_new_tokens=24).token_ids for p in PROMPTS] == expected, name
-        assert decoder.generate(PROMPTS, max_new_tokens=24)[0].token_ids == expected[0], name  # batched
+    return [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("name", DRAFTERS)  # one test each: xdist spreads them over its workers
+def test_greedy_speculation_equals_target_only_on_llama_cpp(target, target_only, name):
+    decoder = SpeculativeDecoder(target, DRAFTERS[name](target), gamma=4)
+    assert [decoder.generate(p, max_new_tokens=24).token_ids for p in PROMPTS] == target_only
+    assert decoder.generate(PROMPTS, max_new_tokens=24)[0].token_ids == target_only[0]  # batched
 
 
 def test_target_only_equals_llama_cpps_own_greedy(target):

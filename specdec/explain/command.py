@@ -94,6 +94,6 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     if args.html:
         from specdec.explain.report import write_report
 
-        write_report(args.html, run, tokenizer, baseline, args.gamma, args.prompt, check)
+        write_report(args.html, run, tokenizer, baseline, args.gamma, args.prompt, check, view.record.index)
         errors.print(f"wrote {args.html}")
     return 0

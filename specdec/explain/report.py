@@ -23,7 +23,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding
 td.n{text-align:right;font-family:monospace}.bar{display:inline-block;height:10px;background:#4a90d9}
 .accepted,.on{color:#1a7f37}.rejected{color:#c00;font-weight:bold}.not,.off{color:#999}
 details{margin:.4em 0;border:1px solid #ddd;padding:.3em .6em}summary{cursor:pointer}
-.charts{display:flex;gap:2em}pre{white-space:pre-wrap;background:#f6f6f6;padding:.6em}.mask{font-family:monospace}"""
+.charts{display:flex;flex-wrap:wrap;gap:2em}img{max-width:100%}pre{white-space:pre-wrap;background:#f6f6f6;padding:.6em}.mask{font-family:monospace}"""
 
 
 @dataclass(frozen=True)
@@ -178,13 +178,16 @@ def stats_html(stats: SpecStats, costs: RunCosts, baseline: SpecStats | None) ->
 
 
 def report_html(run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, gamma: int, prompt: str,
-                lossless: LosslessCheck | None = None) -> str:
-    """The page; lossless: the shown step's re-run (its histogram against p is added)."""
+                lossless: LosslessCheck | None = None, step: int | None = None) -> str:
+    """The page; step: the step shown expanded (None: the first with a rejection); lossless: that
+    step's re-run (its histogram against p is added)."""
     costs = run_costs(run, baseline)
     figures = plots(run, costs, gamma)
-    if lossless is not None:
-        figures.append(figure_tag(lossless_figure(lossless, tokenizer), "lossless re-run"))
-    shown = chosen_step(run.records, None)
+    shown = chosen_step(run.records, step)
+    lossless_section = "" if lossless is None else (
+        f"<h2>lossless: step {shown.index}'s verification re-run with {lossless.seeds} seeds</h2><p>The first token "
+        f"emitted, counted over the seeds, next to p: chi-square p-value {lossless.p_value:.3f}.</p>"
+        f"{figure_tag(lossless_figure(lossless, tokenizer), 'lossless re-run')}")
     steps = "".join(step_html(step_view(record), tokenizer, record is shown) for record in run.records)
     sampling = run.sampling
     return (f"<!doctype html><html><head><meta charset=utf-8><title>specdec explain</title><style>{STYLE}</style>"
@@ -192,11 +195,11 @@ def report_html(run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, ga
             f"{html.escape(run.result.text)}</pre><p>temperature {sampling.temperature}, top-k {sampling.top_k}, "
             f"top-p {sampling.top_p}, seed {sampling.seed}, gamma {gamma}: {len(run.records)} steps.</p>"
             f"<h2>the run</h2>{stats_html(run.result.stats, costs, baseline)}<div class=charts>"
-            f"{''.join(figures)}</div><h2>every step</h2><p>Each step drafts tokens, runs the target "
+            f"{''.join(figures)}</div>{lossless_section}<h2>every step</h2><p>Each step drafts tokens, runs the target "
             f"once over [last token, drafts], keeps draft x when u &lt; min(1, p(x)/q(x)), and at the first "
             f"rejection draws the target's own token from norm(max(0, p - q)).</p>{steps}</body></html>")
 
 
 def write_report(path: str, run: RecordedRun, tokenizer: Any, baseline: SpecStats | None, gamma: int,
-                 prompt: str, lossless: LosslessCheck | None = None) -> None:
-    Path(path).write_text(report_html(run, tokenizer, baseline, gamma, prompt, lossless), encoding="utf-8")
+                 prompt: str, lossless: LosslessCheck | None = None, step: int | None = None) -> None:
+    Path(path).write_text(report_html(run, tokenizer, baseline, gamma, prompt, lossless, step), encoding="utf-8")

@@ -26,7 +26,6 @@ the rejected siblings' cells stay occupied, so the row's next token lands after 
 from __future__ import annotations
 
 import ctypes
-import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -308,7 +307,9 @@ def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 6
     model = lib.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise ValueError(f"llama.cpp could not load {path}: not a GGUF model file, or truncated")
-    threads = threads or len(os.sched_getaffinity(0))
+    # As many threads as torch uses (its default: the physical cores, llama.cpp's own default too), so
+    # torch.set_num_threads / OMP_NUM_THREADS limit both backends alike.
+    threads = threads or torch.get_num_threads()
     network = LlamaCppNetwork(lib, model, context_size, max_sequences, batch_size, threads, flash_attention)
     vocab = lib.llama_model_get_vocab(model)
     eos = tuple(token for token in range(network.vocab_size) if lib.llama_vocab_is_eog(vocab, token))
