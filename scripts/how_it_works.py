@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime
 import io
 import platform
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,6 +53,20 @@ def save(figure, name: str) -> str:
     return f"![{name}](how-it-works/{path.name})"
 
 
+def screenshot(page: Path, png: Path) -> str:
+    """The report as a real browser shows it (headless Chromium, Debian's `chromium` package), as a
+    markdown image; without Chromium, a line saying so (the old screenshot is removed, not kept stale)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    png.unlink(missing_ok=True)
+    if browser is None:
+        return "(No screenshot: Chromium is not installed here; `apt-get install chromium` and rerun.)"
+    version = subprocess.run([browser, "--version"], capture_output=True, text=True).stdout.strip()
+    subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1280,3000", f"--screenshot={png}", page.resolve().as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    return f"The report in {version}, headless, 1280 pixels wide:\n\n![the HTML report](how-it-works/{png.name})"
+
+
 def single_pass_gap(target, context: list[int], block: list[int], sampling: SamplingParams) -> float:
     """Largest |p| difference between the verify block's one forward and feeding the same
     tokens one at a time (what the target would do without a draft)."""
@@ -77,7 +93,8 @@ def main() -> None:
     view = step_view(chosen_step(run.records, None))
     record = view.record
     check = check_lossless(record, SEEDS)
-    write_report(str(FIGURES / "report.html"), run, tokenizer, baseline, GAMMA, PROMPT, check)
+    write_report(str(FIGURES / "report.html"), run, tokenizer, baseline, GAMMA, PROMPT, check, record.index)
+    report_screenshot = screenshot(FIGURES / "report.html", FIGURES / "report-screenshot.png")
     figures = {name: save(figure, name) for name, figure in run_figures(run, costs, GAMMA).items()}
     figures["lossless"] = save(lossless_figure(check, tokenizer), "lossless")
 
@@ -109,6 +126,8 @@ pair (a 5.5M-parameter Python-code target, a 0.7M draft), prompt `{PROMPT}`, tem
 seed 0, gamma {GAMMA}, 64 new tokens. Every number below comes from that run; rerun the script to
 refresh them. The same views for your own models: `specdec explain "prompt" [--target --draft]
 [--html report.html]`; the HTML report of this run is [how-it-works/report.html](how-it-works/report.html).
+
+{report_screenshot}
 
 Notation: p = the target's distribution, q = the draft's, both after the same temperature / top-k /
 top-p (`specdec/sampling.py`); gamma = tokens drafted per step; alpha = the chance a draft token is
