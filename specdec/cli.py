@@ -37,6 +37,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES, TREE_POLICIES
+    from specdec.drafting.translate import SAMPLING_RULES
 
     parser.add_argument("--gamma", type=int, default=4,
                         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
@@ -55,6 +56,10 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
                              "acceptance and costs; default: fixed, or the default pair's measured best)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
+    parser.add_argument("--vocab-rule", choices=SAMPLING_RULES, default="point-mass",
+                        help="a draft with another tokenizer, when sampling: its greedy text translation verified as "
+                             "point masses, or intersection (it samples only tokens both vocabularies have); "
+                             "both lossless: docs/tokenizers.md")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -282,7 +287,7 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     drafter = None
     if not args.no_draft and (draft is not None or not needs_model):
         drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
-                               tree_budget=args.tree_budget, target=target)
+                               tree_budget=args.tree_budget, target=target, vocab_rule=args.vocab_rule)
     return target, drafter
 
 

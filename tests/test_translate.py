@@ -87,6 +87,9 @@ def test_cli_says_how_many_drafted_tokens_survived_translation(bpe_pairs, capsys
     assert main(base + ["--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert 0 < stats["source_kept"] <= stats["source_drafted"]
+    assert main(base + ["--json", "--temperature", "0.8", "--vocab-rule", "intersection"]) == 0
+    stats = json.loads(capsys.readouterr().out)  # each drafted token is one shared token: all kept
+    assert 0 < stats["source_kept"] == stats["source_drafted"]
 
 class TextOracleNetwork:
     """A draft "model" that knows the text to come: after a context whose text is a prefix of

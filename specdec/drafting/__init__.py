@@ -12,17 +12,18 @@ TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree"}  
 
 
 def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tree: bool = False,
-                 tree_budget: int = 16, target=None) -> Drafter:
+                 tree_budget: int = 16, target=None, vocab_rule: str = "point-mass") -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
     continuations of several earlier occurrences as branches) need none; "A+B" merges the
     proposals of A and B into one tree. tree=True turns "model" into "tree", "ngram" into
     "ngram-tree" and "staged" into "staged-tree". With the target given, the draft is paired with
     it by tokenizer: the same tokenizer under another embedding size works as is (logits fitted to
-    the target's rows); another tokenizer is translated (TranslatingDrafter, "model" only)."""
+    the target's rows); another tokenizer is translated (TranslatingDrafter, "model" only), its sampled drafts verified
+    by vocab_rule ("point-mass" or "intersection", docs/tokenizers.md)."""
     kinds = kind.split("+")
     if len(kinds) > 1:
-        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target) for k in kinds],
+        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule) for k in kinds],
                              budget=tree_budget)
     kind = TREE_KINDS.get(kind, kind) if tree else kind
     if kind not in DRAFTERS:
@@ -38,7 +39,7 @@ def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tr
         if kind != "model":
             raise ValueError(f"{mismatch}: only the 'model' drafter translates between tokenizers (the {kind!r} "
                              "drafter works in the target's tokens); use --drafter model, or ngram (no draft model)")
-        return TranslatingDrafter(draft_model, target)
+        return TranslatingDrafter(draft_model, target, sampling_rule=vocab_rule)
     if target is not None:
         draft_model = fit_to_target(draft_model, target)
     if kind == "tree":
