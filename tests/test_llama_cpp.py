@@ -175,6 +175,27 @@ def test_a_pool_full_of_parked_drafts_is_a_clear_error_and_one_row_never_fills_i
         rejecting.generate(PROMPTS[:2], max_new_tokens=60)  # two rows: rejected drafts stay parked
 
 
+def test_rows_kept_leased_and_reset_free_their_parked_cells():
+    """A server's cache keeps its rows leased for its whole life and resets finished rows to 0:
+    once every row is empty the parked cells are freed, or the pool fills with finished requests.
+    Rounds of 2 rows x 30 tokens until twice the pool's cells (llama.cpp rounds the 96 asked for up
+    to 256) went through it. Mutation checked: without freeing the parking on idle rows, a round
+    fails with "pool is full"."""
+    from specdec.models.llama_cpp import load_gguf
+
+    small = load_gguf(GGUF, context_size=96, max_sequences=4)
+    ids = torch.tensor(small.tokenizer.encode(" ".join(PROMPTS))[:30])
+    cache = small.new_cache(rows=2)
+    first, pool = None, small.network.lib.llama_n_ctx(small.network.context)
+    for _ in range(2 * pool // 60 + 1):
+        logits = [small.extend(ids, cache, row) for row in (0, 1)]
+        assert torch.equal(logits[0], logits[1])
+        first = logits[0] if first is None else first
+        assert torch.equal(logits[0], first)  # the same context after the freeing scores the same
+        for row in (0, 1):
+            cache.rollback(row, 0)
+
+
 def test_tree_nodes_score_as_in_their_chains_and_the_kept_path_goes_on_as_a_chain(target):
     """A tree's nodes, each in the sequences of the branches below it, get their chain's logits;
     after compact (the path through the row's own branch, or through a leased one) the next token

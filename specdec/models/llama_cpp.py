@@ -9,7 +9,7 @@ token. As with the other caches, a forward commits nothing: the entries past a r
 length are removed (``llama_memory_seq_rm``) before that row's next forward or on rollback.
 
 While two or more sequences are leased, removed entries are parked, not freed: their cells move
-to a parking sequence that is never attended, and are freed when no sequence is leased. llama.cpp's slot search restarts at the
+to a parking sequence that is never attended, and are freed when no leased sequence holds a cell. llama.cpp's slot search restarts at the
 first freed cell (``llama_kv_cache::seq_rm`` moves its head back) and takes cells one by one, so a
 freed hole lets a row's next token land before that row's older cells; attention then sums the
 keys in another order than a chain does (measured: 0.56 off in a logit on SmolLM2 Q4_1). With one
@@ -95,7 +95,8 @@ class LlamaCppCache:
         self.lengths = [0] * rows
         self.stored = [0] * rows  # entries in the KV pool, committed or not
         self.trees: dict[int, TreeBranches] = {}  # rows whose uncommitted entries are a token tree
-        weakref.finalize(self, network.give_back, list(self.seq_ids))
+        # The trees' leased branches too (a forward that failed leaves its tree unsettled).
+        weakref.finalize(self, give_back_all, network, list(self.seq_ids), self.trees)
 
     def reserve(self, capacity: int) -> None:
         """The KV pool is allocated with the context."""
@@ -162,6 +163,10 @@ class LlamaCppCache:
         self.stored[row] = start + len(keep)
 
 
+def give_back_all(network: LlamaCppNetwork, seq_ids: list[int], trees: dict[int, TreeBranches]) -> None:
+    network.give_back([seq_id for tree in trees.values() for seq_id in tree.extra] + seq_ids)
+
+
 @dataclass
 class TreeBranches:
     extra: list[int]  # the sequences leased for the branches after the first
@@ -217,14 +222,26 @@ class LlamaCppNetwork:
         for seq_id in seq_ids:
             self.remove(seq_id, 0)
         self.free_ids += seq_ids
-        if len(self.free_ids) == self.max_sequences:  # nothing is attended any more: free the parked cells
-            self.lib.llama_memory_seq_rm(self.memory, self.parking, 0, -1)
+        self.free_parking_if_idle()
 
     def remove(self, seq_id: int, start: int) -> None:
         """Drop sequence seq_id's entries at positions >= start (parking their cells if others are leased)."""
         if len(self.free_ids) < self.max_sequences - 1:
             self.lib.llama_memory_seq_cp(self.memory, seq_id, self.parking, start, -1)
         self.lib.llama_memory_seq_rm(self.memory, seq_id, start, -1)
+        if start == 0:
+            self.free_parking_if_idle()
+
+    def free_parking_if_idle(self) -> None:
+        """Free the parked cells once no sequence holds a cell: no live cell lies after a hole then.
+        (A server keeps its rows leased for its whole life and resets finished rows to 0: this is
+        where their parked cells go, whenever every row is empty at once.)"""
+        if self.lib.llama_memory_seq_pos_max(self.memory, self.parking) < 0:
+            return
+        free = set(self.free_ids)
+        leased = (seq_id for seq_id in range(self.max_sequences) if seq_id not in free)
+        if all(self.lib.llama_memory_seq_pos_max(self.memory, seq_id) < 0 for seq_id in leased):
+            self.lib.llama_memory_seq_rm(self.memory, self.parking, 0, -1)
 
     def new_cache(self, max_length: int, rows: int = 1) -> LlamaCppCache:
         return LlamaCppCache(self, max_length, rows)
@@ -257,11 +274,14 @@ class LlamaCppNetwork:
         after_prefill = any(cache.lengths[segment.row] > 0 for segment in attention.segments)
         step = min(self.batch_size, EXACT_ROWS) if attention.batch_invariant and after_prefill else self.batch_size
         logits = []
-        for start in range(0, len(token_list), step):
-            end = min(start + step, len(token_list))
-            logits.append(self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end], want_logits))
-        for segment in attention.segments:
-            cache.stored[segment.row] = cache.lengths[segment.row] + segment.count
+        try:
+            for start in range(0, len(token_list), step):
+                end = min(start + step, len(token_list))
+                logits.append(self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end],
+                                          want_logits))
+        finally:  # on an error too: what was written is uncommitted, and crop (or the next forward) drops it
+            for segment in attention.segments:
+                cache.stored[segment.row] = cache.lengths[segment.row] + segment.count
         return ForwardOutput(torch.cat(logits) if want_logits else None)
 
     def decode(self, tokens: list[int], positions: list[int], seq_ids: list[list[int]],
