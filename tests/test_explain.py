@@ -161,3 +161,16 @@ def test_tree_steps_record_the_tree_mask_and_path(pair):
             assert record.mask[node + 1, node + 1] and record.mask[node + 1, parent + 1]
             siblings = [other for other, p in enumerate(record.parents) if p == parent and other != node]
             assert not any(record.mask[node + 1, other + 1] for other in siblings)
+
+
+def test_a_step_that_drafted_nothing_is_shown_and_rerun(pair):
+    """An n-gram drafter with no match drafts nothing: the view and the lossless re-run of that
+    step (the target's own draw) work too."""
+    from specdec.drafting import make_drafter
+
+    run = record_generation(pair[0], make_drafter("ngram"), "x = 1", SamplingParams(temperature=TEMPERATURE, seed=0,
+                                                                                   max_new_tokens=8))
+    plain = next(record for record in run.records if record.gamma == 0)
+    Console(record=True, width=200).print(step_renderable(step_view(plain), pair[0].tokenizer, len(run.records)))
+    check = check_lossless(plain, seeds=1500)
+    assert check.p_value > 1e-3 and int(check.counts.sum()) == 1500

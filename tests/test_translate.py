@@ -191,7 +191,7 @@ def test_padded_embedding_with_the_same_tokenizer_drafts_directly(tiny_pair, mod
     target, draft = load(tiny_pair["target"]), load(folder)
     assert draft.vocab_size == 128 and target.vocab_size == 96
     drafter = make_drafter("model", draft, target=target)
-    assert type(drafter) is ModelDrafter and drafter.vocab_size == 96
+    assert isinstance(drafter, ModelDrafter) and drafter.vocab_size == 96  # drafts directly, not translated
     prompts = [[5, 6, 7], [9, 40, 41, 42]]
     expected = SpeculativeDecoder(target).generate(prompts, max_new_tokens=24)
     got = SpeculativeDecoder(target, draft, gamma=4).generate(prompts, max_new_tokens=24)  # a model: paired alike

@@ -6,13 +6,14 @@ from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
 from specdec.drafting.translate import TranslatingDrafter
 from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
+from specdec.models.base import LanguageModel
 
 DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree")
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree"}  # what --tree turns a chain drafter into
 
 
-def make_drafter(kind: str, draft_model=None, max_n: int = 4, min_n: int = 1, tree: bool = False,
-                 tree_budget: int = 16, target=None, vocab_rule: str = "point-mass") -> Drafter:
+def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int = 4, min_n: int = 1, tree: bool = False,
+                 tree_budget: int = 16, target: LanguageModel | None = None, vocab_rule: str = "point-mass") -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
     continuations of several earlier occurrences as branches) need none; "A+B" merges the

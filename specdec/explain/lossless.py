@@ -46,7 +46,7 @@ def first_emitted_counts(record: StepRecord, seeds: int) -> torch.Tensor:  # [vo
     draft positions cannot change which token comes first, so they are left out."""
     tokens, parents = first_position(record)
     p0 = record.p[0]
-    q0 = None if record.q is None else record.q[0]
+    q0 = None if record.q is None or not tokens else record.q[0]
     counts = torch.zeros(p0.shape[-1], dtype=torch.long)
     generator = torch.Generator()
     for seed in range(seeds):
@@ -54,8 +54,8 @@ def first_emitted_counts(record: StepRecord, seeds: int) -> torch.Tensor:  # [vo
         drawn = torch.tensor(tokens, dtype=torch.long) if q0 is None else \
             torch.multinomial(q0, len(tokens), replacement=False, generator=generator)
         if parents is None:  # the chain verifier; p after an accepted draft only feeds the second token
-            q = None if q0 is None else q0[None]
-            emitted = rejection_sample(drawn, q, torch.stack([p0, p0]), generator, validate=False)
+            q = None if q0 is None else q0[None]  # a step that drafted nothing: the target's own draw
+            emitted = rejection_sample(drawn, q, p0.expand(len(tokens) + 1, -1), generator, validate=False)
         else:
             q = None if q0 is None else q0.expand(len(tokens) + 1, -1)
             emitted, _ = tree_rejection_sample(drawn, parents, q, p0.expand(len(tokens) + 1, -1), generator,
