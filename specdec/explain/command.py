@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 
-def add_parser(commands, add_model_options, add_sampling_options, add_drafting_options) -> None:
+AddOptions = Callable[[argparse.ArgumentParser], None]  # cli.py's shared option groups
+
+
+def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_options: AddOptions,
+               add_drafting_options: AddOptions) -> None:  # commands: the CLI's subparsers
     explain = commands.add_parser(
         "explain", help="see speculation happen: one generation's steps with q, p, draws and decisions",
         description="Runs one generation and shows a step (default: the first with a rejection): the drafted "
@@ -53,7 +59,8 @@ def run_calculator(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
+def run(args: argparse.Namespace, console: Console, errors: Console,
+        build_drafter: Callable[[argparse.Namespace, Console], tuple[Any, Any]]) -> int:
     if args.calculator:
         return run_calculator(args, console)
     if not args.prompt:
