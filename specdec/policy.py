@@ -225,10 +225,8 @@ class CostModelPolicy:
             return self.gamma
         best = max(rates, key=lambda g: rates[g] or 0.0)
         if best > 0:
-            self.plain_steps = 0
             return best
-        self.plain_steps += 1
-        return 1 if self.plain_steps % self.probe_every == 0 else 0
+        return 1 if self.plain_steps >= self.probe_every - 1 else 0  # after probe_every - 1 plain steps, a probe
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float,
                widths: list[int] | None = None) -> None:
@@ -238,6 +236,7 @@ class CostModelPolicy:
         if num_drafted:
             self.draft_cost.add(draft_seconds / num_drafted)
         self.verify_cost.add(num_drafted + 1, verify_seconds)
+        self.plain_steps = 0 if num_drafted else self.plain_steps + 1  # steps in a row without a draft
 
 
 @dataclass
