@@ -192,6 +192,10 @@ def test_padded_embedding_with_the_same_tokenizer_drafts_directly(tiny_pair, mod
     assert draft.vocab_size == 128 and target.vocab_size == 96
     drafter = make_drafter("model", draft, target=target)
     assert isinstance(drafter, ModelDrafter) and drafter.vocab_size == 96  # drafts directly, not translated
+    with pytest.raises(ValueError, match="look_behind"):
+        TranslatingDrafter(draft, target, look_behind=0)
+    with pytest.raises(ValueError, match="unknown sampling rule"):
+        TranslatingDrafter(draft, target, sampling_rule="nearest")
     prompts = [[5, 6, 7], [9, 40, 41, 42]]
     expected = SpeculativeDecoder(target).generate(prompts, max_new_tokens=24)
     got = SpeculativeDecoder(target, draft, gamma=4).generate(prompts, max_new_tokens=24)  # a model: paired alike
