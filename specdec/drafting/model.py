@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from specdec.drafting.base import Draft, DraftRequest, StepOutcome
@@ -55,10 +57,7 @@ class DraftModelState:
         # Cache entries past `before` hold this drafter's own tokens (self.drafted, in order);
         # those the target accepted stay. (Another drafter's branch may have won: compare.)
         in_cache = self.drafted[: fed - before]
-        accepted = emitted[:-1].tolist()
-        agree = 0
-        while agree < min(len(in_cache), len(accepted)) and in_cache[agree] == accepted[agree]:
-            agree += 1
+        agree = common_prefix(in_cache, emitted[:-1].tolist())
         self.cache.rollback(0, before + agree)
         self.pending = emitted[agree:]
 
@@ -70,6 +69,16 @@ class DraftModelState:
         fed = max(0, min(self.cache.lengths[0], kept, context.shape[0] - 1))
         self.cache.rollback(0, fed)
         self.pending = context[fed:]
+
+
+def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many leading tokens the two sequences share."""
+    count = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        count += 1
+    return count
 
 
 def sample_from_logits(

@@ -39,7 +39,7 @@ import torch
 
 from specdec.drafting.base import Draft, DraftRequest, StepOutcome, Translation
 from specdec.drafting.merge import SubRequest
-from specdec.drafting.model import DraftModelState, ModelDrafter
+from specdec.drafting.model import DraftModelState, ModelDrafter, common_prefix
 from specdec.drafting.vocab import SharedLogits, shared_token_map
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams
@@ -88,15 +88,6 @@ def continuation_ids(tokenizer: Any, context: list[int], text: str, look_behind:
     if ids[: len(tail)] == tail:
         return ids[len(tail):]
     return encode(tokenizer, text)
-
-
-def common_prefix(first: list[int], second: list[int]) -> int:
-    count = 0
-    for a, b in zip(first, second):
-        if a != b:
-            break
-        count += 1
-    return count
 
 
 @dataclass

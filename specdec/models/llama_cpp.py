@@ -219,10 +219,9 @@ class LlamaCppNetwork:
         return leased
 
     def give_back(self, seq_ids: list[int]) -> None:
-        for seq_id in seq_ids:
+        for seq_id in seq_ids:  # remove(.., 0) frees the parked cells once every leased sequence is empty
             self.remove(seq_id, 0)
         self.free_ids += seq_ids
-        self.free_parking_if_idle()
 
     def remove(self, seq_id: int, start: int) -> None:
         """Drop sequence seq_id's entries at positions >= start (parking their cells if others are leased)."""
