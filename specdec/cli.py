@@ -159,9 +159,15 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
     target_path, draft_path, quantize, _ = resolved or resolve_models(args, errors)
     options = dict(dtype=args.dtype, device=args.device, quantize=quantize, backend=args.backend,
                    trust_remote_code=args.trust_remote_code, exact=not args.inexact)
-    with errors.status("loading models"):
+    from specdec.models import quantize as int8
+
+    with errors.status("loading models") as status:
+        int8.KERNELS.on_check = lambda message: status.update(message)
         target = load(target_path, **options)
         draft = load(draft_path, **options) if want_draft and draft_path else None
+        int8.KERNELS.on_check = None
+    if quantize == "int8" and int8.kernel_notice():
+        errors.print(f"[dim]{int8.kernel_notice()}[/]", highlight=False, soft_wrap=True)
     return target, draft
 
 

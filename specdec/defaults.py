@@ -16,6 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.machine import cache_root
+
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_PAIR = ASSETS / "default"
 SMOLLM2_DRAFT = ASSETS / "smollm2-draft"
@@ -59,12 +61,6 @@ def installed_smollm2_gguf() -> Path | None:
     except metadata.PackageNotFoundError:
         return None
     return path if path.is_file() else None
-
-
-def cache_root() -> Path:
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
 
 
 def sha256_of(path: Path) -> str:

@@ -194,8 +194,10 @@ def test_a_tree_grown_over_several_forwards_equals_one_forward(tree_models, kind
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_a_restricted_output_scores_only_its_tokens(tmp_path, quantize):
-    """restrict_output (a draft's cheaper head): the chosen tokens keep exactly their logits,
-    every other token gets -inf; bad ids are refused."""
+    """restrict_output (a draft's cheaper head): the chosen tokens keep their logits (bit for bit
+    in int8, whose integer products are exact in any shape; to float32 rounding in float32, where
+    a 5-row head and a full one take different BLAS blockings: seen on AVX2), every other token
+    gets -inf; bad ids are refused. Only drafts restrict their output: q changes speed, not output."""
     from specdec.models.base import Attention
     from specdec.models.loading import load
     from tiny import save_random_model
@@ -211,7 +213,10 @@ def test_a_restricted_output_scores_only_its_tokens(tmp_path, quantize):
     logits = {}
     for name, model in (("full", full), ("restricted", restricted)):
         logits[name] = model.forward(tokens, torch.arange(4), model.new_cache(), Attention.chain(4)).logits
-    assert torch.equal(logits["restricted"][:, keep], logits["full"][:, keep])
+    if quantize:
+        assert torch.equal(logits["restricted"][:, keep], logits["full"][:, keep])
+    else:
+        torch.testing.assert_close(logits["restricted"][:, keep], logits["full"][:, keep], rtol=1e-6, atol=1e-6)
     others = torch.ones(logits["full"].shape[1], dtype=torch.bool)
     others[keep] = False
     assert torch.isneginf(logits["restricted"][:, others]).all()

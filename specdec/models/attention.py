@@ -166,9 +166,9 @@ QUERY_BUCKET = 32  # a query's keys are padded (masked) to a multiple of this ma
 
 @dataclass
 class QueryGroup:
-    """Queries attended one by one but in one call: each is a batch element of its own, over its
-    own keys padded to the same multiple of QUERY_BUCKET. Alone, the same query gets the same
-    padded length, so the same kernel shape and summation order, whatever else is in the call.
+    """Queries attended one by one, each over its own keys padded to a multiple of QUERY_BUCKET
+    (the keys gathered for the group at once). Alone, the same query gets the same padded length,
+    so the same kernel call, shape and summation order, whatever else is in the block.
     The padding keys are masked; what they hold (finite: the cache is zero-initialised) adds
     exact zeros."""
 
@@ -197,7 +197,13 @@ class QueryGroup:
             keys = cache.keys[layer_index][self.rows, :, self.slots].transpose(1, 2)  # [b, kv_heads, L, d]
             values = cache.values[layer_index][self.rows, :, self.slots].transpose(1, 2)
         queries = q[:, self.tokens].transpose(0, 1).unsqueeze(2)  # [b, heads, 1, d]
-        out[:, self.tokens] = layer.attend(queries, keys, values, self.mask)[:, :, 0].transpose(0, 1)
+        # One SDPA call per query, each of the shape it has alone: torch's CPU flash kernel splits
+        # its work by batch size and thread count, so a query inside a batched call can differ in
+        # the last bits from the same query alone (measured with 2 threads, torch 2.13 on AVX2:
+        # up to 1e-7, enough to flip an int8 rounding and change greedy text 65 tokens later).
+        for index, token in enumerate(self.tokens.tolist()):
+            one = slice(index, index + 1)
+            out[:, token] = layer.attend(queries[one], keys[one], values[one], self.mask[one])[0, :, 0]
 
 
 def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -> list[QueryGroup]:
