@@ -69,6 +69,28 @@ def test_profile_measures_every_cell(tiny_pair):
     assert all(cell.mean > 0 for cell in table.cells.values())
 
 
+def test_verify_costs_are_measured_once_per_machine_and_model(tiny_pair, tmp_path, monkeypatch):
+    """A server's second start takes no measurement (it was minutes on a 1.5B model); another
+    model, precision or ISA cap is measured anew."""
+    from specdec.serving import speculation
+
+    measured = []
+    real = speculation.profile_verify_costs
+    monkeypatch.setattr(speculation, "profile_verify_costs",
+                        lambda target, *args, **kw: measured.append(target.name) or real(target, *args, repeats=1))
+    cache_file = tmp_path / "costs.json"
+    target = load(tiny_pair["target"])
+    first = speculation.cached_verify_costs(target, [1, 2], [1, 3], cache_file=cache_file)
+    again = speculation.cached_verify_costs(target, [1, 2], [1, 3], cache_file=cache_file)
+    assert measured == [target.name]
+    assert {key: cell.mean for key, cell in again.cells.items()} == pytest.approx(
+        {key: cell.mean for key, cell in first.cells.items()})
+    speculation.cached_verify_costs(load(tiny_pair["target"], quantize="int8"), [1, 2], [1, 3], cache_file=cache_file)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    speculation.cached_verify_costs(target, [1, 2], [1, 3], cache_file=cache_file)
+    assert len(measured) == 3
+
+
 def collect(scheduler: Scheduler, prompt, sampling: SamplingParams, results: dict, done: threading.Event, key):
     def emit(item):
         if isinstance(item, BaseException):

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from specdec.drafting.base import Drafter
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
-from specdec.serving.speculation import (MODES, SpeculationController, VerifyCostTable, profile_draft_cost,
-                                         profile_verify_costs)
+from specdec.serving.speculation import (MODES, SpeculationController, VerifyCostTable, cached_verify_costs,
+                                         profile_draft_cost)
 
 if TYPE_CHECKING:  # the web stack loads only when a server is built, not for every CLI command
     from fastapi import FastAPI
@@ -22,9 +22,12 @@ if TYPE_CHECKING:  # the web stack loads only when a server is built, not for ev
 
 
 def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:
-    """Batch sizes (powers of two up to max_batch, and max_batch) and block lengths to measure."""
-    batches = sorted({*(2**i for i in range(max_batch.bit_length()) if 2**i <= max_batch), max_batch})
-    blocks = sorted({1, min(2, gamma + 1), (gamma + 2) // 2, gamma + 1})
+    """Batch sizes and block lengths measured at the first start: the corners the controller's
+    choice hinges on (one request; a few; plain vs a full draft), interpolated between and
+    extrapolated beyond; every step then refines the cell it ran. A full grid up to 32 rows took
+    minutes on a 1.5B model on 2 cores before the server was ready."""
+    batches = sorted({1, min(4, max_batch)})
+    blocks = sorted({1, gamma + 1})
     return batches, blocks
 
 
@@ -52,7 +55,7 @@ def build_app(
         speculation = "off"
     if speculation == "auto" and costs is None:
         batches, blocks = profile_grid(max_batch, gamma)
-        costs = profile_verify_costs(target, batches, blocks, progress=progress)
+        costs = cached_verify_costs(target, batches, blocks, progress=progress)
     draft_cost = profile_draft_cost(engine, gamma) if speculation == "auto" else None
     controller = SpeculationController(speculation, gamma, costs, draft_cost=draft_cost)
     metrics = ServerMetrics()
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
         return bench_serve.run(args, console, errors, build_drafter)
     target, drafter = build_drafter(args, errors)
     name = args.served_model_name or target.name
-    with errors.status("measuring verify costs") as status:
+    with errors.status("measuring verify costs (once per machine and model)") as status:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
                         limits=ServerLimits(max_tokens=args.max_tokens),

@@ -6,8 +6,10 @@ T(b, g + 1), the target forward over b blocks of g + 1 tokens, and emits b * E[t
 While the batch is small the forward is bound by reading the weights and extra tokens are
 nearly free, so drafting pays; as the batch fills the forward becomes compute-bound, T grows
 with every token and speculation stops paying. The controller picks, before every step, the g
-in 0..gamma with the highest expected tokens per second: T measured at startup over a grid of
-batch sizes and block lengths and refined online from every step, c_draft and the acceptance
+in 0..gamma with the highest expected tokens per second: T measured at the first startup on a
+machine over a small grid of batch sizes and block lengths (kept per machine and model in the
+cache folder, so later starts take no measurement), interpolated between, and refined online
+from every step, c_draft and the acceptance
 per position (E[tokens]) learned online.
 """
 
@@ -15,10 +17,14 @@ from __future__ import annotations
 
 import bisect
 import collections
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import torch
 
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
@@ -139,6 +145,53 @@ def profile_verify_costs(
             if progress is not None:
                 progress(f"measuring T(batch {batch}, {block} tokens)")
             table.add(batch, block, time_block(target, cache, block, repeats, batch))
+    return table
+
+
+def verify_costs_key(target: LanguageModel, batch_sizes: Sequence[int], blocks: Sequence[int]) -> str:
+    """What a measured T(batch, block) depends on: the machine (CPU, flags, torch, ISA caps), the
+    model (its files, backend, precision, exactness), the threads, and the grid."""
+    from specdec.models.int8_kernels import machine_key
+
+    network = target.network
+    config = Path(target.path) / "config.json" if target.path else None
+    stamp = config.stat().st_mtime_ns if config is not None and config.is_file() else None
+    return json.dumps([machine_key(), target.path, stamp, target.backend, str(target.dtype), str(target.device),
+                       getattr(network, "quantized", None), getattr(network, "fixed_rows", None),
+                       torch.get_num_threads(), list(batch_sizes), list(blocks)])
+
+
+def cached_verify_costs(
+    target: LanguageModel,
+    batch_sizes: Sequence[int],
+    blocks: Sequence[int],
+    progress: Callable[[str], None] | None = None,
+    cache_file: Path | None = None,
+) -> VerifyCostTable:
+    """profile_verify_costs, measured once per machine and model and kept in ``cache_file``
+    (default: $SPECDEC_CACHE/verify-costs.json); a server refines the table online from then on."""
+    from specdec.machine import cache_root
+
+    path = cache_file or cache_root() / "verify-costs.json"
+    key = verify_costs_key(target, batch_sizes, blocks)
+    try:
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        stored = {}
+    if key in stored:
+        table = VerifyCostTable()
+        for batch, block, seconds in stored[key]:
+            table.add(batch, block, seconds)
+        return table
+    table = profile_verify_costs(target, batch_sizes, blocks, progress=progress)
+    stored[key] = [[batch, block, cell.mean] for (batch, block), cell in sorted(table.cells.items())]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(stored, indent=1))
+        partial.replace(path)
+    except OSError:
+        pass  # a read-only cache costs a new measurement next start, nothing else
     return table
 
 
