@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/int8-vs-fp32.json")
     args = parser.parse_args()
     pair = default_pair()
-    prompts = [QUICKSTART_PROMPT] + [item["prompt"] for item in load_prompts(default_prompts(), 2)]
+    prompts = [QUICKSTART_PROMPT] + [item.text for item in load_prompts(default_prompts(), 2)]
     reference = load(pair.target)  # float32, exact blocks
     target, draft = load(pair.target, quantize=pair.quantize), load(pair.draft, quantize=pair.quantize)
     print(quantize.kernel_notice())

@@ -146,11 +146,21 @@ def resolve_models(args: argparse.Namespace, errors: Console):
         raise ValueError("--draft needs --target: the default draft only fits the default target")
     with errors.status("preparing the default models") as status:
         pair = default_pair(lambda message: status.update(message))
+    target = pair.target
     if args.quantize is None and args.dtype == "float32" and args.device == "cpu":
         quantize = pair.quantize
-    errors.print(f"[dim]default pair: {pair.name}{'' if quantize == pair.quantize else ', ' + (quantize or args.dtype)}"
-                 f" ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
-    return str(pair.target), str(pair.draft), quantize, pair
+        if args.backend == "auto":
+            from specdec.defaults import fastest_default_target
+
+            with errors.status("choosing the target's backend") as status:
+                target, why = fastest_default_target(pair, lambda message: status.update(message))
+            if why:
+                errors.print(f"[dim]{why}[/]", highlight=False, soft_wrap=True)
+    on_llama_cpp = "; the target on llama.cpp (above), the draft" if target != pair.target else ""
+    errors.print(f"[dim]default pair: {pair.name}{on_llama_cpp}"
+                 f"{'' if quantize == pair.quantize else ', ' + (quantize or args.dtype)} ({pair.target.parent})[/]",
+                 highlight=False, soft_wrap=True)
+    return str(target), str(pair.draft), quantize, pair
 
 
 def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True, resolved=None):
@@ -163,7 +173,8 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
 
     with errors.status("loading models") as status:
         int8.KERNELS.on_check = lambda message: status.update(message)
-        target = load(target_path, **options)
+        # A GGUF target on llama.cpp keeps its own quantization; the draft keeps the chosen one.
+        target = load(target_path, **{**options, "quantize": None} if target_path.endswith(".gguf") else options)
         draft = load(draft_path, **options) if want_draft and draft_path else None
         int8.KERNELS.on_check = None
     if quantize == "int8" and int8.kernel_notice():

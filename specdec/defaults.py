@@ -36,6 +36,7 @@ class DefaultPair:
     quantize: str | None  # the precision that is fastest for this pair on a CPU
     drafter: str = "model"  # the drafter and policy measured fastest with it (docs/default-pair.md)
     policy: str = "fixed"
+    target_gguf: Path | None = None  # the target's own GGUF, for llama.cpp's kernels where they are faster
 
 
 def default_model(role: str) -> Path:
@@ -126,12 +127,34 @@ def smollm2_pair(status=None) -> DefaultPair | None:
     # 1.10x at temperature 0.8; the distilled draft broke even: docs/default-pair.md).
     return DefaultPair(f"SmolLM2-135M-Instruct, int8; drafter: n-gram, cost policy (measured fastest for it; "
                        f"its distilled {len(layers)}-layer draft: --drafter model)",
-                       folder / "target", folder / "draft", "int8", drafter="ngram", policy="cost")
+                       folder / "target", folder / "draft", "int8", drafter="ngram", policy="cost",
+                       target_gguf=gguf_path)
 
 
 def default_pair(status=None) -> DefaultPair:
     """The pair `specdec generate` uses with no model options."""
     return smollm2_pair(status) or toy_pair()
+
+
+def fastest_default_target(pair: DefaultPair, status=None) -> tuple[Path, str | None]:
+    """(target, a line saying why) for the default pair on this machine: its folder on the own
+    forward in the pair's precision, or its GGUF on llama.cpp's kernels (which keep their own
+    quantization) when llama-cpp-python is installed and that is faster here and exact (measured
+    once per machine: specdec/models/backend_choice.py)."""
+    import importlib.util
+
+    if pair.target_gguf is None or importlib.util.find_spec("llama_cpp") is None:
+        return pair.target, None
+    from specdec.models.backend_choice import choose_fastest_exact
+    from specdec.models.loading import load
+
+    gguf = pair.target_gguf
+    candidates = {"own forward, int8": lambda: load(pair.target, quantize=pair.quantize),
+                  f"llama.cpp, {gguf.name}": lambda: load(gguf, backend="llama.cpp")}
+    choice = choose_fastest_exact(candidates, f"default target {SMOLLM2_SHA256}",
+                                  progress=(lambda message: status(message)) if status else None)
+    line = f"target backend: {choice.line()}"
+    return (gguf if choice.name.startswith("llama.cpp") else pair.target), line
 
 
 def default_prompts() -> Path:

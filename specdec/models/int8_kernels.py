@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.machine import cache_root
+from specdec.machine import cache_root, read_json_cache, write_json_cache
 
 # Activation row counts of the check: one token, verify blocks, and a prefill-sized call (oneDNN
 # chooses its kernel by shape, so each size range is checked on the path it actually takes).
@@ -96,10 +96,6 @@ class KernelChoice:
     kernel: Int8Kernel
     refused: dict[str, str]  # candidate name -> why it is not used (wrong results, or slower)
     milliseconds: dict[str, float]  # candidate name -> measured time of a 1-row plus an 8-row call
-
-    def line(self) -> str:
-        why = "; ".join(f"{name}: {reason}" for name, reason in self.refused.items())
-        return f"{self.kernel.description}" + (f" ({why})" if why else "")
 
 
 def check_kernel(kernel: Int8Kernel, out_features: int, in_features: int, seed: int = 0) -> str | None:
@@ -238,13 +234,7 @@ class KernelCache:
         return None if self.file_name is None else cache_root() / self.file_name
 
     def _read(self) -> dict:
-        path = self.path
-        if path is None or not path.is_file():
-            return {}
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
+        return {} if self.path is None else read_json_cache(self.path)
 
     def get(self, out_features: int, in_features: int) -> KernelChoice:
         shape = (out_features, in_features)
@@ -264,16 +254,9 @@ class KernelCache:
         return choice
 
     def _write(self, shape: str, choice: KernelChoice) -> None:
-        path = self.path
-        if path is None:
+        if self.path is None:
             return
         everything = self._read()
         everything.setdefault(machine_key(), {})[shape] = {
             "kernel": choice.kernel.name, "refused": choice.refused, "milliseconds": choice.milliseconds}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps(everything, indent=1))
-            partial.replace(path)  # atomic: a concurrent reader sees the old file or the new one
-        except OSError:
-            pass  # a read-only cache folder costs a re-check next time, nothing else
+        write_json_cache(self.path, everything)

@@ -22,6 +22,8 @@ exact integer products, so the choice changes speed and the activation rounding,
 
 from __future__ import annotations
 
+import collections
+
 import torch
 from torch import nn
 
@@ -66,12 +68,21 @@ def quantize_int8(module: nn.Module) -> nn.Module:
 
 
 def kernel_notice() -> str | None:
-    """One line: the int8 kernels this process chose and why the others were not used (None if
-    nothing was quantized)."""
-    lines = sorted({choice.line() for choice in KERNELS.choices.values()})
-    if not lines:
+    """One line: the int8 kernels this process chose, on how many weight shapes, and the first
+    reason each other candidate was not used (None if nothing was quantized)."""
+    choices = list(KERNELS.choices.values())
+    if not choices:
         return None
-    return f"int8 kernel on this CPU ({isa_summary()}): " + " | ".join(lines)
+    used = collections.Counter(choice.kernel.description for choice in choices)
+    used_names = {choice.kernel.name for choice in choices}
+    refused: dict[str, str] = {}
+    for choice in choices:
+        for name, reason in choice.refused.items():
+            if name not in used_names and not refused.get(name, "").startswith("wrong"):
+                refused[name] = reason  # a wrong result outranks "slower" as the reason shown
+    chosen = ", ".join(f"{description} ({count} of {len(choices)} weight shapes)" for description, count in used.items())
+    others = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
+    return f"int8 kernel on this CPU ({isa_summary()}): {chosen}" + (f"; not used: {others}" if others else "")
 
 
 KERNELS = KernelCache()

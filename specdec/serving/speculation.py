@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import collections
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -170,14 +169,11 @@ def cached_verify_costs(
 ) -> VerifyCostTable:
     """profile_verify_costs, measured once per machine and model and kept in ``cache_file``
     (default: $SPECDEC_CACHE/verify-costs.json); a server refines the table online from then on."""
-    from specdec.machine import cache_root
+    from specdec.machine import cache_root, read_json_cache, write_json_cache
 
     path = cache_file or cache_root() / "verify-costs.json"
     key = verify_costs_key(target, batch_sizes, blocks)
-    try:
-        stored = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        stored = {}
+    stored = read_json_cache(path)
     if key in stored:
         table = VerifyCostTable()
         for batch, block, seconds in stored[key]:
@@ -185,13 +181,7 @@ def cached_verify_costs(
         return table
     table = profile_verify_costs(target, batch_sizes, blocks, progress=progress)
     stored[key] = [[batch, block, cell.mean] for (batch, block), cell in sorted(table.cells.items())]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(stored, indent=1))
-        partial.replace(path)
-    except OSError:
-        pass  # a read-only cache costs a new measurement next start, nothing else
+    write_json_cache(path, stored)
     return table
 
 

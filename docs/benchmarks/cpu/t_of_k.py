@@ -1,0 +1,80 @@
+"""The CPU table of docs/design.md: for each backend and precision of one target, whether a verify
+block scores each token exactly as alone (checked here, on this CPU), and T(k), the median time of
+a k-token forward after a 64-token context, one configuration loaded at a time.
+
+    python docs/benchmarks/cpu/t_of_k.py MODEL_DIR [--gguf FILE] [--blocks 1,5,8] [--out runs/t_of_k.json]
+        [--configs int8 float32-exact float32-inexact bfloat16-exact llama.cpp]
+"""
+
+import argparse
+import datetime
+import gc
+import json
+from pathlib import Path
+
+import torch
+
+from specdec.bench.forward import prefilled_cache, time_block
+from specdec.bench.suite import machine_description
+from specdec.models import quantize
+from specdec.models.int8_kernels import isa_summary
+from specdec.models.loading import load
+
+CONFIGS = {
+    "int8": dict(quantize="int8"),
+    "float32-exact": dict(),
+    "float32-inexact": dict(exact=False),
+    "bfloat16-exact": dict(dtype="bfloat16"),
+}
+
+
+def block_is_exact(model, context: int = 40, count: int = 5) -> bool:
+    """A count-token block's logits equal each token's alone (after the same context)."""
+    tokens = (torch.arange(context + count) * 7 % model.vocab_size).to(model.device)
+    block_cache, alone_cache = model.new_cache(), model.new_cache()
+    model.extend(tokens[:context], block_cache)
+    model.extend(tokens[:context], alone_cache)
+    block = model.extend(tokens[context:], block_cache)
+    alone = torch.cat([model.extend(tokens[i:i + 1], alone_cache) for i in range(context, context + count)])
+    return torch.equal(block, alone)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--gguf", help="the same model's GGUF file, for the llama.cpp row")
+    parser.add_argument("--blocks", default="1,5,8")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--configs", nargs="+", default=[*CONFIGS, "llama.cpp"])
+    parser.add_argument("--out", default="runs/t_of_k.json")
+    args = parser.parse_args()
+    blocks = [int(b) for b in args.blocks.split(",")]
+    rows = []
+    for name in args.configs:
+        if name == "llama.cpp":
+            if not args.gguf:
+                continue
+            model = load(args.gguf, backend="llama.cpp")
+        else:
+            model = load(args.model, **CONFIGS[name])
+        exact = block_is_exact(model)
+        cache = prefilled_cache(model, 1, 64)
+        time_block(model, cache, 1, 1)  # warm-up
+        times = {k: time_block(model, cache, k, args.repeats) * 1e3 for k in blocks}
+        row = {"config": name, "exact_blocks": exact, "ms": times,
+               "notice": quantize.kernel_notice() if name == "int8" else None}
+        rows.append(row)
+        print(f"{name:16s} exact={exact!s:5s} " + "  ".join(f"T({k})={ms:7.1f} ms" for k, ms in times.items())
+              + f"  T({blocks[-1]})/T(1)={times[blocks[-1]] / times[blocks[0]]:.2f}", flush=True)
+        del model, cache
+        gc.collect()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
+        "isa": isa_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "model": args.model, "gguf": args.gguf, "rows": rows}, indent=1))
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

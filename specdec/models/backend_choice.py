@@ -1,0 +1,106 @@
+"""Which way of running a model is fastest *and exact* on this machine: measured once, cached.
+
+No fixed rule picks a backend: the same int8 forward is 19 tok/s on a 2-core AVX2-only AMD EPYC
+(oneDNN's u8 x s8 path without VNNI is compute-bound there) where llama.cpp's kernels on the
+same model's GGUF run 115 tok/s, and the order differs on other CPUs. Each candidate is loaded,
+checked (a verify block must score every token exactly as alone: lossless against an inexact
+block is not lossless) and timed on a one-token and a five-token forward; the fastest exact one
+wins. The result is kept in ``$SPECDEC_CACHE/backend-choice.json`` under the machine key (CPU,
+flags, torch, ISA caps) and the caller's key, so only the first use pays for the measurement.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdec.machine import cache_root, read_json_cache, write_json_cache
+from specdec.models.base import Attention, LanguageModel
+from specdec.models.int8_kernels import machine_key
+
+CONTEXT, BLOCK = 32, 5
+
+
+@dataclass(frozen=True)
+class Choice:
+    name: str  # the chosen candidate
+    milliseconds: dict[str, float] = field(default_factory=dict)  # candidate -> T(1) + T(BLOCK)
+    refused: dict[str, str] = field(default_factory=dict)  # candidate -> why it cannot run exactly here
+
+    def line(self) -> str:
+        others = [f"{name} {ms:.0f} ms" for name, ms in self.milliseconds.items() if name != self.name]
+        others += [f"{name}: {reason}" for name, reason in self.refused.items()]
+        mine = self.milliseconds.get(self.name)
+        return f"{self.name}" + (f" ({mine:.0f} ms for a 1- plus a {BLOCK}-token forward" if mine else " (") + \
+            (f"; {', '.join(others)}" if others else "") + "; measured once on this machine)"
+
+
+def block_is_exact(model: LanguageModel, count: int = BLOCK) -> bool:
+    """A count-token block's logits equal each token's scored alone after the same context."""
+    tokens = (torch.arange(CONTEXT + count) * 7 % model.vocab_size).to(model.device)
+    block_cache, alone_cache = model.new_cache(), model.new_cache()
+    model.extend(tokens[:CONTEXT], block_cache)
+    model.extend(tokens[:CONTEXT], alone_cache)
+    block = model.extend(tokens[CONTEXT:], block_cache)
+    alone = torch.cat([model.extend(tokens[i:i + 1], alone_cache) for i in range(CONTEXT, CONTEXT + count)])
+    return torch.equal(block, alone)
+
+
+def forward_milliseconds(model: LanguageModel, repeats: int = 5) -> float:
+    """Median T(1) + T(BLOCK) after CONTEXT cached tokens (nothing committed between repeats)."""
+    cache = model.new_cache()
+    model.extend((torch.arange(CONTEXT) % model.vocab_size).to(model.device), cache)
+    total = 0.0
+    for count in (1, BLOCK):
+        tokens = (torch.arange(count) % model.vocab_size).to(model.device)
+        positions = torch.arange(CONTEXT, CONTEXT + count, device=model.device)
+        samples = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            started = time.perf_counter()
+            model.forward(tokens, positions, cache, Attention.chain(count)).logits.argmax(-1).tolist()
+            samples.append(time.perf_counter() - started)
+        total += statistics.median(samples[1:]) * 1000
+    return total
+
+
+def choose_fastest_exact(
+    candidates: dict[str, Callable[[], LanguageModel]],
+    key: str,
+    progress: Callable[[str], None] | None = None,
+    cache_file: Path | None = None,
+) -> Choice:
+    """The fastest candidate whose verify blocks are exact here (cached under key + machine)."""
+    path = cache_file or cache_root() / "backend-choice.json"
+    full_key = json.dumps([machine_key(), torch.get_num_threads(), key, sorted(candidates)])
+    stored = read_json_cache(path)
+    if full_key in stored and stored[full_key]["name"] in candidates:
+        return Choice(**stored[full_key])
+    milliseconds: dict[str, float] = {}
+    refused: dict[str, str] = {}
+    for name, load in candidates.items():
+        if progress:
+            progress(f"measuring {name} on this machine (once)")
+        try:
+            model = load()
+        except (ImportError, ValueError, RuntimeError, OSError) as error:
+            refused[name] = f"cannot load ({str(error).splitlines()[0][:80]})"
+            continue
+        if block_is_exact(model):
+            milliseconds[name] = round(forward_milliseconds(model), 2)
+        else:
+            refused[name] = "verify blocks not exact here"
+        del model
+        gc.collect()
+    if not milliseconds:
+        raise RuntimeError(f"no exact way to run {key} here: {refused}")
+    choice = Choice(min(milliseconds, key=milliseconds.__getitem__), milliseconds, refused)
+    stored[full_key] = {"name": choice.name, "milliseconds": milliseconds, "refused": refused}
+    write_json_cache(path, stored)
+    return choice
