@@ -17,6 +17,7 @@ import torch
 from specdec.bench.forward import prefilled_cache, time_block
 from specdec.bench.suite import machine_description
 from specdec.models import quantize
+from specdec.models.backend_choice import block_is_exact
 from specdec.models.int8_kernels import isa_summary
 from specdec.models.loading import load
 
@@ -26,17 +27,6 @@ CONFIGS = {
     "float32-inexact": dict(exact=False),
     "bfloat16-exact": dict(dtype="bfloat16"),
 }
-
-
-def block_is_exact(model, context: int = 40, count: int = 5) -> bool:
-    """A count-token block's logits equal each token's alone (after the same context)."""
-    tokens = (torch.arange(context + count) * 7 % model.vocab_size).to(model.device)
-    block_cache, alone_cache = model.new_cache(), model.new_cache()
-    model.extend(tokens[:context], block_cache)
-    model.extend(tokens[:context], alone_cache)
-    block = model.extend(tokens[context:], block_cache)
-    alone = torch.cat([model.extend(tokens[i:i + 1], alone_cache) for i in range(context, context + count)])
-    return torch.equal(block, alone)
 
 
 def main() -> None:
