@@ -173,10 +173,12 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
 
     with errors.status("loading models") as status:
         int8.KERNELS.on_check = lambda message: status.update(message)
-        # A GGUF target on llama.cpp keeps its own quantization; the draft keeps the chosen one.
-        target = load(target_path, **{**options, "quantize": None} if target_path.endswith(".gguf") else options)
-        draft = load(draft_path, **options) if want_draft and draft_path else None
-        int8.KERNELS.on_check = None
+        try:
+            # A GGUF target on llama.cpp keeps its own quantization; the draft keeps the chosen one.
+            target = load(target_path, **{**options, "quantize": None} if target_path.endswith(".gguf") else options)
+            draft = load(draft_path, **options) if want_draft and draft_path else None
+        finally:
+            int8.KERNELS.on_check = None
     if quantize == "int8" and int8.kernel_notice():
         errors.print(f"[dim]{int8.kernel_notice()}[/]", highlight=False, soft_wrap=True)
     return target, draft
