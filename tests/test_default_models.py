@@ -100,3 +100,21 @@ def test_the_cached_conversion_is_reused(smollm2_pair, monkeypatch):
 
     monkeypatch.setattr(defaults, "convert_smollm2", refuse)
     assert defaults.default_pair() == smollm2_pair
+
+
+def test_the_default_target_runs_where_it_is_measured_fastest_and_exact(smollm2_pair, monkeypatch):
+    """With llama-cpp-python, the own int8 forward and llama.cpp on the pair's GGUF are both
+    checked and timed once; the chosen one is the faster exact one, and the next call reuses it."""
+    pytest.importorskip("llama_cpp")
+    from specdec.models import backend_choice
+
+    target, line = defaults.fastest_default_target(smollm2_pair)
+    assert target in (smollm2_pair.target, smollm2_pair.target_gguf)
+    assert "own forward, int8" in line and smollm2_pair.target_gguf.name in line
+    stored = json.loads((defaults.cache_root() / "backend-choice.json").read_text())
+    (entry,) = stored.values()
+    assert not entry["refused"], entry  # both run exactly on this machine
+    fastest = min(entry["milliseconds"], key=entry["milliseconds"].get)
+    assert (target == smollm2_pair.target_gguf) == fastest.startswith("llama.cpp")
+    monkeypatch.setattr(backend_choice, "forward_milliseconds", lambda model: pytest.fail("measured again"))
+    assert defaults.fastest_default_target(smollm2_pair)[0] == target
