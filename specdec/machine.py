@@ -1,10 +1,18 @@
-"""Where specdec keeps what it computes once per machine (converted models, kernel checks)."""
+"""What specdec measures once per machine, and where it keeps it: converted models, int8 kernel
+checks, backend choices, a server's verify costs. A machine is its CPU model and flags, the torch
+build and the ISA caps (`ONEDNN_MAX_CPU_ISA`, `ATEN_CPU_CAPABILITY`): what decides which kernels
+are exact and fast."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 
 def cache_root() -> Path:
@@ -32,3 +40,43 @@ def write_json_cache(path: Path, contents: dict) -> None:
         partial.replace(path)
     except OSError:
         pass
+
+
+def machine_key() -> str:
+    """What decides which kernels are exact and fast: the CPU, its flags, torch, the ISA caps."""
+    flags = model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1]
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        model = platform.processor()
+    caps = {name: os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    text = json.dumps([model, flags, torch.__version__, caps, platform.machine()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def isa_summary() -> str:
+    """'AVX2, no AVX-512 VNNI, no AMX'-style words for the CLI's notice."""
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return platform.machine()
+    words = [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
+    words.append("VNNI" if flags & {"avx512_vnni", "avx_vnni"} else "no VNNI")
+    words.append("AMX" if "amx_int8" in flags else "no AMX")
+    return ", ".join(words)
+
+
+def cached_measurement(path: Path, key: object, measure: Callable[[], object]) -> object:
+    """``measure()``'s JSON-able result, kept in ``path`` under this machine and ``key``:
+    measured on the first call here, read back on every later one."""
+    full_key = json.dumps([machine_key(), key])
+    stored = read_json_cache(path)
+    if full_key not in stored:
+        stored[full_key] = measure()
+        write_json_cache(path, stored)
+    return stored[full_key]

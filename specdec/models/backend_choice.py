@@ -12,18 +12,15 @@ flags, torch, ISA caps) and the caller's key, so only the first use pays for the
 from __future__ import annotations
 
 import gc
-import json
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from specdec.machine import cache_root, read_json_cache, write_json_cache
-from specdec.models.base import Attention, LanguageModel
-from specdec.models.int8_kernels import machine_key
+from specdec.machine import cache_root, cached_measurement
+from specdec.models.base import LanguageModel
+from specdec.models.timing import prefilled_cache, time_block
 
 CONTEXT, BLOCK = 32, 5
 
@@ -54,20 +51,10 @@ def block_is_exact(model: LanguageModel, count: int = BLOCK) -> bool:
 
 
 def forward_milliseconds(model: LanguageModel, repeats: int = 5) -> float:
-    """Median T(1) + T(BLOCK) after CONTEXT cached tokens (nothing committed between repeats)."""
-    cache = model.new_cache()
-    model.extend((torch.arange(CONTEXT) % model.vocab_size).to(model.device), cache)
-    total = 0.0
-    for count in (1, BLOCK):
-        tokens = (torch.arange(count) % model.vocab_size).to(model.device)
-        positions = torch.arange(CONTEXT, CONTEXT + count, device=model.device)
-        samples = []
-        for _ in range(repeats + 1):  # the first is a warm-up
-            started = time.perf_counter()
-            model.forward(tokens, positions, cache, Attention.chain(count)).logits.argmax(-1).tolist()
-            samples.append(time.perf_counter() - started)
-        total += statistics.median(samples[1:]) * 1000
-    return total
+    """Median T(1) + T(BLOCK) after CONTEXT cached tokens, after a warm-up."""
+    cache = prefilled_cache(model, 1, CONTEXT)
+    time_block(model, cache, 1, 1)
+    return sum(time_block(model, cache, count, repeats) for count in (1, BLOCK)) * 1000
 
 
 def choose_fastest_exact(
@@ -77,30 +64,28 @@ def choose_fastest_exact(
     cache_file: Path | None = None,
 ) -> Choice:
     """The fastest candidate whose verify blocks are exact here (cached under key + machine)."""
+
+    def measure() -> dict:
+        milliseconds: dict[str, float] = {}
+        refused: dict[str, str] = {}
+        for name, load in candidates.items():
+            if progress:
+                progress(f"measuring {name} on this machine (once)")
+            try:
+                model = load()
+            except (ImportError, ValueError, RuntimeError, OSError) as error:
+                refused[name] = f"cannot load ({str(error).splitlines()[0][:80]})"
+                continue
+            if block_is_exact(model):
+                milliseconds[name] = round(forward_milliseconds(model), 2)
+            else:
+                refused[name] = "verify blocks not exact here"
+            del model
+            gc.collect()
+        if not milliseconds:
+            raise RuntimeError(f"no exact way to run {key} here: {refused}")
+        return {"name": min(milliseconds, key=milliseconds.__getitem__), "milliseconds": milliseconds,
+                "refused": refused}
+
     path = cache_file or cache_root() / "backend-choice.json"
-    full_key = json.dumps([machine_key(), torch.get_num_threads(), key, sorted(candidates)])
-    stored = read_json_cache(path)
-    if full_key in stored and stored[full_key]["name"] in candidates:
-        return Choice(**stored[full_key])
-    milliseconds: dict[str, float] = {}
-    refused: dict[str, str] = {}
-    for name, load in candidates.items():
-        if progress:
-            progress(f"measuring {name} on this machine (once)")
-        try:
-            model = load()
-        except (ImportError, ValueError, RuntimeError, OSError) as error:
-            refused[name] = f"cannot load ({str(error).splitlines()[0][:80]})"
-            continue
-        if block_is_exact(model):
-            milliseconds[name] = round(forward_milliseconds(model), 2)
-        else:
-            refused[name] = "verify blocks not exact here"
-        del model
-        gc.collect()
-    if not milliseconds:
-        raise RuntimeError(f"no exact way to run {key} here: {refused}")
-    choice = Choice(min(milliseconds, key=milliseconds.__getitem__), milliseconds, refused)
-    stored[full_key] = {"name": choice.name, "milliseconds": milliseconds, "refused": refused}
-    write_json_cache(path, stored)
-    return choice
+    return Choice(**cached_measurement(path, [torch.get_num_threads(), key, sorted(candidates)], measure))

@@ -23,18 +23,13 @@ instant and another machine checks again. A kernel that fails never runs: junk i
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from specdec.machine import cache_root, read_json_cache, write_json_cache
+from specdec.machine import cache_root, cached_measurement
 
 # Activation row counts of the check: one token, verify blocks, and a prefill-sized call (oneDNN
 # chooses its kernel by shape, so each size range is checked on the path it actually takes).
@@ -191,72 +186,31 @@ def _ratio(timings: dict[str, float], kernel: Int8Kernel, reference: Int8Kernel)
     return f"{timings[kernel.name] / timings[reference.name]:.1f}x"
 
 
-def machine_key() -> str:
-    """What decides which kernels are exact and fast: the CPU, its flags, torch, the ISA caps."""
-    flags = model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") and not flags:
-                flags = line.split(":", 1)[1]
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        model = platform.processor()
-    caps = {name: os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
-    text = json.dumps([model, flags, torch.__version__, caps, platform.machine()])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def isa_summary() -> str:
-    """'AVX2, no AVX-512 VNNI, no AMX'-style words for the CLI's notice."""
-    try:
-        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return platform.machine()
-    words = [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
-    words.append("VNNI" if flags & {"avx512_vnni", "avx_vnni"} else "no VNNI")
-    words.append("AMX" if "amx_int8" in flags else "no AMX")
-    return ", ".join(words)
-
-
 class KernelCache:
-    """Choices by shape for this machine key, in a JSON file in the cache folder shared by every
-    process (None: this process only)."""
+    """Choices by weight shape: in memory for this process, and in a JSON file in the cache
+    folder per machine for every later one (file_name None: this process only)."""
 
     def __init__(self, file_name: str | None = "int8-kernels.json") -> None:
         self.file_name = file_name
         self.choices: dict[tuple[int, int], KernelChoice] = {}
         self.on_check: Callable[[str], None] | None = None  # progress: told before each shape is checked
 
-    @property
-    def path(self) -> Path | None:
-        return None if self.file_name is None else cache_root() / self.file_name
-
-    def _read(self) -> dict:
-        return {} if self.path is None else read_json_cache(self.path)
-
     def get(self, out_features: int, in_features: int) -> KernelChoice:
         shape = (out_features, in_features)
-        if shape in self.choices:
-            return self.choices[shape]
-        by_name = {kernel.name: kernel for kernel in CANDIDATES}
-        stored = self._read().get(machine_key(), {}).get(f"{out_features}x{in_features}")
-        if stored and stored["kernel"] in by_name:
-            choice = KernelChoice(by_name[stored["kernel"]], stored["refused"], stored["milliseconds"])
-        else:
-            if self.on_check:
-                self.on_check(f"checking int8 kernels for a {out_features}x{in_features} weight on this CPU "
-                              "(once per machine)")
-            choice = choose(out_features, in_features)
-            self._write(f"{out_features}x{in_features}", choice)
-        self.choices[shape] = choice
-        return choice
+        if shape not in self.choices:
+            if self.file_name is None:
+                stored = self._check(shape)
+            else:
+                stored = cached_measurement(cache_root() / self.file_name, f"{out_features}x{in_features}",
+                                            lambda: self._check(shape))
+            by_name = {kernel.name: kernel for kernel in CANDIDATES}
+            if stored["kernel"] not in by_name:  # a candidate this version no longer has
+                stored = self._check(shape)
+            self.choices[shape] = KernelChoice(by_name[stored["kernel"]], stored["refused"], stored["milliseconds"])
+        return self.choices[shape]
 
-    def _write(self, shape: str, choice: KernelChoice) -> None:
-        if self.path is None:
-            return
-        everything = self._read()
-        everything.setdefault(machine_key(), {})[shape] = {
-            "kernel": choice.kernel.name, "refused": choice.refused, "milliseconds": choice.milliseconds}
-        write_json_cache(self.path, everything)
+    def _check(self, shape: tuple[int, int]) -> dict:
+        if self.on_check:
+            self.on_check(f"checking int8 kernels for a {shape[0]}x{shape[1]} weight on this CPU (once per machine)")
+        choice = choose(*shape)
+        return {"kernel": choice.kernel.name, "refused": choice.refused, "milliseconds": choice.milliseconds}

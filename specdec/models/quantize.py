@@ -27,7 +27,8 @@ import collections
 import torch
 from torch import nn
 
-from specdec.models.int8_kernels import Int8Kernel, KernelCache, isa_summary
+from specdec.machine import isa_summary
+from specdec.models.int8_kernels import Int8Kernel, KernelCache
 
 
 class Int8Linear(nn.Module):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -134,7 +133,7 @@ def profile_verify_costs(
 ) -> VerifyCostTable:
     """T(batch, block) on ``target``: a forward of ``batch`` rows of ``block`` tokens after a
     ``context``-token prefix, the median of ``repeats``."""
-    from specdec.bench.forward import prefilled_cache, time_block
+    from specdec.models.timing import prefilled_cache, time_block
 
     table = VerifyCostTable()
     context = min(context, target.max_context - max(blocks) - 1)
@@ -147,17 +146,15 @@ def profile_verify_costs(
     return table
 
 
-def verify_costs_key(target: LanguageModel, batch_sizes: Sequence[int], blocks: Sequence[int]) -> str:
-    """What a measured T(batch, block) depends on: the machine (CPU, flags, torch, ISA caps), the
-    model (its files, backend, precision, exactness), the threads, and the grid."""
-    from specdec.models.int8_kernels import machine_key
-
+def verify_costs_key(target: LanguageModel, batch_sizes: Sequence[int], blocks: Sequence[int]) -> list:
+    """What a measured T(batch, block) depends on besides the machine: the model (its files,
+    backend, precision, exactness), the threads, and the grid."""
     network = target.network
     config = Path(target.path) / "config.json" if target.path else None
     stamp = config.stat().st_mtime_ns if config is not None and config.is_file() else None
-    return json.dumps([machine_key(), target.path, stamp, target.backend, str(target.dtype), str(target.device),
-                       getattr(network, "quantized", None), getattr(network, "fixed_rows", None),
-                       torch.get_num_threads(), list(batch_sizes), list(blocks)])
+    return [target.path, stamp, target.backend, str(target.dtype), str(target.device),
+            getattr(network, "quantized", None), getattr(network, "fixed_rows", None),
+            torch.get_num_threads(), list(batch_sizes), list(blocks)]
 
 
 def cached_verify_costs(
@@ -169,19 +166,16 @@ def cached_verify_costs(
 ) -> VerifyCostTable:
     """profile_verify_costs, measured once per machine and model and kept in ``cache_file``
     (default: $SPECDEC_CACHE/verify-costs.json); a server refines the table online from then on."""
-    from specdec.machine import cache_root, read_json_cache, write_json_cache
+    from specdec.machine import cache_root, cached_measurement
 
-    path = cache_file or cache_root() / "verify-costs.json"
-    key = verify_costs_key(target, batch_sizes, blocks)
-    stored = read_json_cache(path)
-    if key in stored:
-        table = VerifyCostTable()
-        for batch, block, seconds in stored[key]:
-            table.add(batch, block, seconds)
-        return table
-    table = profile_verify_costs(target, batch_sizes, blocks, progress=progress)
-    stored[key] = [[batch, block, cell.mean] for (batch, block), cell in sorted(table.cells.items())]
-    write_json_cache(path, stored)
+    def measure() -> list:
+        table = profile_verify_costs(target, batch_sizes, blocks, progress=progress)
+        return [[batch, block, cell.mean] for (batch, block), cell in sorted(table.cells.items())]
+
+    table = VerifyCostTable()
+    for batch, block, seconds in cached_measurement(cache_file or cache_root() / "verify-costs.json",
+                                                    verify_costs_key(target, batch_sizes, blocks), measure):
+        table.add(batch, block, seconds)
     return table
 
 

@@ -18,7 +18,7 @@ from specdec.bench.forward import prefilled_cache, time_block
 from specdec.bench.suite import machine_description
 from specdec.models import quantize
 from specdec.models.backend_choice import block_is_exact
-from specdec.models.int8_kernels import isa_summary
+from specdec.machine import isa_summary
 from specdec.models.loading import load
 
 CONFIGS = {
