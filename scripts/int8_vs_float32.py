@@ -3,6 +3,8 @@ category) through the default pair as `specdec generate` runs it (int8, its defa
 policy), against the same target in float32 greedy, target alone. Prints a table, writes JSON.
 
     python scripts/int8_vs_float32.py [--max-new-tokens 64] [--out runs/int8-vs-fp32.json]
+        [--kernel int_mm-8bit]   # force one int8 kernel (e.g. exact 8-bit activations on any CPU)
+        [--llama-cpp]            # the target on llama.cpp with the pair's own GGUF instead of int8
 
 A mismatch is reported with the float32 target's top-2 logit margin at the first differing
 token: int8 rounds activations, so a near-tie may legitimately go the other way; junk (a kernel
@@ -21,7 +23,7 @@ from specdec.bench.suite import load_prompts, machine_description
 from specdec.decoder import SpeculativeDecoder
 from specdec.defaults import default_pair, default_prompts
 from specdec.drafting import make_drafter
-from specdec.models import quantize
+from specdec.models import int8_kernels, quantize
 from specdec.models.loading import load
 from specdec.sampling import SamplingParams
 
@@ -38,11 +40,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default="runs/int8-vs-fp32.json")
+    parser.add_argument("--kernel", choices=[kernel.name for kernel in int8_kernels.CANDIDATES])
+    parser.add_argument("--llama-cpp", action="store_true")
     args = parser.parse_args()
+    if args.kernel:
+        int8_kernels.CANDIDATES = [k for k in int8_kernels.CANDIDATES if k.name == args.kernel]
+        quantize.KERNELS = int8_kernels.KernelCache(None)  # checked here, not taken from the cache
     pair = default_pair()
     prompts = [QUICKSTART_PROMPT] + [item.text for item in load_prompts(default_prompts(), 2)]
     reference = load(pair.target)  # float32, exact blocks
-    target, draft = load(pair.target, quantize=pair.quantize), load(pair.draft, quantize=pair.quantize)
+    target = load(pair.target_gguf, backend="llama.cpp") if args.llama_cpp else load(pair.target, quantize=pair.quantize)
+    draft = load(pair.draft, quantize=pair.quantize)
     print(quantize.kernel_notice())
     settings = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows = []
@@ -61,6 +69,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     summary = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
                "python": platform.python_version(), "torch": torch.__version__, "pair": pair.name,
+               "target": "llama.cpp " + pair.target_gguf.name if args.llama_cpp else "own int8",
                "kernels": quantize.kernel_notice(), "same": sum(r["same_text"] for r in rows), "of": len(rows),
                "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
