@@ -156,6 +156,11 @@ class Engine:
                 "same tokenizer and translates another tokenizer"
             )
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The target layers whose outputs the drafter reads (every target forward returns them)."""
+        return () if self.drafter is None else self.drafter.hidden_layers
+
     def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         ids = [int(token) for token in prompt_ids]
         if not ids:
@@ -197,9 +202,12 @@ class Engine:
             tokens = torch.cat([request.tokens[:count] for request, count in blocks])
             positions = torch.cat([torch.arange(count, device=tokens.device) for _, count in blocks])
             attention = Attention(tuple(Segment(request.row, count) for request, count in blocks))
-            self.target.forward(tokens, positions, cache, attention, want_logits=False)
-            for request, count in blocks:
+            output = self.target.forward(tokens, positions, cache, attention, want_logits=False,
+                                         hidden_layers=self.hidden_layers)
+            for (request, count), start in zip(blocks, attention.offsets):
                 cache.commit(request.row, count)
+                if output.hidden is not None:  # a head reads the prompt's features: [count, features]
+                    self.drafter.prefilled(request, output.hidden[start : start + count])
         seconds = time.perf_counter() - started
         for request in requests:
             request.stats.prefill_seconds += seconds
@@ -233,8 +241,7 @@ class Engine:
         positions = torch.tensor([r.length - 1 + depth for r, d in zip(requests, drafts) for depth in block_depths(d)],
                                  device=device)
         attention = Attention(tuple(Segment(r.row, d.gamma + 1, block_parents(d)) for r, d in zip(requests, drafts)))
-        want_hidden = self.drafter is not None and self.drafter.wants_hidden
-        output = self.target.forward(tokens, positions, cache, attention, want_hidden=want_hidden)
+        output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
         argmax = output.logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
@@ -247,7 +254,7 @@ class Engine:
             else:
                 kept = [0, *(node + 1 for node in path.tolist())]
                 cache.compact(request.row, kept)
-            hidden = output.hidden[[start + k for k in kept]] if want_hidden else None
+            hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
             outcomes.append(StepOutcome(emitted, draft.gamma, hidden, path, draft.parents))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):

@@ -48,7 +48,7 @@ class TableNetwork:
         return TokenCache(max_length, rows)
 
     def __call__(self, tokens, positions, cache: TokenCache, attention: Attention, want_logits=True,
-                 want_hidden=False) -> ForwardOutput:  # logits [n, vocab]
+                 hidden_layers=()) -> ForwardOutput:  # logits [n, vocab]
         check_forward(tokens, positions, cache, attention)
         logits = []
         for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:]):

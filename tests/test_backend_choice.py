@@ -18,8 +18,8 @@ class BlockSkewed(torch.nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, tokens, positions, cache, attention, want_logits=True, want_hidden=False):
-        out = self.inner(tokens, positions, cache, attention, want_logits, want_hidden)
+    def forward(self, tokens, positions, cache, attention, want_logits=True, hidden_layers=()):
+        out = self.inner(tokens, positions, cache, attention, want_logits, hidden_layers)
         return ForwardOutput(out.logits + 1e-3 * (tokens.shape[0] - 1), out.hidden)
 
     def new_cache(self, *args, **kwargs):

@@ -52,7 +52,7 @@ class RandomDrafter:
     """Proposes random tokens: the target rejects almost all of them. With tree=True, a tree
     (two children of the root, the rest under the first child's branch)."""
 
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, vocab_size: int, tree: bool = False) -> None:
         self.vocab_size, self.generator, self.tree = vocab_size, torch.Generator().manual_seed(0), tree

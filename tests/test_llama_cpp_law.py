@@ -25,7 +25,7 @@ class CandidateDrafter:
     """Draws each drafted token from q = uniform over a fixed candidate set: a q unlike the
     target's p, so that drafts are accepted at times and rejected at times."""
 
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, candidates: list[int], vocab_size: int) -> None:
         self.q = torch.zeros(vocab_size)

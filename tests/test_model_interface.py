@@ -126,11 +126,23 @@ def test_a_ragged_batch_scores_each_row_as_alone(tiny_pair, tree_models, kind, b
 
 
 def test_hidden_states_on_request(tiny_pair):
+    """hidden_layers asks for the outputs of those decoder layers, concatenated in the order asked:
+    the same tensors on the own forward and the transformers adapter (hidden_states[i + 1]; its last
+    entry is after the final norm, so the adapter refuses the last layer)."""
     model = load(tiny_pair["target"], dtype="float64")
+    reference = load(tiny_pair["target"], dtype="float64", backend="transformers")
+    tokens, positions = torch.tensor([1, 2, 3]), torch.arange(3)
+    output = model.forward(tokens, positions, model.new_cache(), Attention.chain(3), hidden_layers=(1, 0))
+    assert output.hidden.shape == (3, 64) and output.logits.shape == (3, model.vocab_size)
+    assert not torch.equal(output.hidden[:, :32], output.hidden[:, 32:])  # two different layers (mutation: same index)
+    expected = reference.forward(tokens, positions, reference.new_cache(), Attention.chain(3), hidden_layers=(0,))
+    torch.testing.assert_close(output.hidden[:, 32:], expected.hidden, atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="last layer"):
+        reference.forward(tokens, positions, reference.new_cache(), Attention.chain(3), hidden_layers=(1,))
     cache = model.new_cache()
-    output = model.forward(torch.tensor([1, 2, 3]), torch.arange(3), cache, Attention.chain(3), want_hidden=True)
-    assert output.hidden.shape == (3, 32) and output.logits.shape == (3, model.vocab_size)
-    assert model.forward(torch.tensor([1]), torch.arange(1), cache, Attention.chain(1), want_logits=False).logits is None
+    assert model.forward(tokens[:1], positions[:1], cache, Attention.chain(1), want_logits=False).logits is None
+    with pytest.raises(ValueError, match="layers 0..1"):
+        model.forward(tokens[:1], positions[:1], cache, Attention.chain(1), hidden_layers=(2,))
 
 
 def test_the_adapter_refuses_trees_clearly(tiny_pair):

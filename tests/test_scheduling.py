@@ -131,7 +131,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, tem
 class FailingDrafter:
     """Raises for a context that holds the token 0; drafts nothing otherwise."""
 
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def start(self, prompt_ids):
         return None

@@ -27,7 +27,7 @@ class CorruptedOracleDrafter:
     verification treats them as point masses. For benchmarks only: it needs the answer."""
 
     vocab_size = None  # proposes token ids, no q over a vocabulary
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, draft_model: LanguageModel, alpha: float, vocab_size: int, seed: int = 0) -> None:
         if not 0.0 <= alpha <= 1.0:

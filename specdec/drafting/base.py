@@ -63,8 +63,9 @@ class StepOutcome:
 
     emitted: torch.Tensor  # [n_accepted + 1] int64: accepted drafts, then the target's token
     num_drafted: int
-    hidden: torch.Tensor | None = None  # [n_accepted + 1, hidden]: the target's at the positions that
-    # predicted each emitted token (the last context token, then each accepted draft), when asked for
+    # [n_accepted + 1, features]: the target's hidden states (the drafter's hidden_layers, concatenated)
+    # at the positions that predicted each emitted token (the last context token, then each accepted draft)
+    hidden: torch.Tensor | None = None
     path: torch.Tensor | None = None  # [n_accepted]: tree indices of the accepted nodes (None for a chain)
     parents: tuple[int, ...] | None = None  # the drafted tree the path indexes (None for a chain)
 
@@ -98,8 +99,10 @@ class Drafter(Protocol):
 
     #: The vocabulary its q ranges over (None for drafters with no q, such as n-gram lookup).
     vocab_size: int | None
-    #: Whether observe() wants the target's hidden states of the emitted tokens.
-    wants_hidden: bool
+    #: The target layers whose outputs observe() reads in StepOutcome.hidden (a draft head's
+    #: features); () for drafters that read only tokens. A drafter that reads them also has
+    #: ``prefilled(request, hidden)``, called once after the prompt's prefill.
+    hidden_layers: tuple[int, ...]
 
     def start(self, prompt_ids: torch.Tensor) -> Any:  # prompt_ids [n] int64
         """A new request's drafting state."""

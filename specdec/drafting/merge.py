@@ -70,7 +70,7 @@ class MergedDrafter:
     """Runs each drafter and merges the proposals into one tree of at most ``budget`` nodes,
     taking root-to-leaf paths from the drafters in turns until the budget runs out."""
 
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
     vocab_size = None  # point masses: no q
 
     def __init__(self, drafters: Sequence[Drafter], budget: int = 24) -> None:
@@ -80,7 +80,10 @@ class MergedDrafter:
         if len(vocabularies) > 1:
             raise ValueError(f"the merged drafters have different vocabularies: {sorted(vocabularies)}")
         self.drafters, self.budget = list(drafters), budget
-        self.wants_hidden = any(d.wants_hidden for d in drafters)
+        readers = [d for d in drafters if d.hidden_layers]
+        if len({d.hidden_layers for d in readers}) > 1:
+            raise ValueError("the merged drafters read different target layers; merge at most one head")
+        self.hidden_layers = readers[0].hidden_layers if readers else ()
 
     def start(self, prompt_ids: torch.Tensor) -> list[Any]:
         return [drafter.start(prompt_ids) for drafter in self.drafters]
@@ -95,6 +98,11 @@ class MergedDrafter:
         if not tokens:
             return Draft.empty(device)
         return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None, tuple(parents))
+
+    def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
+        for drafter, state in zip(self.drafters, request.draft_state):
+            if drafter.hidden_layers:
+                drafter.prefilled(SubRequest(request, state), hidden)
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         for drafter, state in zip(self.drafters, request.draft_state):

@@ -108,7 +108,7 @@ class DraftModelDrafter:
     """What every drafter built on a draft model shares: one DraftModelState per request, and
     observe() keeping the cache entries of the accepted drafts."""
 
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, model: LanguageModel) -> None:
         self.model = model

@@ -80,7 +80,7 @@ class NGramDrafter:
     """Drafter protocol around an NGramIndex of each request's verified context."""
 
     vocab_size = None  # no q: any vocabulary
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, max_n: int = 4, min_n: int = 1, branches: int = 1, budget: int = 16) -> None:
         NGramIndex(max_n, min_n)  # checks the sizes now, not at the first request

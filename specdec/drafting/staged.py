@@ -37,7 +37,7 @@ class StagedState:
 
 
 class StagedDrafter:
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, model: LanguageModel, max_n: int = 4, min_n: int = 1) -> None:
         self.model = model

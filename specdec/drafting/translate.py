@@ -128,7 +128,7 @@ class TranslatingDrafter:
     q restricted to the shared tokens. look_behind is the number of context tokens decoded and
     re-encoded with each piece of new text."""
 
-    wants_hidden = False
+    hidden_layers: tuple[int, ...] = ()
     vocab_size = None  # q, where there is one, is built over the target's rows
 
     def __init__(self, draft: LanguageModel, target: LanguageModel, look_behind: int = 4,

@@ -16,6 +16,7 @@ children are the top tokens of the draft's logits and any shape is fine.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import torch
 
@@ -42,14 +43,75 @@ def allocate_children(scores: list[float], top_q: list[list[float]], slots: int)
     return counts
 
 
+#: Scores a tree's newest nodes: (tokens, parents of every node so far, the new nodes' indices)
+#: -> q at each new node [new, vocab] (draft_distribution of the drafter's logits there).
+ExpandNodes = Callable[[list[int], list[int], list[int]], torch.Tensor]
+
+
+def grow_tree(
+    root_q: torch.Tensor,  # [1, vocab]: draft_distribution at the root
+    expand: ExpandNodes,
+    depth_limit: int,
+    budget: int,
+    branching: int,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> Draft:
+    """A tree of at most ``budget`` nodes and ``depth_limit`` depths, ``branching`` children per
+    node at most; each depth gets an equal share of the budget (at least one node), so trees
+    are as deep as the policy asks, not wide and shallow. One ``expand`` call per depth."""
+    device = root_q.device
+    frontier = [-1]  # nodes whose children are drawn next (-1 = the root)
+    frontier_q = root_q  # [frontier, vocab]
+    frontier_scores = [1.0]
+    q_rows = {}  # q at every node that gets children (sampling)
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    per_depth = max(1, budget // depth_limit)
+    for depth in range(depth_limit):
+        top = frontier_q.topk(min(branching, frontier_q.shape[-1]), dim=-1)  # [frontier, branching]
+        counts = allocate_children(frontier_scores, top.values.tolist(), min(per_depth, budget - len(tokens)))
+        new_nodes = []
+        for row, (node, count) in enumerate(zip(frontier, counts)):
+            if count == 0:
+                continue
+            if sampling.greedy:  # the top tokens (any tree is exact when greedy)
+                children, child_q = top.indices[row, :count], top.values[row, :count]
+            else:  # drawn one after another without replacement, as verification assumes
+                q_rows[node] = frontier_q[row]
+                children = torch.multinomial(frontier_q[row], count, replacement=False, generator=generator)
+                child_q = frontier_q[row, children]
+            for token, probability in zip(children.tolist(), child_q.tolist()):
+                tokens.append(token)
+                parents.append(node)
+                scores.append(frontier_scores[row] * probability)
+                new_nodes.append(len(tokens) - 1)
+        if depth == depth_limit - 1 or len(tokens) >= budget or not new_nodes:
+            break
+        frontier_q = expand(tokens, parents, new_nodes)
+        frontier, frontier_scores = new_nodes, [scores[node] for node in new_nodes]
+    block = torch.tensor(tokens, dtype=torch.long, device=device)
+    if sampling.greedy:
+        return Draft(block, None, tuple(parents))
+    # q per parent: row 0 at the root, row i + 1 at node i (zeros where a node has no children).
+    probs = torch.zeros(len(tokens) + 1, root_q.shape[-1], dtype=frontier_q.dtype, device=device)
+    for node, q in q_rows.items():
+        probs[node + 1] = q
+    return Draft(block, probs, tuple(parents))
+
+
+def check_tree_shape(budget: int, branching: int) -> None:
+    if budget < 1 or branching < 1:
+        raise ValueError(f"a tree needs budget >= 1 and branching >= 1, got {budget} and {branching}")
+
+
 class ModelTreeDrafter(DraftModelDrafter):
-    """A draft model proposing a tree of at most ``budget`` nodes, ``branching`` children per
-    node at most, with the policy's gamma as its depth limit; each depth gets an equal share of
-    the budget (at least one node), so trees are as deep as the policy asks, not wide and shallow."""
+    """A draft model proposing a tree (grow_tree) of at most ``budget`` nodes, ``branching``
+    children per node at most, with the policy's gamma as its depth limit."""
 
     def __init__(self, model: LanguageModel, budget: int = 16, branching: int = 4) -> None:
-        if budget < 1 or branching < 1:
-            raise ValueError(f"a tree needs budget >= 1 and branching >= 1, got {budget} and {branching}")
+        check_tree_shape(budget, branching)
         super().__init__(model)  # observe(): the tree never enters the draft cache, only the emitted tokens do
         self.budget, self.branching = budget, branching
 
@@ -62,49 +124,17 @@ class ModelTreeDrafter(DraftModelDrafter):
             return Draft.empty(context.device)
         state.cache.reserve(length + budget)
         root_logits = state.feed_pending()  # [1, vocab]
-        frontier = [-1]  # nodes whose children are drawn next (-1 = the root)
-        frontier_q = draft_distribution(root_logits, sampling)  # [frontier, vocab]
-        frontier_scores = [1.0]
-        q_rows = {}  # q at every node that gets children (sampling)
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        per_depth = max(1, budget // gamma)
-        for depth in range(gamma):
-            top = frontier_q.topk(min(self.branching, frontier_q.shape[-1]), dim=-1)  # [frontier, branching]
-            counts = allocate_children(frontier_scores, top.values.tolist(), min(per_depth, budget - len(tokens)))
-            new_nodes = []
-            for row, (node, count) in enumerate(zip(frontier, counts)):
-                if count == 0:
-                    continue
-                if sampling.greedy:  # the top tokens (any tree is exact when greedy)
-                    children, child_q = top.indices[row, :count], top.values[row, :count]
-                else:  # drawn one after another without replacement, as verification assumes
-                    q_rows[node] = frontier_q[row]
-                    children = torch.multinomial(frontier_q[row], count, replacement=False, generator=request.generator)
-                    child_q = frontier_q[row, children]
-                for token, probability in zip(children.tolist(), child_q.tolist()):
-                    tokens.append(token)
-                    parents.append(node)
-                    scores.append(frontier_scores[row] * probability)
-                    new_nodes.append(len(tokens) - 1)
-            if depth == gamma - 1 or len(tokens) >= budget or not new_nodes:
-                break
-            # q at the new nodes: one draft forward of this depth's nodes, which attend to the
-            # nodes earlier forwards wrote (nothing is committed: the tree stays past the context).
+
+        def expand(tokens: list[int], parents: list[int], new_nodes: list[int]) -> torch.Tensor:
+            # One draft forward of this depth's nodes, which attend to the nodes earlier forwards
+            # wrote (nothing is committed: the tree stays past the context).
             written = new_nodes[0]
             depths = tree_depths(parents)
             positions = torch.tensor([length + depths[node] for node in new_nodes], device=context.device)
             block = torch.tensor(tokens[written:], dtype=torch.long, device=context.device)
             segment = Segment(0, len(new_nodes), tuple(parents), written)
             logits = self.model.forward(block, positions, state.cache, Attention((segment,), batch_invariant=False)).logits
-            frontier, frontier_scores = new_nodes, [scores[node] for node in new_nodes]
-            frontier_q = draft_distribution(logits, sampling)
-        block = torch.tensor(tokens, dtype=torch.long, device=context.device)
-        if sampling.greedy:
-            return Draft(block, None, tuple(parents))
-        # q per parent: row 0 at the root, row i + 1 at node i (zeros where a node has no children).
-        probs = torch.zeros(len(tokens) + 1, frontier_q.shape[-1], dtype=frontier_q.dtype, device=context.device)
-        for node, q in q_rows.items():
-            probs[node + 1] = q
-        return Draft(block, probs, tuple(parents))
+            return draft_distribution(logits, sampling)
+
+        return grow_tree(draft_distribution(root_logits, sampling), expand, gamma, budget, self.branching, sampling,
+                         request.generator)

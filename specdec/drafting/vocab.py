@@ -57,8 +57,8 @@ class LogitsView:
         raise NotImplementedError
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, attention: Attention,
-                 want_logits: bool = True, want_hidden: bool = False) -> ForwardOutput:
-        output = self.network(tokens, positions, cache, attention, want_logits, want_hidden)
+                 want_logits: bool = True, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        output = self.network(tokens, positions, cache, attention, want_logits, hidden_layers)
         return output if output.logits is None else ForwardOutput(self.transform(output.logits), output.hidden)
 
 

@@ -101,7 +101,9 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor | None  # [n, vocab] (None when not asked for, as in a prefill)
-    hidden: torch.Tensor | None = None  # [n, hidden], the last layer's output, when asked for
+    # [n, len(hidden_layers) * hidden]: the outputs of the decoder layers asked for, concatenated in
+    # the order asked (what a draft head reads, EAGLE-3's features); None when none were asked for.
+    hidden: torch.Tensor | None = None
 
 
 class Cache(Protocol):
@@ -130,8 +132,14 @@ class Network(Protocol):
         cache: Cache,
         attention: Attention,
         want_logits: bool = True,
-        want_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = (),  # decoder layers whose outputs to return (ForwardOutput.hidden)
     ) -> ForwardOutput: ...
+
+
+def check_hidden_layers(hidden_layers: Sequence[int], num_layers: int) -> None:
+    bad = [index for index in hidden_layers if not 0 <= index < num_layers]
+    if bad:
+        raise ValueError(f"hidden states asked of layers {bad}; the model has layers 0..{num_layers - 1}")
 
 
 def check_forward(tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, attention: Attention) -> None:
@@ -173,9 +181,9 @@ class LanguageModel:
         cache: Cache,
         attention: Attention,
         want_logits: bool = True,
-        want_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = (),
     ) -> ForwardOutput:
-        return self.network(tokens, positions, cache, attention, want_logits, want_hidden)
+        return self.network(tokens, positions, cache, attention, want_logits, hidden_layers)
 
     def extend(self, tokens: torch.Tensor, cache: Cache, row: int = 0, batch_invariant: bool = True) -> torch.Tensor:
         """Feed a chain of tokens [k] after row's committed context and commit them; logits [k, vocab].

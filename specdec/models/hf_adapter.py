@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from specdec.models.base import Attention, ForwardOutput, check_forward
+from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 
 
 class HFCache:
@@ -79,9 +79,14 @@ class HFNetwork:
         cache: HFCache,
         attention: Attention,
         want_logits: bool = True,
-        want_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = (),  # decoder layers whose outputs to return, concatenated
     ) -> ForwardOutput:
         check_forward(tokens, positions, cache, attention)
+        num_layers = self.model.config.num_hidden_layers
+        check_hidden_layers(hidden_layers, num_layers)
+        if num_layers - 1 in hidden_layers:  # transformers returns it after the final norm, unlike every other
+            raise ValueError(f"the transformers adapter gives no pre-norm output of the last layer ({num_layers - 1}); "
+                             "ask for earlier layers (a draft head reads layers below L - 3)")
         if attention.has_trees:
             raise ValueError("the transformers adapter verifies chains only; use --backend specdec for token trees")
         offsets = attention.offsets
@@ -91,10 +96,10 @@ class HFNetwork:
             cache.trim(segment.row)
             output = self.model(
                 input_ids=tokens[None, start:end], position_ids=positions[None, start:end],
-                past_key_values=cache.inner[segment.row], use_cache=True, output_hidden_states=want_hidden,
+                past_key_values=cache.inner[segment.row], use_cache=True, output_hidden_states=bool(hidden_layers),
             )
             cache.stored[segment.row] += segment.count
             logits.append(output.logits[0])
-            if want_hidden:
-                hidden.append(output.hidden_states[-1][0])
-        return ForwardOutput(torch.cat(logits) if want_logits else None, torch.cat(hidden) if want_hidden else None)
+            if hidden_layers:  # hidden_states[0] is the embedding: layer i's output is hidden_states[i + 1]
+                hidden.append(torch.cat([output.hidden_states[index + 1][0] for index in hidden_layers], dim=-1))
+        return ForwardOutput(torch.cat(logits) if want_logits else None, torch.cat(hidden) if hidden_layers else None)

@@ -252,10 +252,10 @@ class LlamaCppNetwork:
         cache: LlamaCppCache,
         attention: Attention,
         want_logits: bool = True,
-        want_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = (),
     ) -> ForwardOutput:  # logits [n, vocab] float32
         check_forward(tokens, positions, cache, attention)
-        if want_hidden:
+        if hidden_layers:
             raise ValueError("the llama.cpp backend gives no hidden states (drafters that need them run on specdec's forward)")
         if any(segment.written for segment in attention.segments):
             raise ValueError("the llama.cpp backend scores a token tree in one forward; a tree grown over several "

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.models.attention import AttentionPlan, plan_attention
-from specdec.models.base import Attention, ForwardOutput, check_forward
+from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 from specdec.models.cache import KVCache
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -170,22 +170,7 @@ class DecoderLayer(nn.Module):
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
         qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one go: fewer ops per layer
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=0)
-        if plan.padded is not None:
-            attended = plan.padded.attend(self, q, k, v, cache, layer_index)
-            attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
-        else:
-            attended = q.new_zeros(q.shape)  # [heads, n, d]; padding rows stay zero
-            for segment in plan.segments:
-                rows = slice(segment.start, segment.end)
-                keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
-                if segment.per_query is None:
-                    attended[:, rows] = self.attend(q[:, rows], keys, values, segment.masks.get(self.window))
-            for group in plan.groups[self.window] if plan.groups else ():
-                group.attend(self, q, cache, layer_index, attended)
-            attended = attended.transpose(0, 1).reshape(num_tokens, -1)
-        if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
-            attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
-        x = x + project(self.o_proj, attended, fixed_rows)
+        x = x + project(self.o_proj, attend_planned(self, q, k, v, plan, cache, layer_index), fixed_rows)
         gate, up = project(self.gate_up_proj, self.post_attention_norm(x), fixed_rows).chunk(2, dim=-1)
         return x + project(self.down_proj, F.silu(gate) * up, fixed_rows)
 
@@ -200,6 +185,35 @@ class DecoderLayer(nn.Module):
             q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
+
+
+def attend_planned(
+    layer: nn.Module,  # has num_heads, num_kv_heads, head_dim, window and attend() (DecoderLayer, a draft head's layer)
+    q: torch.Tensor,  # [heads, n, d], rope applied
+    k: torch.Tensor,  # [kv_heads, n, d], rope applied
+    v: torch.Tensor,  # [kv_heads, n, d]
+    plan: AttentionPlan,
+    cache: KVCache,
+    layer_index: int,
+) -> torch.Tensor:  # [n, heads * d]; rows past the planned tokens (padding) are zeros
+    """Write the block's keys and values into the cache and attend as the plan says."""
+    num_tokens = q.shape[1]
+    if plan.padded is not None:
+        attended = plan.padded.attend(layer, q, k, v, cache, layer_index)
+        attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
+    else:
+        attended = q.new_zeros(q.shape)  # [heads, n, d]; padding rows stay zero
+        for segment in plan.segments:
+            rows = slice(segment.start, segment.end)
+            keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
+            if segment.per_query is None:
+                attended[:, rows] = layer.attend(q[:, rows], keys, values, segment.masks.get(layer.window))
+        for group in plan.groups[layer.window] if plan.groups else ():
+            group.attend(layer, q, cache, layer_index, attended)
+        attended = attended.transpose(0, 1).reshape(num_tokens, -1)
+    if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
+        attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
+    return attended
 
 
 class SubsetHead(nn.Module):
@@ -297,7 +311,7 @@ class LlamaFamilyModel(nn.Module):
         cache: KVCache,
         attention: Attention,
         want_logits: bool = True,
-        want_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = (),  # decoder layers whose outputs to return, concatenated
     ) -> ForwardOutput:
         check_forward(tokens, positions, cache, attention)
         cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
@@ -316,7 +330,12 @@ class LlamaFamilyModel(nn.Module):
         if fixed_rows is not None:  # the whole stack runs on a multiple of fixed_rows rows
             padding = (0, 0, 0, -count % fixed_rows)
             x, cos, sin = F.pad(x, padding), F.pad(cos, padding), F.pad(sin, padding)
+        check_hidden_layers(hidden_layers, len(self.layers))
+        outputs = {}
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, plan, cache, index, fixed_rows)
+            if index in hidden_layers:
+                outputs[index] = x[:count]
         logits = project(self.lm_head, self.norm(x), fixed_rows)[:count] if want_logits else None
-        return ForwardOutput(logits, x[:count] if want_hidden else None)
+        hidden = torch.cat([outputs[index] for index in hidden_layers], dim=-1) if hidden_layers else None
+        return ForwardOutput(logits, hidden)
