@@ -51,6 +51,9 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
                              "(several earlier occurrences as branches), staged -> staged-tree (the staged chain "
                              "with the draft's next-best tokens as side leaves); A+B merges two drafters into one tree")
     parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
+    parser.add_argument("--draft-head", metavar="DIR",
+                        help="an EAGLE-3 draft head folder for --drafter head|head-tree (specdec train-head; "
+                             "default: the default pair's shipped head)")
     parser.add_argument("--policy", choices=POLICIES + TREE_POLICIES,
                         help="how many tokens to draft each step (tree-cost: a tree's depth and width from measured "
                              "acceptance and costs; default: fixed, or the default pair's measured best)")
@@ -77,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.training import command as train_command
 
     train_command.add_parser(commands)
+    from specdec.training import head_command
+
+    head_command.add_parser(commands, add_model_options)
     add_bench_parser(commands)
     from specdec.bench import batch
 
@@ -294,20 +300,35 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     """The target and the drafter that --drafter, --tree and --no-draft ask for."""
     from specdec.drafting import make_drafter
 
+    if args.draft_head or reads_target(args.drafter or ""):
+        args.backend = "specdec" if args.backend == "auto" else args.backend  # heads read the own forward's states
     resolved = resolve_models(args, errors)
     pair = resolved[3]
     # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma.
     args.drafter = args.drafter or (pair.drafter if pair else "model")
     args.policy = args.policy or (pair.policy if pair else "fixed")
-    needs_model = not args.no_draft and any(kind not in ("ngram", "ngram-tree") for kind in args.drafter.split("+"))
+    needs_model = not args.no_draft and any(kind not in ("ngram", "ngram-tree", "head", "head-tree")
+                                            for kind in args.drafter.split("+"))
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
     drafter = None
     if not args.no_draft and (draft is not None or not needs_model):
         drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
-                               tree_budget=args.tree_budget, target=target, vocab_rule=args.vocab_rule)
+                               tree_budget=args.tree_budget, target=target, vocab_rule=args.vocab_rule,
+                               head=args.draft_head or (pair.head if pair else None))
     return target, drafter
+
+
+def reads_target(drafter: str) -> bool:
+    """Whether the drafter reads the target's hidden states (a draft head)."""
+    return any(kind in ("head", "head-tree") for kind in drafter.split("+"))
+
+
+def load_own_target(args: argparse.Namespace, errors: Console):
+    """The target on specdec's own forward (what a draft head reads), for train-head."""
+    args.draft, args.backend = None, "specdec" if args.backend == "auto" else args.backend
+    return load_models(args, errors, want_draft=False)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -326,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specdec.training import command as train_command
 
             return train_command.run(args, errors)
+        if args.command == "train-head":
+            from specdec.training import head_command
+
+            return head_command.run(args, errors, load_own_target)
         if args.command == "bench":
             from specdec.bench.llama_cpp_tools import ToolError
 

@@ -36,6 +36,7 @@ class DefaultPair:
     drafter: str = "model"  # the drafter and policy measured fastest with it (docs/default-pair.md)
     policy: str = "fixed"
     target_gguf: Path | None = None  # the target's own GGUF, for llama.cpp's kernels where they are faster
+    head: Path | None = None  # its shipped EAGLE-3 draft head (--drafter head|head-tree)
 
 
 def default_model(role: str) -> Path:

@@ -1,4 +1,9 @@
+from pathlib import Path
+
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
+from specdec.drafting.head import DraftHead
+from specdec.drafting.head_drafter import HeadDrafter, HeadTreeDrafter
+from specdec.drafting.head_format import load_head
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
@@ -8,12 +13,13 @@ from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 from specdec.models.base import LanguageModel
 
-DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree")
-TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree"}  # what --tree turns a chain drafter into
+DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree")
+TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree"}  # what --tree turns a chain drafter into
 
 
 def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int = 4, min_n: int = 1, tree: bool = False,
-                 tree_budget: int = 16, target: LanguageModel | None = None, vocab_rule: str = "point-mass") -> Drafter:
+                 tree_budget: int = 16, target: LanguageModel | None = None, vocab_rule: str = "point-mass",
+                 head: DraftHead | str | Path | None = None) -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
     continuations of several earlier occurrences as branches) need none; "A+B" merges the
@@ -21,16 +27,26 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
     "ngram-tree" and "staged" into "staged-tree". With the target given, the draft is paired with
     it by tokenizer: the same tokenizer under another embedding size works as is (logits fitted to
     the target's rows); another tokenizer is translated (TranslatingDrafter, "model" only), its sampled drafts verified
-    by vocab_rule ("point-mass" or "intersection", docs/tokenizers.md)."""
+    by vocab_rule ("point-mass" or "intersection", docs/tokenizers.md). "head" and "head-tree" draft
+    with a draft head that reads the target's hidden states (``head``: a DraftHead or an EAGLE-3
+    folder, loaded for ``target``)."""
     kinds = kind.split("+")
     if len(kinds) > 1:
-        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule) for k in kinds],
-                             budget=tree_budget)
+        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule, head)
+                              for k in kinds], budget=tree_budget)
     kind = TREE_KINDS.get(kind, kind) if tree else kind
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if kind in ("ngram", "ngram-tree"):
         return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
+    if kind in ("head", "head-tree"):
+        if target is None or head is None:
+            raise ValueError(f"the {kind!r} drafter needs a draft head (--draft-head DIR) and the target it reads")
+        if not isinstance(head, DraftHead):
+            head = load_head(head, target)
+        if kind == "head":
+            return HeadDrafter(head, target.max_context)
+        return HeadTreeDrafter(head, target.max_context, budget=tree_budget)
     if draft_model is None:
         raise ValueError(f"the {kind!r} drafter needs a draft model (--draft)")
     mismatch = None if target is None else vocabulary_mismatch(draft_model, target)
@@ -50,5 +66,5 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
     return ModelDrafter(draft_model) if kind == "model" else StagedDrafter(draft_model, max_n, min_n)
 
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "DraftRequest", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
+__all__ = ["DRAFTERS", "Draft", "DraftHead", "Drafter", "DraftRequest", "HeadDrafter", "HeadTreeDrafter", "load_head", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
            "TranslatingDrafter", "make_drafter"]

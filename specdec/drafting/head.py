@@ -17,7 +17,7 @@ The checkpoint layout is the one SpecForge and the EAGLE repository write (confi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -171,5 +171,3 @@ class DraftHead(nn.Module):
         return self.logits(out), out
 
 
-def config_fields() -> tuple[str, ...]:
-    return tuple(field.name for field in fields(HeadConfig))

@@ -1,0 +1,183 @@
+"""`specdec train-head`: an EAGLE-3 draft head for a target, trained here on the target's own
+features (cached on disk), resumable from its last checkpoint, saved in the EAGLE-3 layout with a
+model card that records the exact command."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specdec.drafting.head import default_feature_layers
+from specdec.drafting.head_format import new_head, save_head, target_shape
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    out: str
+    data: tuple[str, ...] = ()
+    draft_vocab: int = 8192
+    steps: int = 2000
+    ttt_steps: int = 3
+    sequence_length: int = 256
+    corpus_sequences: int = 400
+    continuation_sequences: int = 0
+    heldout_sequences: int = 16
+    batch_size: int = 8
+    learning_rate: float = 1e-3
+    intermediate_size: int | None = None
+    eval_every: int = 200
+    checkpoint_every: int = 100
+    seed: int = 0
+    command: str = ""
+
+
+def add_parser(commands, add_model_options) -> None:
+    parser = commands.add_parser(
+        "train-head", help="train an EAGLE-3 draft head that reads the target's hidden states",
+        description="Target features (cached under --out/features) -> a draft head trained with EAGLE-3's "
+                    "training-time test -> an EAGLE-3 folder (config.json, model.safetensors, README.md) "
+                    "for --drafter head|head-tree --draft-head DIR. Resumes from --out/checkpoint.pt.")
+    add_model_options(parser)  # the target as it will be drafted for (its precision decides its features)
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--data", nargs="+", default=(), help="files or folders of code (default: Python's standard library)")
+    defaults = HeadTraining(out="")
+    for name in ("draft_vocab", "steps", "ttt_steps", "sequence_length", "corpus_sequences", "continuation_sequences",
+                 "heldout_sequences", "batch_size", "eval_every", "checkpoint_every", "seed"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument("--intermediate-size", type=int, help="the head's MLP width (default: the target's)")
+
+
+def run(args: argparse.Namespace, errors: Console, load_target) -> int:
+    from specdec.training.pipeline import command_line
+
+    settings = HeadTraining(
+        out=args.out, data=tuple(args.data), draft_vocab=args.draft_vocab, steps=args.steps, ttt_steps=args.ttt_steps,
+        sequence_length=args.sequence_length, corpus_sequences=args.corpus_sequences,
+        continuation_sequences=args.continuation_sequences, heldout_sequences=args.heldout_sequences,
+        batch_size=args.batch_size, learning_rate=args.learning_rate, intermediate_size=args.intermediate_size,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed, command=command_line(),
+    )
+    target = load_target(args, errors)
+    folder = train_head(target, settings, errors)
+    errors.print(f"head saved to {folder}: use it with --drafter head-tree --draft-head {folder}")
+    return 0
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+
+
+def train_head(target, settings: HeadTraining, console: Console | None = None) -> Path:
+    """Train (or resume) a head for ``target``; returns the saved EAGLE-3 folder."""
+    from specdec.training.head_data import DataPlan, prepare
+    from specdec.training.head_trainer import evaluate, learning_rate, sample_batch, unrolled_loss
+
+    console = console or Console(stderr=True)
+    out = Path(settings.out)
+    shape = target_shape(target)
+    layers = default_feature_layers(shape.num_layers)
+    plan = DataPlan(settings.data, settings.sequence_length, settings.corpus_sequences, settings.continuation_sequences,
+                    settings.heldout_sequences, settings.draft_vocab, layers, f"{target.name}:{target.dtype}:{target.path}")
+    started = time.perf_counter()
+    with progress_bar(console) as progress:
+        def bar(label: str, total: int):
+            task = progress.add_task(label, total=total, info="")
+            return lambda count: progress.advance(task, count)
+
+        train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar)
+        torch.manual_seed(settings.seed)
+        head = new_head(target, vocabulary, settings.intermediate_size, layers)
+        head.embed_weight = head.embed_weight.float()
+        head = head.float().train()
+        output_rows = target.network.lm_head.weight.detach().float()[head.draft_token_ids.to(target.device)].cpu()
+        trainable = [p for p in head.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
+        generator = torch.Generator().manual_seed(settings.seed)
+        step, history = resume(out, head, optimizer, generator, settings, console)
+        task = progress.add_task("head", total=settings.steps, completed=step, info="")
+        while step < settings.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, settings.steps, settings.learning_rate)
+            result = unrolled_loss(head, sample_batch(train, settings.batch_size, generator), output_rows,
+                                   settings.ttt_steps)
+            optimizer.zero_grad(set_to_none=True)
+            result.loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 0.5)
+            optimizer.step()
+            step += 1
+            info = f"loss {float(result.loss):.3f} top-1 " + " ".join(f"{a:.2f}" for a in result.agreement)
+            if step % settings.eval_every == 0 or step == settings.steps:
+                held = evaluate(head, heldout, output_rows, settings.ttt_steps)
+                history.append({"step": step, "heldout_loss": round(float(held.loss), 4),
+                                "heldout_top1": [round(a, 4) for a in held.agreement]})
+                info += " | held-out " + " ".join(f"{a:.2f}" for a in held.agreement)
+                progress.console.print(f"step {step}: {info}", highlight=False)
+            progress.update(task, completed=step, info=info)
+            if step % settings.checkpoint_every == 0 or step == settings.steps:
+                save_checkpoint(out, head, optimizer, generator, step, history, settings)
+    hours = (time.perf_counter() - started) / 3600
+    card = model_card(target, settings, history, hours, len(train), plan)
+    return save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+
+
+def save_checkpoint(out: Path, head, optimizer, generator, step: int, history: list, settings: HeadTraining) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "checkpoint.partial"
+    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                "step": step, "history": history, "settings": training_identity(settings)}, partial)
+    partial.replace(out / "checkpoint.pt")  # a crash mid-write leaves the last whole checkpoint
+
+
+def training_identity(settings: HeadTraining) -> dict:
+    """What must match for a checkpoint to be resumed (not the step budget or the command)."""
+    return {key: value for key, value in asdict(settings).items() if key not in ("steps", "command", "eval_every",
+                                                                                  "checkpoint_every")}
+
+
+def resume(out: Path, head, optimizer, generator, settings: HeadTraining, console: Console) -> tuple[int, list]:
+    path = out / "checkpoint.pt"
+    if not path.exists():
+        return 0, []
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state["settings"] != training_identity(settings):
+        raise ValueError(f"{path} was trained with other settings ({state['settings']}); "
+                         "use another --out or the same settings")
+    head.load_state_dict(state["head"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["generator"])
+    console.print(f"resumed from {path} at step {state['step']}")
+    return state["step"], state["history"]
+
+
+def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan) -> str:
+    last = history[-1] if history else {}
+    agreement = ", ".join(f"depth {i + 1}: {a:.3f}" for i, a in enumerate(last.get("heldout_top1", [])))
+    data = ", ".join(settings.data) or "Python's standard library (this machine's)"
+    return "\n".join([
+        f"# EAGLE-3 draft head for {target.name}",
+        "",
+        "Trained with specdec's `train-head`; loads with `--drafter head-tree --draft-head DIR`.",
+        "",
+        f"- command: `{settings.command}`",
+        f"- target: {target.name} ({target.dtype}, {target.path}); feature layers {plan.feature_layers}",
+        f"- data: {data}; {sequences} training sequences of {settings.sequence_length} tokens "
+        f"({settings.corpus_sequences} corpus windows requested, {settings.continuation_sequences} target continuations)",
+        f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
+        f"{settings.intermediate_size or 'the target’s'}",
+        f"- steps: {settings.steps} x {settings.batch_size} sequences, training-time test {settings.ttt_steps} steps, "
+        f"peak learning rate {settings.learning_rate}",
+        f"- time: {hours:.2f} h on {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads), "
+        f"torch {torch.__version__}",
+        f"- held-out top-1 agreement with the target's greedy token: {agreement or 'not evaluated'}"
+        f" (loss {last.get('heldout_loss', 'n/a')})",
+        "",
+    ])

@@ -1,0 +1,180 @@
+"""Training data for a draft head: token sequences (the target's own continuations of code
+prompts, and corpus windows), the draft vocabulary, and the target's features computed once
+and cached on disk.
+
+Per sequence of S tokens the cache holds, for every position t: the target's hidden states at the
+head's feature layers (what predicted token t + 1), the target's final normed hidden state (its
+logits over the draft vocabulary, the soft labels, are that times the output rows: computed when
+training, so the cache stays small), and the target's greedy token (for top-1 agreement).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.models.base import Attention, LanguageModel, Segment
+from specdec.training.data import code_prompts, collect_files, read_text, split_files
+
+
+@dataclass
+class HeadFeatures:
+    """The cached target outputs for N sequences of S tokens."""
+
+    tokens: torch.Tensor  # [N, S] int64
+    features: torch.Tensor  # [N, S, len(feature_layers) * hidden] float16
+    final: torch.Tensor  # [N, S, hidden] float16: norm(last layer output)
+    greedy: torch.Tensor  # [N, S] int64: the target's argmax after each position
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        save_file({name: getattr(self, name).contiguous() for name in ("tokens", "features", "final", "greedy")},
+                  str(partial))
+        partial.replace(path)
+
+    @staticmethod
+    def load(path: Path) -> HeadFeatures:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        return HeadFeatures(tensors["tokens"], tensors["features"], tensors["final"], tensors["greedy"])
+
+
+def default_corpus() -> list[Path]:
+    """Python's standard library: code every machine with Python has (never the bench prompts)."""
+    return [Path(sysconfig.get_paths()["stdlib"])]
+
+
+def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: int) -> list[list[int]]:
+    """Non-overlapping windows of ``length`` tokens, a few from each file in turn (variety first)."""
+    per_file = []
+    for file in files:
+        ids = tokenizer(read_text(file), add_special_tokens=False)["input_ids"]
+        per_file.append([ids[i : i + length] for i in range(0, len(ids) - length + 1, length)])
+        if sum(map(len, per_file)) >= 4 * max_windows:
+            break
+    windows, turn = [], 0
+    while len(windows) < max_windows and any(turn < len(chunks) for chunks in per_file):
+        windows.extend(chunks[turn] for chunks in per_file if turn < len(chunks))
+        turn += 1
+    return windows[:max_windows]
+
+
+def continuation_windows(target: LanguageModel, files: Sequence[Path], length: int, count: int,
+                         progress: Callable[[int], None] | None = None, batch: int = 8) -> list[list[int]]:
+    """Code prompts (signature and the lines before it) continued by the target itself, greedy, to
+    ``length`` tokens: the text the head will see the target write."""
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.sampling import SamplingParams
+
+    decoder = SpeculativeDecoder(target)
+    prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
+               for p in code_prompts(files, count)]
+    windows = []
+    for first in range(0, len(prompts), batch):
+        group = prompts[first : first + batch]
+        settings = [SamplingParams(max_new_tokens=length - len(prompt)) for prompt in group]
+        for prompt, result in zip(group, decoder.generate(group, settings)):
+            window = prompt + result.token_ids
+            if len(window) == length:  # stopped early at EOS: too short to train on unpadded
+                windows.append(window)
+        if progress is not None:
+            progress(len(group))
+    return windows
+
+
+def draft_vocabulary(windows: Sequence[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:  # [size] int64
+    """The ``size`` most frequent tokens of the data (ties: lower id first), as EAGLE-3 chooses."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for window in windows:
+        counts += torch.bincount(torch.tensor(window), minlength=vocab_size)
+    size = min(size, vocab_size)
+    order = sorted(range(vocab_size), key=lambda token: (-int(counts[token]), token))
+    return torch.tensor(sorted(order[:size]), dtype=torch.long)
+
+
+@torch.inference_mode()
+def extract_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
+                     progress: Callable[[int], None] | None = None, batch: int = 4) -> HeadFeatures:
+    """One teacher-forced target forward per batch of windows (each in its own cache row)."""
+    network = target.network
+    last = network.config.num_layers - 1
+    layers = (*feature_layers, last)
+    hidden = network.config.hidden_size
+    length = len(windows[0])
+    tokens = torch.tensor(windows, dtype=torch.long)
+    features = torch.empty(len(windows), length, len(feature_layers) * hidden, dtype=torch.float16)
+    final = torch.empty(len(windows), length, hidden, dtype=torch.float16)
+    greedy = torch.empty(len(windows), length, dtype=torch.long)
+    cache = target.new_cache(rows=batch)
+    for first in range(0, len(windows), batch):
+        rows = range(first, min(first + batch, len(windows)))
+        for row in range(batch):
+            cache.rollback(row, 0)
+        block = tokens[rows.start : rows.stop].reshape(-1).to(target.device)
+        positions = torch.arange(length, device=target.device).repeat(len(rows))
+        attention = Attention(tuple(Segment(row, length) for row in range(len(rows))), batch_invariant=False)
+        output = target.forward(block, positions, cache, attention, hidden_layers=layers)
+        states = output.hidden.float().view(len(rows), length, len(layers), hidden)
+        features[rows.start : rows.stop] = states[:, :, :-1].reshape(len(rows), length, -1).half()
+        final[rows.start : rows.stop] = network.norm(states[:, :, -1].to(target.dtype)).float().half()
+        greedy[rows.start : rows.stop] = output.logits.argmax(-1).view(len(rows), length).cpu()
+        if progress is not None:
+            progress(len(rows))
+    return HeadFeatures(tokens, features, final, greedy)
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    data: tuple[str, ...]  # files or folders ("" = the standard library)
+    sequence_length: int
+    corpus_sequences: int
+    continuation_sequences: int
+    heldout_sequences: int
+    draft_vocab: int
+    feature_layers: tuple[int, ...]
+    target: str  # the target's name and precision: a cache is valid for one target only
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(self.__dict__, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callable[[str], None],
+            progress_bar: Callable[[str, int], Callable[[int], None]]) -> tuple[HeadFeatures, HeadFeatures, torch.Tensor]:
+    """(train features, held-out features, draft vocabulary), from the cache when present."""
+    folder = cache_dir / plan.key()
+    paths = [folder / name for name in ("train.safetensors", "heldout.safetensors", "draft_vocab.json")]
+    if all(path.exists() for path in paths):
+        say(f"target features from the cache: {folder}")
+        vocabulary = torch.tensor(json.loads(paths[2].read_text()), dtype=torch.long)
+        return HeadFeatures.load(paths[0]), HeadFeatures.load(paths[1]), vocabulary
+    files = collect_files([Path(p) for p in plan.data] if plan.data else default_corpus())
+    train_files, heldout_files = split_files(files, 0.05)
+    length = plan.sequence_length
+    windows = corpus_windows(target.tokenizer, train_files, length, plan.corpus_sequences)
+    if plan.continuation_sequences:
+        windows += continuation_windows(target, train_files, length, plan.continuation_sequences,
+                                        progress_bar("target continuations", plan.continuation_sequences))
+    heldout = corpus_windows(target.tokenizer, heldout_files, length, plan.heldout_sequences)
+    if not windows or not heldout:
+        raise ValueError(f"the data gives no {length}-token sequences to train on (or none held out): "
+                         "give more files with --data, or a shorter --sequence-length")
+    vocabulary = draft_vocabulary(windows, plan.draft_vocab, target.vocab_size)
+    train = extract_features(target, windows, plan.feature_layers, progress_bar("target features", len(windows)))
+    held = extract_features(target, heldout, plan.feature_layers, progress_bar("held-out features", len(heldout)))
+    train.save(paths[0])
+    held.save(paths[1])
+    paths[2].write_text(json.dumps(vocabulary.tolist()))
+    return train, held, vocabulary

@@ -1,0 +1,203 @@
+"""Draft heads (EAGLE-3): greedy output equals the target's alone with heads that agree, never
+agree and partly agree, and the loaded layout is SpecForge's."""
+
+import copy
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+import specdec
+from specdec import Attention, SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.drafting.head import DraftHead
+from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
+from specdec.training.head_command import HeadTraining, train_head
+from test_greedy_equality import check_equality
+
+
+def identity_head(target) -> DraftHead:
+    """A head that passes the target's last layer through (fc = identity, its layer's outputs
+    zeroed) and scores it with the target's final norm and output rows: its logits at the pair
+    (features at t, token t + 1) are the target's at t, so its first greedy draft token is always
+    the context's last token whenever the target chose that token greedily. A probe of the
+    pairing, not a useful drafter."""
+    network = target.network
+    head = new_head(target, feature_layers=(network.config.num_layers - 1,)).to(target.dtype)
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.eye(head.config.hidden_size))
+        head.midlayer.o_proj.weight.zero_()
+        head.midlayer.down_proj.weight.zero_()
+        head.norm.weight.copy_(network.norm.weight)
+        head.lm_head.weight.copy_(network.lm_head.weight[head.draft_token_ids])
+    return head
+
+
+def trained_head(target, out: Path, draft_vocab: int = 64) -> DraftHead:
+    """A head trained a few steps on this repository's own code (a draft vocabulary of 64 of 96)."""
+    settings = HeadTraining(out=str(out), data=(str(Path(specdec.__file__).parent),), steps=60,
+                            draft_vocab=draft_vocab, sequence_length=48, corpus_sequences=48, continuation_sequences=8,
+                            heldout_sequences=4, batch_size=8, learning_rate=3e-3, eval_every=30, checkpoint_every=30)
+    return load_head(train_head(target, settings, Console(file=io.StringIO())), target, dtype=target.dtype)
+
+
+def perturbed(head: DraftHead, scale: float, seed: int) -> DraftHead:
+    head = copy.deepcopy(head)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.add_(scale * parameter.abs().mean() * torch.randn_like(parameter))
+    return head
+
+
+@pytest.fixture(scope="module")
+def float64_target(tiny_pair):
+    return load(tiny_pair["target"], dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def heads(float64_target, tmp_path_factory):
+    target = float64_target
+    trained = trained_head(target, tmp_path_factory.mktemp("head"))
+    torch.manual_seed(1)
+    return {"trained": trained, "random": new_head(target).to(target.dtype), "perturbed": perturbed(trained, 0.5, 2)}
+
+
+@pytest.mark.parametrize("kind", ["head", "head-tree"])
+def test_head_drafts_equal_target_only(float64_target, heads, kind):
+    """Greedy output is the target's alone, over the random prompts of the greedy-equality suite."""
+    target = float64_target
+    drafters = {name: make_drafter(kind, target=target, head=head, tree_budget=8) for name, head in heads.items()}
+    counts = check_equality(target, drafters, "fixed")
+    # The heads agree sometimes (a few training steps), almost never (random) and in between
+    # (perturbed): accepted and rejected drafts both go through verification.
+    rates = {name: accepted / drafted for name, (accepted, drafted) in counts.items()}
+    assert rates["trained"] > 2 * rates["random"] and rates["random"] < 0.01, rates
+    assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
+
+
+def test_heads_in_merges_and_with_the_cost_policy(float64_target, heads):
+    target = float64_target
+    drafters = {"merged": make_drafter("head-tree+ngram-tree", target=target, head=heads["trained"], tree_budget=10)}
+    check_equality(target, drafters, "cost")
+
+
+def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
+    """After each step the identity head's first draft token is the context's last token (which
+    the target chose greedily): the features paired with each emitted token are those that
+    predicted it. Mutation: pairing the features at t with token t instead of t + 1 fails it."""
+    target = float64_target
+    drafter = make_drafter("head", target=target, head=identity_head(target))
+    decoder = SpeculativeDecoder(target, drafter, gamma=1)
+    for start in range(6):
+        prompt = [(start * 5 + i * 3) % 96 for i in range(start + 2)]
+        request = decoder.engine.new_request(prompt, SamplingParams(max_new_tokens=8), row=0)
+        cache = target.new_cache()
+        decoder.engine.prefill([request], cache)
+        for _ in range(4):
+            decoder.engine.step([request], cache)
+            draft = drafter.propose(request, 1)
+            assert draft.tokens.tolist() == request.context[-1:].tolist()
+
+
+def test_training_time_test_matches_drafting(float64_target, heads):
+    """The unrolled training forward at step k scores exactly what the drafter's cached forward
+    scores k tokens ahead (same positions, same visible entries)."""
+    from specdec.training.head_data import extract_features
+    from specdec.training.head_trainer import unrolled_loss
+
+    target, head = float64_target, heads["perturbed"].float()
+    tokens = [(7 * i + 3) % 96 for i in range(12)]
+    data = extract_features(target, [tokens], head.config.feature_layers)
+    captured = []
+    original = head.logits
+    head.logits = lambda features: captured.append(original(features)) or captured[-1]
+    try:
+        unrolled_loss(head, data, torch.zeros(head.config.draft_vocab_size, target.network.config.hidden_size), 3)
+    finally:
+        del head.logits
+    t = 6
+    cache = head.new_cache(64)
+    features = head.fuse(data.features[0, : t + 1].float())
+    logits, out = head(torch.tensor(tokens[1 : t + 2]), features, torch.arange(t + 1), cache,
+                       Attention.chain(t + 1, batch_invariant=False))
+    cache.commit(0, t + 1)
+    torch.testing.assert_close(logits[t], captured[0][0, t], atol=1e-4, rtol=1e-4)
+    features = out[t:]
+    for step in (1, 2):
+        logits, features = head(torch.tensor(tokens[t + 1 + step : t + 2 + step]), features, torch.tensor([t + step]),
+                                cache, Attention.chain(1, batch_invariant=False))
+        cache.commit(0, 1)
+        torch.testing.assert_close(logits[0], captured[step][0, t], atol=1e-4, rtol=1e-4)
+
+
+def reference_eagle3_writer(folder, head: DraftHead) -> None:
+    """What SpecForge writes for a Llama-family EAGLE-3 head (its key names, separate q/k/v and
+    gate/up, torch's pickle format), written here independently of specdec's own writer."""
+    c, layer = head.config, head.midlayer
+    q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    qkv, gate_up = layer.qkv_proj.weight.detach(), layer.gate_up_proj.weight.detach()
+    state = {
+        "fc.weight": head.fc.weight, "norm.weight": head.norm.weight, "lm_head.weight": head.lm_head.weight,
+        "midlayer.input_layernorm.weight": layer.input_layernorm.weight,
+        "midlayer.hidden_norm.weight": layer.hidden_norm.weight,
+        "midlayer.post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+        "midlayer.self_attn.q_proj.weight": qkv[:q_rows],
+        "midlayer.self_attn.k_proj.weight": qkv[q_rows : q_rows + kv_rows],
+        "midlayer.self_attn.v_proj.weight": qkv[q_rows + kv_rows :],
+        "midlayer.self_attn.o_proj.weight": layer.o_proj.weight,
+        "midlayer.mlp.gate_proj.weight": gate_up[: c.intermediate_size],
+        "midlayer.mlp.up_proj.weight": gate_up[c.intermediate_size :],
+        "midlayer.mlp.down_proj.weight": layer.down_proj.weight,
+        "d2t": head.d2t, "t2d": head.t2d,
+    }
+    torch.save({name: tensor.detach().clone() for name, tensor in state.items()}, folder / "pytorch_model.bin")
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "num_hidden_layers": 1, "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "max_position_embeddings": 128,
+        "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size, "tie_word_embeddings": False,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers)},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_a_specforge_layout_head_loads_and_drafts_losslessly(tmp_path, float64_target, heads):
+    target = float64_target
+    head = heads["perturbed"]
+    reference_eagle3_writer(tmp_path, head)
+    loaded = load_head(tmp_path, target, dtype=torch.float64)
+    assert loaded.config.feature_layers == head.config.feature_layers
+    assert torch.equal(loaded.draft_token_ids, head.draft_token_ids)
+    for name, tensor in eagle3_tensors(head).items():
+        assert torch.equal(eagle3_tensors(loaded)[name], tensor), name
+    decoder = SpeculativeDecoder(target, make_drafter("head-tree", target=target, head=str(tmp_path)), gamma=3)
+    baseline = SpeculativeDecoder(target)
+    for prompt in ([5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8], [40]):
+        result = decoder.generate(prompt, max_new_tokens=16)
+        assert result.token_ids == baseline.generate(prompt, max_new_tokens=16).token_ids
+    # specdec's own writer round-trips too, with a model card
+    save_head(loaded, tmp_path / "again", card="# card\n")
+    again = load_head(tmp_path / "again", target, dtype=torch.float64)
+    assert all(torch.equal(a, b) for a, b in zip(eagle3_tensors(again).values(), eagle3_tensors(loaded).values()))
+    assert (tmp_path / "again" / "README.md").read_text() == "# card\n"
+
+
+def test_heads_refuse_what_they_cannot_read(tmp_path, float64_target, heads, tiny_pair):
+    with pytest.raises(ValueError, match="needs a draft head"):
+        make_drafter("head", target=float64_target)
+    with pytest.raises(FileNotFoundError, match="draft head not found"):
+        load_head(tmp_path / "missing", float64_target)
+    save_head(heads["random"], tmp_path / "head")
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({**config, "vocab_size": 50}))
+    with pytest.raises(ValueError, match="only with the target it was trained for"):
+        load_head(tmp_path / "other", float64_target)
+    with pytest.raises(ValueError, match="not an EAGLE-3 head"):
+        (tmp_path / "llama").mkdir()
+        (tmp_path / "llama" / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+        load_head(tmp_path / "llama", float64_target)
