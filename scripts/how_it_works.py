@@ -26,7 +26,7 @@ from specdec.explain.calculator import best_row, calculator_table, speedup_table
 from specdec.explain.lossless import check_lossless  # noqa: E402
 from specdec.explain.record import chosen_step, record_generation  # noqa: E402
 from specdec.explain.report import lossless_figure, run_costs, run_figures, write_report  # noqa: E402
-from specdec.explain.steps import step_view, token_text  # noqa: E402
+from specdec.explain.steps import step_view  # noqa: E402
 from specdec.explain.view import lossless_renderable, step_renderable  # noqa: E402
 from specdec.models.loading import load  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402

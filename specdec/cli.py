@@ -106,13 +106,15 @@ def add_bench_parser(commands) -> None:
     )
     add_model_options(bench)
     bench.add_argument("--methods", nargs="+", default=["model:fixed", "ngram:fixed", "staged:fixed"],
-                       help="target-only (always run), DRAFTER:POLICY such as model:cost or ngram:fixed, all "
-                            "(every drafter with every policy), transformers-generate, transformers-assisted[:N|:heuristic], "
+                       help="target-only (always run), DRAFTER:POLICY such as model:cost, ngram:fixed or "
+                            "head-tree:fixed (--draft-head), all (every drafter but the heads with every policy), transformers-generate, transformers-assisted[:N|:heuristic], "
                             "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N]")
     llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
     llama.add_argument("--llama-cpp-bin", help="folder with llama-completion, llama-speculative, llama-lookup")
     llama.add_argument("--target-gguf", help="the target as a GGUF file for llama.cpp's tools")
     llama.add_argument("--draft-gguf", help="the draft as a GGUF file for llama-speculative")
+    bench.add_argument("--draft-head", metavar="DIR", help="EAGLE-3 head for the head:POLICY and head-tree:POLICY methods "
+                                                          "(default: the default pair's shipped head)")
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
     bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")
@@ -211,7 +213,11 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
                                     Path(args.draft_gguf) if args.draft_gguf else None)
         # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
         llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
-    target, draft = load_models(args, errors)
+    if args.draft_head or any(reads_target(name.partition(":")[0]) for name in args.methods):
+        args.backend = "specdec" if args.backend == "auto" else args.backend  # heads read the own forward's states
+    resolved = resolve_models(args, errors)
+    target, draft = load_models(args, errors, resolved=resolved)
+    head = args.draft_head or (resolved[3].head if resolved[3] else None)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
     settings = SamplingParams(max_new_tokens=args.max_new_tokens or 128, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
@@ -226,7 +232,7 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
 
         payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
                         ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3,
-                        llama_tools=llama_tools)
+                        llama_tools=llama_tools, head=head)
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)
     errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")

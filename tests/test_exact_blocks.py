@@ -16,7 +16,7 @@ and thread count; the suite runs one thread per worker, which hid it; real runs 
 import pytest
 import torch
 
-from specdec.models.base import Attention, Segment
+from specdec.models.base import Attention
 from specdec.models.loading import load
 from tiny import save_random_model
 

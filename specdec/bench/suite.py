@@ -120,11 +120,13 @@ def all_speculative_methods() -> list[str]:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES
 
-    return [f"{drafter}:{policy}" for drafter in DRAFTERS for policy in POLICIES]
+    # Heads need a trained head for the target (--draft-head): name them explicitly.
+    return [f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith("head") for policy in POLICIES]
 
 
 def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, gamma: int,
-                ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None) -> Method:
+                ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
+                head=None) -> Method:
     """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
     transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools)."""
     from specdec.drafting import make_drafter
@@ -138,16 +140,22 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
     drafter_kind, _, policy = name.partition(":")
-    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target)
+    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head)
     return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed"))
 
 
 def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int,
-                  ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None) -> list[Method]:
+                  ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
+                  head=None) -> list[Method]:
+    """head: a DraftHead or an EAGLE-3 folder for the head methods (loaded once, shared)."""
+    from specdec.drafting import DraftHead, load_head
+
     names = expand_method_names(names)
     if llama_tools is not None:
         llama_tools.check([name for name in names if is_llama_cpp_method(name)])
-    return [make_method(name, target, draft, gamma, ngram_max, ngram_min, llama_tools) for name in names]
+    if head is not None and not isinstance(head, DraftHead):
+        head = load_head(head, target)
+    return [make_method(name, target, draft, gamma, ngram_max, ngram_min, llama_tools, head) for name in names]
 
 
 def expand_method_names(names: Sequence[str]) -> list[str]:
@@ -177,8 +185,9 @@ def run_bench(
     ngram_min: int = 1,
     repeats: int = 1,
     llama_tools: LlamaCppTools | None = None,
+    head=None,
 ) -> dict:
-    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools)
+    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools, head)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
     names = {m.name for m in built}
     # Each engine's methods are checked against that engine's own target-only decoding: other
@@ -203,6 +212,10 @@ def run_bench(
                     {"method": m.method, "prompt": m.prompt.id, "category": m.prompt.category,
                      "tokens": len(m.token_ids), "seconds": m.seconds, "alpha": m.stats.alpha if m.stats else None,
                      "tau": m.stats.tau if m.stats else None, "timings": m.timings,
+                     # acceptance per draft depth, and where the time went (a draft's cost per token)
+                     **({"drafted_at": m.stats.drafted_at, "accepted_at": m.stats.accepted_at,
+                         "draft_seconds": m.stats.draft_seconds, "verify_seconds": m.stats.verify_seconds,
+                         "target_forwards": m.stats.target_forwards} if m.stats else {}),
                      # a draft with another tokenizer: its own tokens drafted, and those translated
                      **({"source_drafted": m.stats.source_drafted, "source_kept": m.stats.source_kept}
                         if m.stats and m.stats.source_drafted else {})}

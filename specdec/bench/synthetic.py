@@ -288,8 +288,8 @@ def synthetic_markdown(payload: dict) -> str:
         lines += [
             f"## {result['precision']}: target {result['target_parameters'] / 1e6:.1f}M, "
             f"draft {result['draft_parameters'] / 1e6:.1f}M parameters", "",
-            f"- target forward T(k), ms: " + ", ".join(f"T({k}) {v:.1f}" for k, v in forward.items())
-            + f"; T(k)/T(1): " + ", ".join(f"{v / forward['1']:.2f}" for v in forward.values()),
+            "- target forward T(k), ms: " + ", ".join(f"T({k}) {v:.1f}" for k, v in forward.items())
+            + "; T(k)/T(1): " + ", ".join(f"{v / forward['1']:.2f}" for v in forward.values()),
             f"- draft forward {result['draft_forward_ms']:.2f} ms, c = {result['c']:.3f}",
             f"- target-only: {result['target_only_ms_per_token']:.1f} ms/token "
             f"({result['target_only_tokens_per_second']:.1f} tok/s); bandwidth bound "

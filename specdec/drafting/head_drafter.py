@@ -77,8 +77,9 @@ class HeadDrafter:
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         request.draft_state.queue(outcome.emitted, outcome.hidden)
 
-    def room(self, state: HeadState, gamma: int) -> int:
-        return max(0, min(gamma, self.max_context - state.fed - len(state.pending_tokens) - 1))
+    def room(self, state: HeadState, count: int) -> int:
+        """count clamped to the head cache's free entries (after feed_pending)."""
+        return max(0, min(count, self.max_context - state.fed))
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: HeadState = request.draft_state
@@ -119,8 +120,7 @@ class HeadTreeDrafter(HeadDrafter):
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: HeadState = request.draft_state
         sampling, device = request.sampling, request.context.device
-        budget = self.room(state, request.node_budget or self.budget)
-        if gamma <= 0 or budget == 0 or not state.feed_pending():
+        if gamma <= 0 or not state.feed_pending() or (budget := self.room(state, request.node_budget or self.budget)) == 0:
             return Draft.empty(device)
         node_features: list[torch.Tensor] = []  # [hidden] per node: the head's output there
 

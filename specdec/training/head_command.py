@@ -91,7 +91,13 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     with progress_bar(console) as progress:
         def bar(label: str, total: int):
             task = progress.add_task(label, total=total, info="")
-            return lambda count: progress.advance(task, count)
+
+            def advance(count: int) -> None:
+                before = progress.tasks[task].completed
+                progress.advance(task, count)
+                if not console.is_terminal and int(10 * (before + count) / total) > int(10 * before / total):
+                    console.print(f"{label}: {int(before + count)}/{total}")  # a log gets a line per tenth
+            return advance
 
         train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar)
         torch.manual_seed(settings.seed)

@@ -1,6 +1,6 @@
 """Bundled pair, fp32: exact vs inexact target, side by side (usage: python exact_bundled.py PROMPTS_PER_CATEGORY;
 the 302 vs 424 tok/s in docs/design.md came from 4)."""
-import sys, json
+import sys
 from specdec.models.loading import load
 from specdec.defaults import default_model, default_prompts
 from specdec.decoder import SpeculativeDecoder

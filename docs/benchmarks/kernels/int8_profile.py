@@ -1,6 +1,6 @@
 """Torch profiler over five one-token forwards of a real int8 target (usage: python int8_profile.py MODEL_DIR):
 which ops take the time (the oneDNN matmul was 82% on the 1.5B here)."""
-import sys, torch
+import sys
 from torch.profiler import profile, ProfilerActivity
 from specdec.models.loading import load
 from specdec.bench.forward import prefilled_cache, time_block
