@@ -104,7 +104,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         head = new_head(target, vocabulary, settings.intermediate_size, layers)
         head.embed_weight = head.embed_weight.float()
         head = head.float().train()
-        output_rows = target.network.lm_head.weight.detach().float()[head.draft_token_ids.to(target.device)].cpu()
+        output_rows = target_output_rows(target)[head.draft_token_ids]  # [draft_vocab, hidden]
         trainable = [p for p in head.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
         generator = torch.Generator().manual_seed(settings.seed)
@@ -120,7 +120,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
             torch.nn.utils.clip_grad_norm_(trainable, 0.5)
             optimizer.step()
             step += 1
-            info = f"loss {float(result.loss):.3f} top-1 " + " ".join(f"{a:.2f}" for a in result.agreement)
+            info = f"loss {float(result.loss.detach()):.3f} top-1 " + " ".join(f"{a:.2f}" for a in result.agreement)
             if step % settings.eval_every == 0 or step == settings.steps:
                 held = evaluate(head, heldout, output_rows, settings.ttt_steps)
                 history.append({"step": step, "heldout_loss": round(float(held.loss), 4),
@@ -133,6 +133,15 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     hours = (time.perf_counter() - started) / 3600
     card = model_card(target, settings, history, hours, len(train), plan)
     return save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+
+
+@torch.inference_mode()
+def target_output_rows(target) -> torch.Tensor:  # [vocab, hidden] float32
+    """The target's output head as a matrix, whatever its linear (float or int8): its outputs for
+    the unit vectors (an int8 head quantizes each unit row exactly)."""
+    hidden = target_shape(target).hidden_size
+    unit = torch.eye(hidden, dtype=target.dtype, device=target.device)
+    return target.network.lm_head(unit).float().T.contiguous().cpu()
 
 
 def save_checkpoint(out: Path, head, optimizer, generator, step: int, history: list, settings: HeadTraining) -> None:
