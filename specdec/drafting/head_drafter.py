@@ -11,7 +11,7 @@ import torch
 
 from specdec.drafting.base import Draft, DraftRequest, StepOutcome
 from specdec.drafting.head import DraftHead
-from specdec.drafting.model import sample_from_logits, token_confidence
+from specdec.drafting.model import draft_chain
 from specdec.drafting.tree import check_tree_shape, draft_distribution, grow_tree
 from specdec.models.base import Attention, Segment, tree_depths
 
@@ -83,29 +83,20 @@ class HeadDrafter:
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: HeadState = request.draft_state
-        sampling, stop_early = request.sampling, request.stop_early
         device = request.context.device
         if gamma <= 0 or not state.feed_pending() or (gamma := self.room(state, gamma)) == 0:
             return Draft.empty(device)
-        logits, features = state.root_logits, state.root_features
-        tokens, probs, chain_probability = [], [], 1.0
-        while True:
-            token, step_probs = sample_from_logits(logits, sampling, request.generator)
-            tokens.append(token)
-            if step_probs is not None:
-                probs.append(step_probs)
-            if len(tokens) == gamma:
-                break
-            if stop_early is not None:
-                chain_probability *= token_confidence(logits, step_probs, token, sampling)
-                if stop_early(len(tokens), chain_probability):
-                    break
+        features = state.root_features
+
+        def next_logits(token: torch.Tensor) -> torch.Tensor:  # [1] -> [1, vocab]; reads the last output
+            nonlocal features
             position = torch.tensor([state.cache.lengths[0]], device=device)
             draft_logits, features = self.head(token, features, position, state.cache,
                                                Attention.chain(1, batch_invariant=False))
             state.cache.commit(0, 1)  # dropped again by the next queue()
-            logits = state.to_target(draft_logits)
-        return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
+            return state.to_target(draft_logits)
+
+        return draft_chain(state.root_logits, next_logits, gamma, request)
 
 
 class HeadTreeDrafter(HeadDrafter):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -104,6 +104,31 @@ def token_confidence(
     return float(source[0, token])
 
 
+def draft_chain(
+    logits: torch.Tensor,  # [1, vocab]: the draft's logits for the first token
+    next_logits: Callable[[torch.Tensor], torch.Tensor],  # token [1] -> logits [1, vocab] after it
+    gamma: int,
+    request: DraftRequest,
+) -> Draft:
+    """Up to gamma tokens, one at a time, each drawn from q (or the argmax when greedy); the
+    request's policy may stop it early (stop_early, on the chain's probability under the draft)."""
+    sampling, stop_early = request.sampling, request.stop_early
+    tokens, probs, chain_probability = [], [], 1.0
+    while True:
+        token, step_probs = sample_from_logits(logits, sampling, request.generator)
+        tokens.append(token)
+        if step_probs is not None:
+            probs.append(step_probs)
+        if len(tokens) == gamma:
+            break
+        if stop_early is not None:
+            chain_probability *= token_confidence(logits, step_probs, token, sampling)
+            if stop_early(len(tokens), chain_probability):
+                break
+        logits = next_logits(token)
+    return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
+
+
 class DraftModelDrafter:
     """What every drafter built on a draft model shares: one DraftModelState per request, and
     observe() keeping the cache entries of the accepted drafts."""
@@ -126,24 +151,10 @@ class ModelDrafter(DraftModelDrafter):
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: DraftModelState = request.draft_state
-        context, sampling, stop_early = request.context, request.sampling, request.stop_early
+        context = request.context
         gamma = state.start_draft(context.shape[0], gamma)
         if gamma == 0:
             return Draft.empty(context.device)
-        logits = state.feed_pending()  # [1, vocab]
-        tokens, probs, chain_probability = [], [], 1.0
-        while True:
-            token, step_probs = sample_from_logits(logits, sampling, request.generator)
-            tokens.append(token)
-            if step_probs is not None:
-                probs.append(step_probs)
-            if len(tokens) == gamma:
-                break
-            if stop_early is not None:
-                chain_probability *= token_confidence(logits, step_probs, token, sampling)
-                if stop_early(len(tokens), chain_probability):
-                    break
-            logits = state.forward(token)
-        draft = torch.cat(tokens)
-        state.drafted = draft.tolist()
-        return Draft(draft, torch.cat(probs) if probs else None)
+        draft = draft_chain(state.feed_pending(), state.forward, gamma, request)
+        state.drafted = draft.tokens.tolist()
+        return draft
