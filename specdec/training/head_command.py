@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.drafting.head import default_feature_layers
+from specdec.machine import isa_summary
 from specdec.drafting.head_format import new_head, save_head, target_shape
 
 
@@ -174,6 +175,10 @@ def resume(out: Path, head, optimizer, generator, settings: HeadTraining, consol
     return state["step"], state["history"]
 
 
+def precision(target) -> str:
+    return "int8" if getattr(target.network, "quantized", False) else str(target.dtype).removeprefix("torch.")
+
+
 def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan) -> str:
     last = history[-1] if history else {}
     agreement = ", ".join(f"depth {i + 1}: {a:.3f}" for i, a in enumerate(last.get("heldout_top1", [])))
@@ -184,15 +189,15 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
         "Trained with specdec's `train-head`; loads with `--drafter head-tree --draft-head DIR`.",
         "",
         f"- command: `{settings.command}`",
-        f"- target: {target.name} ({target.dtype}, {target.path}); feature layers {plan.feature_layers}",
+        f"- target: {target.name} ({precision(target)}, {target.path}); feature layers {plan.feature_layers}",
         f"- data: {data}; {sequences} training sequences of {settings.sequence_length} tokens "
         f"({settings.corpus_sequences} corpus windows requested, {settings.continuation_sequences} target continuations)",
         f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
         f"{settings.intermediate_size or 'the target’s'}",
         f"- steps: {settings.steps} x {settings.batch_size} sequences, training-time test {settings.ttt_steps} steps, "
         f"peak learning rate {settings.learning_rate}",
-        f"- time: {hours:.2f} h on {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads), "
-        f"torch {torch.__version__}",
+        f"- time: {hours:.2f} h (this run; a resumed run counts from its resume) on {platform.machine()}, "
+        f"{isa_summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         f"- held-out top-1 agreement with the target's greedy token: {agreement or 'not evaluated'}"
         f" (loss {last.get('heldout_loss', 'n/a')})",
         "",
