@@ -43,6 +43,7 @@ class HeadState:
 
     def feed_pending(self) -> bool:
         """Feed the queued pairs (one chain forward, committed); False when there is nothing to draft from."""
+        self.cache.rollback(0, self.fed)  # an earlier draft's entries, if propose runs again before observe
         if self.pending_tokens:
             tokens, hidden = torch.cat(self.pending_tokens), torch.cat(self.pending_hidden)
             self.pending_tokens, self.pending_hidden = [], []

@@ -106,7 +106,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         head = new_head(target, vocabulary, settings.intermediate_size, layers)
         head.embed_weight = head.embed_weight.float()
         head = head.float().train()
-        output_rows = target_output_rows(target)[head.draft_token_ids]  # [draft_vocab, hidden]
+        device = head.fc.weight.device
+        output_rows = target_output_rows(target)[head.draft_token_ids.cpu()].to(device)  # [draft_vocab, hidden]
         trainable = [p for p in head.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
         generator = torch.Generator().manual_seed(settings.seed)
