@@ -271,7 +271,7 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
 
 def test_the_shipped_head_drafts_for_the_default_target():
     """The head inside the package loads for SmolLM2-135M-Instruct (int8, as the default pair
-    runs it), is accepted often, and changes nothing in the greedy text."""
+    runs it), its first tree depth is accepted often, and it changes nothing in the greedy text."""
     from specdec.defaults import smollm2_pair
 
     pair = smollm2_pair()
@@ -280,9 +280,10 @@ def test_the_shipped_head_drafts_for_the_default_target():
     target = load(pair.target, quantize="int8")
     decoder = SpeculativeDecoder(target, make_drafter("head-tree", target=target, head=pair.head), gamma=3)
     baseline = SpeculativeDecoder(target)
-    accepted = drafted = 0
+    first_accepted = first_drafted = 0
     for prompt in ("def fibonacci(n):\n", "import os\n\ndef list_files(folder):\n", "class Stack:\n    def push(self, item):\n"):
         result = decoder.generate(prompt, max_new_tokens=32)
         assert result.text == baseline.generate(prompt, max_new_tokens=32).text
-        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
-    assert accepted > 0.1 * drafted
+        first_accepted += result.stats.accepted_at[0]
+        first_drafted += result.stats.drafted_at[0]
+    assert first_accepted > 0.25 * first_drafted  # measured 0.5-0.6 at depth 1 on the bench prompts

@@ -143,7 +143,7 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
                          f"has {target.vocab_size}: a head works only with the target it was trained for")
     if max(config.feature_layers) >= num_layers:
         raise ValueError(f"the head reads target layers {config.feature_layers}; {target.name} has {num_layers}")
-    head = DraftHead(config, target_embedding(target).to(target.device))
+    head = DraftHead(config, target_embedding(target).to(target.device)).to(dtype)  # copies keep their precision
     tensors = read_tensors(folder)
     missing = [name for name in eagle3_tensors(head) if name not in tensors and name not in ("d2t", "t2d")]
     if missing:
