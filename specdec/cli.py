@@ -141,12 +141,15 @@ def add_bench_parser(commands) -> None:
                             "--synthetic: forward timings, default 7)")
 
 
-def resolve_models(args: argparse.Namespace, errors: Console):
+def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool = False):
     """(target, draft, quantize, default pair or None): --target/--draft, or the default pair when
     no --target is given. --quantize unset means int8 for the default SmolLM2 pair on a CPU (its
-    fastest exact precision), none otherwise."""
+    fastest exact precision), none otherwise. reads_hidden (a draft head reads the target's hidden
+    states): --backend auto means the own forward, the one backend that gives them."""
     from specdec.defaults import default_pair
 
+    if reads_hidden and args.backend == "auto":
+        args.backend = "specdec"
     quantize = None if args.quantize == "none" else args.quantize
     if args.target:
         return args.target, args.draft, quantize, None
@@ -213,9 +216,8 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
                                     Path(args.draft_gguf) if args.draft_gguf else None)
         # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
         llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
-    if args.draft_head or any(reads_target(name.partition(":")[0]) for name in args.methods):
-        args.backend = "specdec" if args.backend == "auto" else args.backend  # heads read the own forward's states
-    resolved = resolve_models(args, errors)
+    reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in args.methods)
+    resolved = resolve_models(args, errors, reads_hidden)
     target, draft = load_models(args, errors, resolved=resolved)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
@@ -306,9 +308,7 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     """The target and the drafter that --drafter, --tree and --no-draft ask for."""
     from specdec.drafting import make_drafter
 
-    if args.draft_head or reads_target(args.drafter or ""):
-        args.backend = "specdec" if args.backend == "auto" else args.backend  # heads read the own forward's states
-    resolved = resolve_models(args, errors)
+    resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter or ""))
     pair = resolved[3]
     # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma.
     args.drafter = args.drafter or (pair.drafter if pair else "model")
@@ -333,8 +333,8 @@ def reads_target(drafter: str) -> bool:
 
 def load_own_target(args: argparse.Namespace, errors: Console):
     """The target on specdec's own forward (what a draft head reads), for train-head."""
-    args.draft, args.backend = None, "specdec" if args.backend == "auto" else args.backend
-    return load_models(args, errors, want_draft=False)[0]
+    args.draft = None
+    return load_models(args, errors, want_draft=False, resolved=resolve_models(args, errors, reads_hidden=True))[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -80,3 +80,14 @@ def cached_measurement(path: Path, key: object, measure: Callable[[], object]) -
         stored[full_key] = measure()
         write_json_cache(path, stored)
     return stored[full_key]
+
+
+def write_measurement(path: str | Path, results: dict) -> Path:
+    """A benchmark script's JSON: the results with when and on what they were measured."""
+    import datetime
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"), "isa": isa_summary(),
+                                "torch": torch.__version__, "threads": torch.get_num_threads(), **results}, indent=1))
+    return path

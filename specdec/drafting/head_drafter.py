@@ -20,7 +20,7 @@ class HeadState:
     """One request's head cache and the (target features, next token) pairs not yet fed to it.
 
     Invariant: the cache's first ``fed`` entries are pairs (target features at t, token t + 1)
-    for t = 0 .. fed - 1; entries past them are the last draft's and are dropped on observe().
+    for t = 0 .. fed - 1; entries past them are the last draft's, dropped by the next feed_pending().
     ``root_logits`` / ``root_features`` are the head's output at the last fed pair: q for the
     first draft token and the features the second draft position reads."""
 
@@ -37,13 +37,12 @@ class HeadState:
         if hidden is None or hidden.shape[0] != tokens.shape[0]:
             raise ValueError("a head drafter needs the target's hidden states of every emitted token "
                              "(run it with the engine, which asks the target for its hidden_layers)")
-        self.cache.rollback(0, self.fed)
         self.pending_tokens.append(tokens)
         self.pending_hidden.append(hidden)
 
     def feed_pending(self) -> bool:
         """Feed the queued pairs (one chain forward, committed); False when there is nothing to draft from."""
-        self.cache.rollback(0, self.fed)  # an earlier draft's entries, if propose runs again before observe
+        self.cache.rollback(0, self.fed)  # the last draft's entries: only target-feature pairs stay
         if self.pending_tokens:
             tokens, hidden = torch.cat(self.pending_tokens), torch.cat(self.pending_hidden)
             self.pending_tokens, self.pending_hidden = [], []
@@ -94,7 +93,7 @@ class HeadDrafter:
             position = torch.tensor([state.cache.lengths[0]], device=device)
             draft_logits, features = self.head(token, features, position, state.cache,
                                                Attention.chain(1, batch_invariant=False))
-            state.cache.commit(0, 1)  # dropped again by the next queue()
+            state.cache.commit(0, 1)  # dropped again by the next feed_pending()
             return state.to_target(draft_logits)
 
         return draft_chain(state.root_logits, next_logits, gamma, request)

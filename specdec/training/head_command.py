@@ -104,7 +104,6 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar)
         torch.manual_seed(settings.seed)
         head = new_head(target, vocabulary, settings.intermediate_size, layers)
-        head.embed_weight = head.embed_weight.float()
         head = head.float().train()
         device = head.fc.weight.device
         output_rows = target_output_rows(target)[head.draft_token_ids.cpu()].to(device)  # [draft_vocab, hidden]

@@ -35,6 +35,10 @@ class HeadFeatures:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def select(self, rows: torch.Tensor | slice) -> HeadFeatures:
+        """These sequences only (an index tensor or a slice)."""
+        return HeadFeatures(self.tokens[rows], self.features[rows], self.final[rows], self.greedy[rows])
+
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
 

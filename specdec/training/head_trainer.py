@@ -93,8 +93,7 @@ def evaluate(head: DraftHead, data: HeadFeatures, output_rows: torch.Tensor, ste
     """Loss and per-step top-1 agreement over every held-out sequence."""
     losses, agreements, count = [], [], 0
     for first in range(0, len(data), batch_size):
-        batch = HeadFeatures(*(tensor[first : first + batch_size] for tensor in
-                               (data.tokens, data.features, data.final, data.greedy)))
+        batch = data.select(slice(first, first + batch_size))
         result = unrolled_loss(head, batch, output_rows, steps)
         size = len(batch)
         losses.append(float(result.loss) * size)
@@ -105,8 +104,7 @@ def evaluate(head: DraftHead, data: HeadFeatures, output_rows: torch.Tensor, ste
 
 
 def sample_batch(data: HeadFeatures, size: int, generator: torch.Generator) -> HeadFeatures:
-    rows = torch.randint(0, len(data), (size,), generator=generator)
-    return HeadFeatures(data.tokens[rows], data.features[rows], data.final[rows], data.greedy[rows])
+    return data.select(torch.randint(0, len(data), (size,), generator=generator))
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int = 50) -> float:

@@ -4,18 +4,14 @@ shipped Q4_1 GGUF (when llama-cpp-python is installed); target-only and n-gram (
 tokens per second on one suite prompt, best of 2, 64 tokens, greedy.
 Usage: python docs/benchmarks/cpu/default_pair_backends.py [--out FILE]"""
 import argparse
-import datetime
 import importlib.util
-import json
 import time
-from pathlib import Path
 
-import torch
 
 from specdec.decoder import SpeculativeDecoder
 from specdec.defaults import default_pair
 from specdec.drafting import make_drafter
-from specdec.machine import isa_summary
+from specdec.machine import write_measurement
 from specdec.models.loading import load
 from specdec.sampling import SamplingParams
 
@@ -46,10 +42,7 @@ def main() -> None:
             result.setdefault(name, {})[drafter] = round(max(rates), 1)
         print(f"{name:40s} " + "  ".join(f"{k}: {v} tok/s" for k, v in result[name].items()), flush=True)
         del model
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                                          "isa": isa_summary(), "torch": torch.__version__,
-                                          "threads": torch.get_num_threads(), "tokens_per_second": result}, indent=1))
+    write_measurement(args.out, {"tokens_per_second": result})
 
 
 if __name__ == "__main__":

@@ -10,18 +10,15 @@ target's vocabulary, as HeadDrafter does), and one tree depth of 4 nodes. Prints
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from specdec import load
 from specdec.drafting import load_head
 from specdec.drafting.head_drafter import HeadState
-from specdec.machine import isa_summary
+from specdec.machine import isa_summary, write_measurement
 from specdec.models.base import Attention, Segment
 from specdec.models.timing import prefilled_cache, time_block
 
@@ -71,17 +68,15 @@ def main() -> None:
         state.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
 
     chain, tree = median_seconds(chain_step, args.repeats), median_seconds(tree_depth, args.repeats)
-    result = {"date": datetime.date.today().isoformat(), "isa": isa_summary(), "threads": torch.get_num_threads(),
-              "target": target.name, "quantize": args.quantize, "head": str(args.head),
+    result = {"target": target.name, "quantize": args.quantize, "head": str(args.head),
               "draft_vocab": head.config.draft_vocab_size, "target_T1_ms": 1000 * t1,
               "head_chain_step_ms": 1000 * chain, "head_tree_depth4_ms": 1000 * tree,
               "chain_step_over_T1": chain / t1, "tree_depth4_over_T1": tree / t1}
     print(f"| target T(1) ms | head chain step ms | c = step / T(1) | tree depth of 4 nodes ms | / T(1) |\n"
           f"|---|---|---|---|---|\n| {1000 * t1:.2f} | {1000 * chain:.2f} | {chain / t1:.3f} | {1000 * tree:.2f} | "
           f"{tree / t1:.3f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out} ({result['isa']}, {result['date']})")
+    write_measurement(args.out, result)
+    print(f"wrote {args.out} ({isa_summary()})")
 
 
 if __name__ == "__main__":

@@ -3,15 +3,12 @@ kernels the self-check passes (specdec/models/int8_kernels.py), float32 F.linear
 weight-only `torch._weight_int8pack_mm`; median ms for 1 and 5 rows, and the per-token sum
 (28 layers + the LM head). Usage: python docs/benchmarks/cpu/linear_kernels.py [--out FILE]"""
 import argparse
-import datetime
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from specdec.machine import isa_summary
+from specdec.machine import write_measurement
 from specdec.models import int8_kernels
 
 SHAPES = {(2048, 1536): 28, (1536, 1536): 28, (17920, 1536): 28, (1536, 8960): 28, (151936, 1536): 1}
@@ -53,10 +50,7 @@ def main() -> None:
     for name, by_rows in result.items():
         print(f"{name:22s} " + "  ".join(f"{rows}: {v['per token']:7.1f} ms/token "
                                           f"(17920x1536 {v['per shape']['17920x1536']:.2f} ms)" for rows, v in by_rows.items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                                          "isa": isa_summary(), "torch": torch.__version__,
-                                          "threads": torch.get_num_threads(), "ms": result}, indent=1))
+    write_measurement(args.out, {"ms": result})
 
 
 if __name__ == "__main__":

@@ -7,18 +7,14 @@ a k-token forward after a 64-token context, one configuration loaded at a time.
 """
 
 import argparse
-import datetime
 import gc
-import json
-from pathlib import Path
 
-import torch
 
 from specdec.bench.forward import prefilled_cache, time_block
 from specdec.bench.suite import machine_description
 from specdec.models import quantize
 from specdec.models.backend_choice import block_is_exact
-from specdec.machine import isa_summary
+from specdec.machine import write_measurement
 from specdec.models.loading import load
 
 CONFIGS = {
@@ -58,11 +54,7 @@ def main() -> None:
               + f"  T({blocks[-1]})/T(1)={times[blocks[-1]] / times[blocks[0]]:.2f}", flush=True)
         del model, cache
         gc.collect()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
-        "isa": isa_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "model": args.model, "gguf": args.gguf, "rows": rows}, indent=1))
+    write_measurement(args.out, {"machine": machine_description(), "model": args.model, "gguf": args.gguf, "rows": rows})
     print(f"-> {args.out}")
 
 
