@@ -27,17 +27,23 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    from specdec.sampling import SAMPLING_RULES
+
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     parser.add_argument("--min-p", type=float, default=0.0, help="0.0 = off")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--sampling-rule", choices=SAMPLING_RULES, default=None,
+                        help="coupled: the seed gives the target-alone text whatever drafts it; rejection: "
+                             "speculative sampling, the best acceptance (default: coupled with --seed, else "
+                             "rejection; docs/sampling.md)")
 
 
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES, TREE_POLICIES
-    from specdec.drafting.translate import SAMPLING_RULES
+    from specdec.drafting.translate import VOCAB_RULES
 
     parser.add_argument("--gamma", type=int, default=4,
                         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
@@ -59,7 +65,7 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
                              "acceptance and costs; default: fixed, or the default pair's measured best)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
-    parser.add_argument("--vocab-rule", choices=SAMPLING_RULES, default="point-mass",
+    parser.add_argument("--vocab-rule", choices=VOCAB_RULES, default="point-mass",
                         help="a draft with another tokenizer, when sampling: its greedy text translation verified as "
                              "point masses, or intersection (it samples only tokens both vocabularies have); "
                              "both lossless: docs/tokenizers.md")
@@ -204,7 +210,7 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
     from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
     from specdec.defaults import default_prompts
-    from specdec.sampling import SamplingParams
+    from specdec.sampling import sampling_from_args
 
     if args.synthetic:
         return run_synthetic_bench(args, console, errors)
@@ -221,8 +227,7 @@ def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> in
     target, draft = load_models(args, errors, resolved=resolved)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
-    settings = SamplingParams(max_new_tokens=args.max_new_tokens or 128, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or 128)
     count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * count)

@@ -24,8 +24,9 @@ from specdec.drafting.base import Draft, Drafter, StepOutcome, StopRule
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
 from specdec.policy import DraftLengthPolicy, make_policy
+from specdec.rules import SamplingRule, make_rule
 from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample, tree_rejection_sample
+from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens
 
 
 class TokenSource(str, enum.Enum):
@@ -65,6 +66,7 @@ class Request:
     tokens: torch.Tensor  # [len(prompt) + budget] int64; the context is tokens[:length]
     length: int
     generator: torch.Generator
+    rule: SamplingRule  # how it draws and verifies when sampling (specdec.rules)
     policy: DraftLengthPolicy
     row: int  # the target cache row
     draft_state: Any = None
@@ -185,7 +187,8 @@ class Engine:
         generator = torch.Generator(device=device)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
         generator.manual_seed(seed)
-        request = Request(ids, sampling, tokens, len(ids), generator, self.new_policy(), row,
+        request = Request(ids, sampling, tokens, len(ids), generator, make_rule(sampling.rule, seed, generator),
+                          self.new_policy(), row,
                           stats=SpecStats(prompt_tokens=len(ids)))
         if self.drafter is not None:
             request.draft_state = self.drafter.start(tokens[: len(ids)])
@@ -274,10 +277,10 @@ class Engine:
                 return greedy_verify_tokens(draft.tokens, target_argmax), None
             return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)
         target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
-        if draft.parents is None:
-            return rejection_sample(draft.tokens, draft.probs, target_probs, request.generator, validate=False), None
-        return tree_rejection_sample(draft.tokens, draft.parents, draft.probs, target_probs, request.generator,
-                                     validate=False)
+        if draft.parents is None:  # row i of target_probs draws output position length + i
+            return request.rule.verify_chain(draft.tokens, draft.probs, target_probs, request.length), None
+        positions = [request.length + depth for depth in block_depths(draft)]
+        return request.rule.verify_tree(draft.tokens, draft.parents, draft.probs, target_probs, positions)
 
     def commit(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         """Append the emitted tokens and tell the drafter, the policy and the stats."""

@@ -14,7 +14,7 @@ from rich.text import Text
 from specdec.decoder import SpeculativeDecoder
 from specdec.engine import TokenSource
 from specdec.metrics import SpecStats
-from specdec.sampling import SamplingParams
+from specdec.sampling import sampling_from_args
 from specdec.text import chat_prompt_ids
 
 # How --show colours each token: a person sees which tokens the draft got right.
@@ -117,8 +117,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     elif args.system:
         raise ValueError("--system needs --chat")
     decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              seed=args.seed, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
 
     def target_alone():

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules implements them
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -25,6 +27,10 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per request
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()  # stop strings (not included in the output)
+    # How a sampled request draws and verifies (specdec.rules): "coupled" (the same seed gives the
+    # target-alone text under any drafter, policy or batch) or "rejection" (the best acceptance).
+    # None: coupled when a seed is given, rejection otherwise (docs/sampling.md).
+    sampling_rule: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string
@@ -40,10 +46,26 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.sampling_rule not in (None, *SAMPLING_RULES):
+            raise ValueError(f"sampling_rule must be one of {', '.join(SAMPLING_RULES)}, got {self.sampling_rule!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def rule(self) -> str:
+        """The sampling rule this request runs (the default resolved)."""
+        if self.sampling_rule is not None:
+            return self.sampling_rule
+        return "coupled" if self.seed is not None else "rejection"
+
+
+def sampling_from_args(args: object, **fields: object) -> SamplingParams:
+    """SamplingParams from a command line's sampling options (add_sampling_options in cli.py);
+    ``fields`` adds or overrides the rest (max_new_tokens, stop)."""
+    names = ("temperature", "top_k", "top_p", "min_p", "seed", "sampling_rule")
+    return SamplingParams(**{name: getattr(args, name) for name in names}, **fields)
 
 
 def logits_to_probs(

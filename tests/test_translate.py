@@ -157,13 +157,13 @@ def hand_made_bpe(merges: list[tuple[str, str]], order: str):
 def test_sampling_with_another_tokenizer_keeps_the_targets_law(rule):
     """Tiny vocabularies whose strings overlap partly (target: a b c ab abc; draft: c b a bc ca):
     the law of 3 sampled target tokens, enumerated from the target alone, against 3000 seeded
-    speculative samples (chi-square), for both sampling rules."""
+    speculative samples (chi-square), for both vocabulary rules."""
     target_tokenizer = hand_made_bpe([("a", "b"), ("ab", "c")], "abc")
     draft_tokenizer = hand_made_bpe([("b", "c"), ("c", "a")], "cba")
     target = dataclasses.replace(table_model(5, seed=3, sharpness=1.0), tokenizer=target_tokenizer)
     draft = dataclasses.replace(table_model(5, seed=4, sharpness=2.0), tokenizer=draft_tokenizer)
     assert isinstance(make_drafter("model", draft, target=target), TranslatingDrafter)
-    drafter = TranslatingDrafter(draft, target, sampling_rule=rule)
+    drafter = TranslatingDrafter(draft, target, vocab_rule=rule)
     sampling, prompt, length = SamplingParams(temperature=0.9, top_k=4), target_tokenizer.encode("abca"), 3
     law = {}
     for sequence in itertools.product(range(5), repeat=length):
@@ -194,8 +194,8 @@ def test_padded_embedding_with_the_same_tokenizer_drafts_directly(tiny_pair, mod
     assert isinstance(drafter, ModelDrafter) and drafter.vocab_size == 96  # drafts directly, not translated
     with pytest.raises(ValueError, match="look_behind"):
         TranslatingDrafter(draft, target, look_behind=0)
-    with pytest.raises(ValueError, match="unknown sampling rule"):
-        TranslatingDrafter(draft, target, sampling_rule="nearest")
+    with pytest.raises(ValueError, match="unknown vocabulary rule"):
+        TranslatingDrafter(draft, target, vocab_rule="nearest")
     prompts = [[5, 6, 7], [9, 40, 41, 42]]
     expected = SpeculativeDecoder(target).generate(prompts, max_new_tokens=24)
     got = SpeculativeDecoder(target, draft, gamma=4).generate(prompts, max_new_tokens=24)  # a model: paired alike

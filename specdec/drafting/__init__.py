@@ -56,7 +56,7 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
         if kind != "model":
             raise ValueError(f"{mismatch}: only the 'model' drafter translates between tokenizers (the {kind!r} "
                              "drafter works in the target's tokens); use --drafter model, or ngram (no draft model)")
-        return TranslatingDrafter(draft_model, target, sampling_rule=vocab_rule)
+        return TranslatingDrafter(draft_model, target, vocab_rule=vocab_rule)
     if target is not None:
         draft_model = fit_to_target(draft_model, target)
     if kind == "tree":

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from specdec.rules import RejectionRule, SamplingRule
 from specdec.sampling import SamplingParams
 
 #: Called after each drafted token with (tokens drafted so far, their chain probability under q);
@@ -78,7 +79,9 @@ class DraftRequest(Protocol):
     """What a drafter may read of a request (the engine's Request satisfies it)."""
 
     sampling: SamplingParams
-    generator: torch.Generator | None
+    # How to draw when sampling: rule.draw(q, positions), rule.draw_distinct(q, position, count),
+    # with the output positions of the drawn tokens (the first drafted token's is len(context)).
+    rule: SamplingRule
     draft_state: Any  # what this drafter's start() returned for the request
 
     @property
@@ -124,7 +127,7 @@ class ContextRequest:
     context: torch.Tensor  # [n] int64
     draft_state: Any = None
     sampling: SamplingParams = SamplingParams()
-    generator: torch.Generator | None = None
+    rule: SamplingRule = field(default_factory=lambda: RejectionRule(None))
     stop_early: StopRule | None = None
     node_budget: int | None = None
 

@@ -128,4 +128,4 @@ class HeadTreeDrafter(HeadDrafter):
             return draft_distribution(state.to_target(draft_logits), sampling)
 
         return grow_tree(draft_distribution(state.root_logits, sampling), expand, gamma, budget, self.branching,
-                         sampling, request.generator)
+                         request)

@@ -20,6 +20,7 @@ import torch
 
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome, StopRule
 from specdec.drafting.ngram import merge_branches
+from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
 
 
@@ -39,8 +40,8 @@ class SubRequest:
         return self.request.sampling
 
     @property
-    def generator(self) -> torch.Generator | None:
-        return self.request.generator
+    def rule(self) -> SamplingRule:
+        return self.request.rule
 
     @property
     def stop_early(self) -> StopRule | None:

@@ -83,13 +83,13 @@ def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
 
 def sample_from_logits(
     logits: torch.Tensor,  # [1, vocab]
-    sampling: SamplingParams,
-    generator: torch.Generator | None,
+    request: DraftRequest,
+    position: int,  # the output position of the drawn token
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # token [1], q [1, vocab] (None when greedy)
-    if sampling.greedy:  # greedy verification needs no q: skip building it
+    if request.sampling.greedy:  # greedy verification needs no q: skip building it
         return logits.argmax(-1), None
-    probs = logits_to_probs(logits, sampling)
-    return torch.multinomial(probs, 1, generator=generator)[0], probs
+    probs = logits_to_probs(logits, request.sampling)
+    return request.rule.draw(probs, [position]), probs
 
 
 def token_confidence(
@@ -113,9 +113,10 @@ def draft_chain(
     """Up to gamma tokens, one at a time, each drawn from q (or the argmax when greedy); the
     request's policy may stop it early (stop_early, on the chain's probability under the draft)."""
     sampling, stop_early = request.sampling, request.stop_early
+    first_position = request.context.shape[0]
     tokens, probs, chain_probability = [], [], 1.0
     while True:
-        token, step_probs = sample_from_logits(logits, sampling, request.generator)
+        token, step_probs = sample_from_logits(logits, request, first_position + len(tokens))
         tokens.append(token)
         if step_probs is not None:
             probs.append(step_probs)

@@ -18,7 +18,7 @@ from specdec.drafting.model import DraftModelState, token_confidence
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.models.base import LanguageModel
 from specdec.sampling import logits_to_probs
-from specdec.verify import greedy_verify, rejection_sample
+from specdec.verify import greedy_verify
 
 
 @dataclass
@@ -79,7 +79,9 @@ class StagedDrafter:
                 emitted = greedy_verify(guess, logits)
             else:
                 step_probs = logits_to_probs(logits, sampling)  # [g + 1, vocab], q
-                emitted = rejection_sample(guess, None, step_probs, request.generator, validate=False)
+                # The draft model's own sample, judged as the target judges drafts: the stage hands
+                # on exact draws of q (under the coupled rule, the very draws q / E gives).
+                emitted = request.rule.verify_chain(guess, None, step_probs, context.shape[0] + len(drafted))
             n_accepted = emitted.shape[0] - 1
             self.stage_guessed += guess.shape[0]
             self.stage_accepted += n_accepted
@@ -132,6 +134,7 @@ class StagedTreeDrafter(StagedDrafter):
             return Draft(trunk.tokens)
         width = max(1, (request.node_budget or self.budget) // depth)
         greedy = request.sampling.greedy
+        first_position = request.context.shape[0]  # the output position of the first trunk token
         tokens: list[int] = []
         parents: list[int] = []
         q_rows: list[torch.Tensor] = []  # q_rows[i]: the q trunk token i and its leaves were drawn from
@@ -150,7 +153,7 @@ class StagedTreeDrafter(StagedDrafter):
                 rest = q.clone()
                 rest[trunk_token] = 0.0
                 count = min(width - 1, int((rest > 0).sum()))
-                leaves = torch.multinomial(rest, count, replacement=False, generator=request.generator).tolist() if count else []
+                leaves = request.rule.draw_distinct(rest, first_position + position, count).tolist() if count else []
             for leaf in leaves:
                 tokens.append(leaf)
                 parents.append(parent)

@@ -117,13 +117,13 @@ class DraftTokenRequest(SubRequest):
         return self.draft_sampling
 
 
-SAMPLING_RULES = ("point-mass", "intersection")
+VOCAB_RULES = ("point-mass", "intersection")
 
 
 class TranslatingDrafter:
     """A draft model of another tokenizer as a drafter in the target's token ids (see the module
     docstring). Greedy requests get the draft's greedy text re-encoded; sampled requests get
-    the same as point masses (sampling_rule "point-mass", the default: measured to accept more
+    the same as point masses (vocab_rule "point-mass", the default: measured to accept more
     on SmolLM2 -> Qwen2.5-Coder, docs/tokenizers.md), or with "intersection" tokens sampled from
     q restricted to the shared tokens. look_behind is the number of context tokens decoded and
     re-encoded with each piece of new text."""
@@ -132,18 +132,18 @@ class TranslatingDrafter:
     vocab_size = None  # q, where there is one, is built over the target's rows
 
     def __init__(self, draft: LanguageModel, target: LanguageModel, look_behind: int = 4,
-                 sampling_rule: str = "point-mass") -> None:
+                 vocab_rule: str = "point-mass") -> None:
         if draft.tokenizer is None or target.tokenizer is None:
             raise ValueError("translating between vocabularies needs both models' tokenizers")
         if look_behind < 1:
             raise ValueError(f"look_behind must be >= 1, got {look_behind}")
-        if sampling_rule not in SAMPLING_RULES:
-            raise ValueError(f"unknown sampling rule {sampling_rule!r}; choose one of {', '.join(SAMPLING_RULES)}")
+        if vocab_rule not in VOCAB_RULES:
+            raise ValueError(f"unknown vocabulary rule {vocab_rule!r}; choose one of {', '.join(VOCAB_RULES)}")
         self.inner, self.look_behind = ModelDrafter(draft), look_behind
         self.draft_tokenizer, self.target_tokenizer = draft.tokenizer, target.tokenizer
         self.target_rows, self.device = target.vocab_size, draft.device
         self.shared_draft = None  # the draft with its logits off the shared tokens masked ("intersection")
-        if sampling_rule == "intersection":
+        if vocab_rule == "intersection":
             self.to_target = shared_token_map(draft.tokenizer, target.tokenizer, draft.vocab_size).to(draft.device)
             if bool((self.to_target >= 0).any()):
                 self.shared_draft = dataclasses.replace(draft, network=SharedLogits(draft.network, self.to_target >= 0))

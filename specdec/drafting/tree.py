@@ -54,13 +54,13 @@ def grow_tree(
     depth_limit: int,
     budget: int,
     branching: int,
-    sampling: SamplingParams,
-    generator: torch.Generator | None,
+    request: DraftRequest,
 ) -> Draft:
     """A tree of at most ``budget`` nodes and ``depth_limit`` depths, ``branching`` children per
     node at most; each depth gets an equal share of the budget (at least one node), so trees
     are as deep as the policy asks, not wide and shallow. One ``expand`` call per depth."""
-    device = root_q.device
+    device, sampling = root_q.device, request.sampling
+    first_position = request.context.shape[0]  # the output position of the root's children
     frontier = [-1]  # nodes whose children are drawn next (-1 = the root)
     frontier_q = root_q  # [frontier, vocab]
     frontier_scores = [1.0]
@@ -80,7 +80,7 @@ def grow_tree(
                 children, child_q = top.indices[row, :count], top.values[row, :count]
             else:  # drawn one after another without replacement, as verification assumes
                 q_rows[node] = frontier_q[row]
-                children = torch.multinomial(frontier_q[row], count, replacement=False, generator=generator)
+                children = request.rule.draw_distinct(frontier_q[row], first_position + depth, count)
                 child_q = frontier_q[row, children]
             for token, probability in zip(children.tolist(), child_q.tolist()):
                 tokens.append(token)
@@ -136,5 +136,4 @@ class ModelTreeDrafter(DraftModelDrafter):
             logits = self.model.forward(block, positions, state.cache, Attention((segment,), batch_invariant=False)).logits
             return draft_distribution(logits, sampling)
 
-        return grow_tree(draft_distribution(root_logits, sampling), expand, gamma, budget, self.branching, sampling,
-                         request.generator)
+        return grow_tree(draft_distribution(root_logits, sampling), expand, gamma, budget, self.branching, request)

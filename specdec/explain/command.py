@@ -73,13 +73,12 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     from specdec.explain.steps import step_view
     from specdec.explain.view import lossless_renderable, step_renderable
     from specdec.generate_command import stats_table
-    from specdec.sampling import SamplingParams
+    from specdec.sampling import sampling_from_args
 
     target, drafter = build_drafter(args, errors)
     if drafter is None:
         raise ValueError("explain needs a drafter: pass --draft (with --target) or --drafter ngram")
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              seed=args.seed, max_new_tokens=args.max_new_tokens)
+    sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens)
     with errors.status("generating, every step recorded"):
         run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy, warm_up=True)
     alone = None

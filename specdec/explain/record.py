@@ -151,7 +151,11 @@ def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | 
                       warm_up: bool = False) -> RecordedRun:
     """Generate once with every step recorded (the decoder's own loop, on a recording engine).
     warm_up: first a two-token generation, so the first recorded step's times are not those of
-    the models' first calls (hundreds of ms)."""
+    the models' first calls (hundreds of ms). Sampled steps run rejection sampling, whose draws
+    a record replays (the coupled rule's decisions are the target's own draws: nothing to show)."""
+    if sampling.sampling_rule == "coupled":
+        raise ValueError("explain replays rejection sampling's draws; it does not explain the coupled sampling rule")
+    sampling = dataclasses.replace(sampling, sampling_rule="rejection")
     decoder = SpeculativeDecoder(target)
     decoder.engine = engine = RecordingEngine(target, drafter, gamma, policy)
     if warm_up:

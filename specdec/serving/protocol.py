@@ -35,7 +35,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """What completions and chat share. top_k and min_p are extensions (as vLLM's)."""
+    """What completions and chat share. top_k, min_p and sampling_rule are extensions (as vLLM's)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -45,6 +45,7 @@ class SamplingFields(BaseModel):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    sampling_rule: str | None = None  # "coupled" | "rejection"; default: coupled with a seed (docs/sampling.md)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -66,7 +67,8 @@ class SamplingFields(BaseModel):
         try:
             return SamplingParams(temperature=temperature, top_k=self.top_k or 0,
                                   top_p=1.0 if self.top_p is None else self.top_p,
-                                  min_p=self.min_p or 0.0, seed=self.seed, max_new_tokens=max_tokens, stop=stop)
+                                  min_p=self.min_p or 0.0, seed=self.seed, sampling_rule=self.sampling_rule,
+                                  max_new_tokens=max_tokens, stop=stop)
         except ValueError as error:
             raise ApiError(400, str(error)) from error
 

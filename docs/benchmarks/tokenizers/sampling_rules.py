@@ -17,7 +17,7 @@ draft = load(models / "smollm2-135m", quantize="int8")
 prompts = [p.text for p in load_prompts(default_prompts(), per_category=1)]
 rows = {}
 for rule in ("intersection", "point-mass"):
-    decoder = SpeculativeDecoder(target, TranslatingDrafter(draft, target, sampling_rule=rule), gamma=5)
+    decoder = SpeculativeDecoder(target, TranslatingDrafter(draft, target, vocab_rule=rule), gamma=5)
     totals = dict(drafted=0, accepted=0, generated=0, forwards=0)
     for seed in range(3):
         for prompt in prompts:
