@@ -100,6 +100,34 @@ def test_a_hundred_concurrent_streams_all_complete_with_the_right_text(server, r
     assert scheduler.load == (0, 0)
 
 
+def test_a_seed_gives_one_completion_alone_or_in_a_batch(server, pair):
+    """temperature 0.9 with a seed (the coupled rule by default): the same text on every call,
+    alone, again, and among 12 concurrent requests with other seeds (whose batch changes the
+    controller's draft lengths), and it is the target alone's seeded text."""
+    url, _ = server
+    prompt = "def fibonacci(n):"
+    settings = dict(model=MODEL, prompt=prompt, max_tokens=20, temperature=0.9, seed=1234)
+    api = client(url)
+    first = api.completions.create(**settings).choices[0].text
+    assert api.completions.create(**settings).choices[0].text == first
+    target_alone = SpeculativeDecoder(pair[0]).generate(prompt, temperature=0.9, seed=1234, max_new_tokens=20)
+    assert first == target_alone.text
+    async_api = client(url, openai.AsyncOpenAI)
+
+    async def batch():
+        others = [async_api.completions.create(**{**settings, "seed": seed, "prompt": p})
+                  for seed, p in enumerate(suite_prompts(11))]
+        return await asyncio.gather(async_api.completions.create(**settings), *others)
+
+    texts = [completion.choices[0].text for completion in asyncio.run(batch())]
+    assert texts[0] == first
+    assert len(set(texts[1:])) > 1  # the others really sampled their own texts
+    rejection = api.completions.create(**settings, extra_body={"sampling_rule": "rejection"})
+    assert rejection.usage.completion_tokens == 20
+    with pytest.raises(openai.BadRequestError, match="sampling_rule"):
+        api.completions.create(**settings, extra_body={"sampling_rule": "nearest"})
+
+
 def wait_until_idle(scheduler, seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while scheduler.load != (0, 0) and time.monotonic() < deadline:
