@@ -89,62 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.training import head_command
 
     head_command.add_parser(commands, add_model_options)
-    add_bench_parser(commands)
+    from specdec.bench import command as bench_command
+
+    bench_command.add_parser(commands, add_model_options, add_sampling_options)
     from specdec.bench import batch
 
     batch.add_parser(commands, add_model_options)
     from specdec.serving import server
 
     server.add_parsers(commands, add_model_options, add_drafting_options)
-    forward = commands.add_parser("bench-forward", help="time per token: own forward vs transformers, and T(k)")
-    for name, default in [("hidden", 384), ("layers", 8), ("vocab", 8192), ("heads", 6), ("kv-heads", 2),
-                          ("intermediate", 1024), ("repeats", 50)]:
-        forward.add_argument(f"--{name}", type=int, default=default)
-    forward.add_argument("--out", default="runs/bench-forward.json")
     return parser
-
-
-def add_bench_parser(commands) -> None:
-    bench = commands.add_parser(
-        "bench", help="measure decoding methods side by side on the same models and prompts",
-        description="Runs every method on every prompt, interleaved, checks that greedy outputs equal "
-                    "target-only output, and writes results.json and results.md under --out.",
-    )
-    add_model_options(bench)
-    bench.add_argument("--methods", nargs="+", default=["model:fixed", "ngram:fixed", "staged:fixed"],
-                       help="target-only (always run), DRAFTER:POLICY such as model:cost, ngram:fixed or "
-                            "head-tree:fixed (--draft-head), all (every drafter but the heads with every policy), transformers-generate, transformers-assisted[:N|:heuristic], "
-                            "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N]")
-    llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
-    llama.add_argument("--llama-cpp-bin", help="folder with llama-completion, llama-speculative, llama-lookup")
-    llama.add_argument("--target-gguf", help="the target as a GGUF file for llama.cpp's tools")
-    llama.add_argument("--draft-gguf", help="the draft as a GGUF file for llama-speculative")
-    bench.add_argument("--draft-head", metavar="DIR", help="EAGLE-3 head for the head:POLICY and head-tree:POLICY methods "
-                                                          "(default: the default pair's shipped head)")
-    bench.add_argument("--ngram-max", type=int, default=4)
-    bench.add_argument("--ngram-min", type=int, default=1)
-    bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")
-    bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
-    bench.add_argument("--gamma", type=int, default=4)
-    bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
-    add_sampling_options(bench)
-    bench.set_defaults(seed=0)  # a benchmark is repeatable by default
-    bench.add_argument("--out", default="runs/bench", help="output folder")
-    synthetic = bench.add_argument_group(
-        "--synthetic", "engine efficiency on big random-weight models: a drafter that proposes the target's own "
-        "next token, corrupted with probability 1 - alpha; measured speedup vs Leviathan's prediction, "
-        "time per token vs the memory-bandwidth bound")
-    synthetic.add_argument("--synthetic", action="store_true", help="run this instead of the prompt suite")
-    synthetic.add_argument("--synthetic-target", default="1024x24", help="HIDDENxLAYERS (default ~300M parameters)")
-    synthetic.add_argument("--synthetic-draft", default="512x5", help="HIDDENxLAYERS (default ~30M parameters)")
-    synthetic.add_argument("--synthetic-vocab", type=int, default=32000)
-    synthetic.add_argument("--synthetic-prompts", type=int, default=4, help="random prompts (16 tokens each)")
-    synthetic.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.7, 0.9])
-    synthetic.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 8])
-    synthetic.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
-    bench.add_argument("--repeats", type=int,
-                       help="each prompt timed this many times per method, the median kept (default 3; with "
-                            "--synthetic: forward timings, default 7)")
 
 
 def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool = False):
@@ -201,117 +155,9 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
     return target, draft
 
 
-def run_bench(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from pathlib import Path
-
-    from rich.markdown import Markdown
-    from rich.progress import Progress
-
-    from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
-    from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
-    from specdec.defaults import default_prompts
-    from specdec.sampling import sampling_from_args
-
-    if args.synthetic:
-        return run_synthetic_bench(args, console, errors)
-    llama_tools = None
-    if args.llama_cpp_bin or args.target_gguf:
-        if not (args.llama_cpp_bin and args.target_gguf):
-            raise ValueError("llama.cpp methods need both --llama-cpp-bin DIR and --target-gguf FILE")
-        llama_tools = LlamaCppTools(Path(args.llama_cpp_bin), Path(args.target_gguf),
-                                    Path(args.draft_gguf) if args.draft_gguf else None)
-        # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
-        llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
-    reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in args.methods)
-    resolved = resolve_models(args, errors, reads_hidden)
-    target, draft = load_models(args, errors, resolved=resolved)
-    head = args.draft_head or (resolved[3].head if resolved[3] else None)
-    prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
-    settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or 128)
-    count = len(expand_method_names(args.methods))
-    with Progress(console=errors, transient=True) as progress:
-        task = progress.add_task("bench", total=len(prompts) * count)
-
-        def advance(label: str) -> None:
-            progress.update(task, advance=1, description=label)
-            if not errors.is_terminal:  # a log file gets one line per measurement
-                errors.print(f"[{int(progress.tasks[0].completed)}/{len(prompts) * count}] {label}")
-
-        payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
-                        ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3,
-                        llama_tools=llama_tools, head=head)
-    console.print(Markdown(payload["markdown"]))
-    out = Path(args.out)
-    errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
-    if payload["stalled"]:
-        errors.print(f"[yellow]{len(payload['stalled'])} measurements had a repeat over twice their median "
-                     f"(the machine was busy?):[/] {', '.join(payload['stalled'][:5])}")
-    if payload["mismatches"]:
-        errors.print(f"[red]greedy identity failed for {', '.join(payload['failed_methods'])}[/] (see results.md)")
-        return 1
-    return 0
-
-
-def run_synthetic_bench(args: argparse.Namespace, console: Console, errors: Console) -> int:
-    from pathlib import Path
-
-    from rich.markdown import Markdown
-    from rich.progress import Progress
-
-    from specdec.bench.synthetic import Shape, SyntheticConfig, run_count, run_synthetic
-
-    if args.target or args.draft:
-        raise ValueError("--synthetic builds its own random models; set their shapes with --synthetic-target/-draft")
-    config = SyntheticConfig(
-        target=Shape.parse(args.synthetic_target, args.synthetic_vocab),
-        draft=Shape.parse(args.synthetic_draft, args.synthetic_vocab),
-        precisions=tuple(dict.fromkeys(args.precisions)), alphas=tuple(args.alphas), gammas=tuple(args.gammas),
-        prompts=args.synthetic_prompts, max_new_tokens=args.max_new_tokens or 48, repeats=args.repeats or 7,
-        seed=args.seed,
-    )
-    if any(not 0.0 <= alpha <= 1.0 for alpha in config.alphas) or any(gamma < 1 for gamma in config.gammas):
-        raise ValueError("--alphas must lie in [0, 1] and --gammas be >= 1")
-    errors.print(f"[dim]synthetic: target {config.target.parameters / 1e6:.0f}M, draft "
-                 f"{config.draft.parameters / 1e6:.1f}M parameters, random weights[/]")
-    with Progress(console=errors, transient=True) as progress:
-        task = progress.add_task("synthetic", total=run_count(config))
-        payload = run_synthetic(config, Path(args.out),
-                                lambda label, advance: progress.update(task, advance=advance, description=label))
-    console.print(Markdown(payload["markdown"]))
-    errors.print(f"wrote {Path(args.out) / 'synthetic.json'}, synthetic.md and synthetic.png")
-    return 0
-
-
-def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
-    import json
-    from pathlib import Path
-
-    from rich.table import Table
-
-    from specdec.bench.forward import bench_forward
-
-    result = bench_forward(args.hidden, args.layers, args.vocab, args.heads, args.kv_heads, args.intermediate,
-                           args.repeats)
-    seconds = result["seconds"]
-    blocks = list(next(iter(seconds.values())))
-    table = Table(title=f"forward time, {result['config']['parameters'] / 1e6:.1f}M-parameter llama, "
-                        f"{result['machine']}, {result['date']}")
-    table.add_column("engine")
-    for block in blocks:
-        table.add_column(f"{block} token(s), ms", justify="right")
-    table.add_column("T(8)/T(1)" if "8" in blocks else "", justify="right")
-    for name, times in seconds.items():
-        ratio = f"{times['8'] / times['1']:.2f}" if "8" in times else ""
-        table.add_row(name, *[f"{times[b] * 1000:.2f}" for b in blocks], ratio)
-    console.print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0
-
-
 def build_drafter(args: argparse.Namespace, errors: Console):
     """The target and the drafter that --drafter, --tree and --no-draft ask for."""
-    from specdec.drafting import make_drafter
+    from specdec.drafting import make_drafter, reads_target
 
     resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter or ""))
     pair = resolved[3]
@@ -331,15 +177,32 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     return target, drafter
 
 
-def reads_target(drafter: str) -> bool:
-    """Whether the drafter reads the target's hidden states (a draft head)."""
-    return any(kind in ("head", "head-tree") for kind in drafter.split("+"))
-
-
 def load_own_target(args: argparse.Namespace, errors: Console):
     """The target on specdec's own forward (what a draft head reads), for train-head."""
     args.draft = None
     return load_models(args, errors, want_draft=False, resolved=resolve_models(args, errors, reads_hidden=True))[0]
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The sampling and drafting options' errors, right after parsing: before any model loads
+    (a real pair takes a minute), one line each."""
+    from specdec.drafting import DRAFTERS
+
+    for flag, least in (("gamma", 0), ("tree_budget", 1)):
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}, got {value}")
+    if hasattr(args, "ngram_max") and not 1 <= args.ngram_min <= args.ngram_max:
+        raise ValueError(f"--ngram-min and --ngram-max need 1 <= min <= max, got {args.ngram_min} and {args.ngram_max}")
+    unknown = [kind for kind in (getattr(args, "drafter", None) or "").split("+") if kind and kind not in DRAFTERS]
+    if unknown:
+        raise ValueError(f"unknown --drafter {unknown[0]!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
+    if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens <= 0:
+        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if hasattr(args, "temperature"):
+        from specdec.sampling import sampling_from_args
+
+        sampling_from_args(args)  # temperature, top-k, top-p, min-p and the sampling rule
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -347,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (model cards record it)
     console, errors = Console(), Console(stderr=True)
     try:
+        check_arguments(args)
         if args.command == "generate":
             from specdec import generate_command
 
@@ -366,13 +230,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench":
             from specdec.bench.llama_cpp_tools import ToolError
 
+            from specdec.bench import command as bench_command
+
             try:
-                return run_bench(args, console, errors)
+                return bench_command.run(args, console, errors, resolve_models, load_models)
             except ToolError as error:
                 errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
                 return 1
         if args.command == "bench-forward":
-            return run_bench_forward(args, console)
+            from specdec.bench import command as bench_command
+
+            return bench_command.run_bench_forward(args, console)
         if args.command in ("serve", "bench-serve"):
             from specdec.serving import server
 

@@ -15,7 +15,7 @@ from specdec.decoder import SpeculativeDecoder
 from specdec.engine import TokenSource
 from specdec.metrics import SpecStats
 from specdec.sampling import sampling_from_args
-from specdec.text import chat_prompt_ids
+from specdec.text import chat_prompt_ids, encode_prompt
 
 # How --show colours each token: a person sees which tokens the draft got right.
 SOURCE_STYLES = {
@@ -49,6 +49,9 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
                                "is the same (default: on for the default pair, off with --target)")
     generate.add_argument("--json", action="store_true",
                           help="write one JSON object (text, finish reason, stats) to stdout instead of streaming")
+    generate.add_argument("--no-echo", action="store_true",
+                          help="write only the generated text to stdout (by default the prompt comes first, so that "
+                               "`--prompt-file f.py > out.py` holds the prompt and its continuation, byte for byte)")
 
 
 def decode_prompt(data: bytes, where: str) -> str:
@@ -58,7 +61,7 @@ def decode_prompt(data: bytes, where: str) -> str:
         raise ValueError(f"the prompt from {where} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
-def read_prompt(args: argparse.Namespace) -> str:
+def prompt_text(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give the prompt either as an argument or with --prompt-file, not both")
     if args.prompt_file is not None:
@@ -74,6 +77,29 @@ def read_prompt(args: argparse.Namespace) -> str:
         return decode_prompt(sys.stdin.buffer.read(), "stdin")
     # A command-line argument that was not valid UTF-8 arrives with surrogate escapes.
     return decode_prompt(args.prompt.encode("utf-8", "surrogateescape"), "the command line")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from the command line, a file or stdin; an empty one is an error (before any
+    model loads)."""
+    text = prompt_text(args)
+    if not text:
+        raise ValueError("the prompt is empty")
+    return text
+
+
+def write_text(console: Console, pieces: list[tuple[str, str]]) -> None:
+    """(text, style) pieces to stdout exactly as they are: styled through rich on a terminal
+    (never wrapped), else as raw text (rich would wrap, expand tabs and drop carriage returns),
+    so that stdout redirected to a file holds the prompt and the generated text byte for byte."""
+    if console.is_terminal:
+        line = Text()
+        for piece, style in pieces:
+            line.append(piece, style=style)
+        console.print(line, end="", soft_wrap=True)
+    else:
+        console.file.write("".join(piece for piece, _ in pieces))
+    console.file.flush()
 
 
 def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None, same_text: bool | None = None,
@@ -108,16 +134,19 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
 
 
 def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
+    # Everything that can be wrong with the arguments is said before the models load.
     text = read_prompt(args)
+    if args.system and not args.chat:
+        raise ValueError("--system needs --chat")
+    sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     target, drafter = build_drafter(args, errors)
-    prompt: str | list[int] = text
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": text}]
         prompt = chat_prompt_ids(target.tokenizer, messages)
-    elif args.system:
-        raise ValueError("--system needs --chat")
+    else:
+        prompt = encode_prompt(target.tokenizer, text, target.name)
     decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
-    sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    decoder.engine.check_prompt(prompt)  # a prompt too long for the context fails before it is echoed
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
 
     def target_alone():
@@ -133,20 +162,14 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
                                        **baseline.stats.to_dict()}
         console.file.write(json.dumps(payload) + "\n")
         return 0
-    if not args.chat:
-        console.print(Text(text, style="dim"), end="")  # the prompt, then its continuation
+    if not args.chat and not args.no_echo:
+        write_text(console, [(text, "dim")])
     result = None
     for chunk in decoder.stream(prompt, sampling):
-        if args.show:
-            line = Text()
-            for piece, source in chunk.pieces:
-                line.append(piece, style=SOURCE_STYLES[source])
-            console.print(line, end="")
-        else:
-            console.out(chunk.text, end="", highlight=False)
-        console.file.flush()
+        write_text(console, [(piece, SOURCE_STYLES[source] if args.show else "") for piece, source in chunk.pieces])
         result = chunk.result or result
-    console.print()
+    if console.is_terminal:
+        console.print()
     if args.show:
         legend = Text("tokens: ")
         for source, style in SOURCE_STYLES.items():

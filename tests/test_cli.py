@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from specdec.cli import main
 
 
@@ -78,3 +80,62 @@ def test_version_and_python_dash_m():
 
     output = subprocess.run([sys.executable, "-m", "specdec", "--version"], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == f"specdec {specdec.__version__}"
+
+
+def toy_target() -> str:
+    from specdec.defaults import default_model
+
+    return str(default_model("target"))  # a 2048-token context and a byte-level BPE tokenizer
+
+
+def test_piped_output_is_the_prompt_and_the_text_byte_for_byte(tmp_path, capsys):
+    """stdout to a file or pipe: the prompt (200-character lines, a tab, a carriage return) and the
+    generated text exactly, no wrapping, no added newline; --no-echo leaves the prompt out."""
+    prompt = "x = '" + "a" * 200 + "'\n\tif x:\r\n" + "    y = [" + ", ".join(str(i) for i in range(60)) + "]\n"
+    prompt_file = tmp_path / "prompt.py"
+    prompt_file.write_bytes(prompt.encode())
+    base = ["generate", "--target", toy_target(), "--prompt-file", str(prompt_file), "--max-new-tokens", "16",
+            "--no-draft"]
+    assert main(base + ["--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    for extra in ([], ["--show"]):
+        assert main(base + extra) == 0
+        assert capsys.readouterr().out == prompt + text, extra
+    assert main(base + ["--no-echo"]) == 0
+    assert capsys.readouterr().out == text
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fails the test if a model is loaded."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the argument error")
+
+    monkeypatch.setattr("specdec.models.loading.load", refuse)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--gamma", "-3"], "--gamma must be >= 0"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "2"], "top_p must be in (0, 1]"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    (["--tree-budget", "0"], "--tree-budget must be >= 1"),
+    (["--ngram-min", "3", "--ngram-max", "2"], "1 <= min <= max"),
+    (["--drafter", "model+nope"], "unknown --drafter 'nope'"),
+    (["--system", "be brief"], "--system needs --chat"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_argument_errors_come_before_any_model_loads(no_model_loads, capsys, arguments, message):
+    code = main(["generate", "--target", toy_target(), "hello", *arguments])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_an_empty_prompt_is_refused_before_loading(no_model_loads, capsys):
+    assert main(["generate", "--target", toy_target(), ""]) == 2
+    assert "the prompt is empty" in capsys.readouterr().err
+
+
+def test_a_prompt_too_long_is_refused_before_it_is_echoed(capsys):
+    code = main(["generate", "--target", toy_target(), "ab " * 5000, "--no-draft"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and "shorten the prompt" in captured.err

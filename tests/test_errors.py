@@ -122,6 +122,15 @@ def test_ordinary_mistakes_are_one_line_errors(tiny_pair, tmp_path, capsys):
     (corrupt / "config.json").write_text("{not json")
     message = cli_error(["generate", "--target", str(corrupt), "hi"], capsys)
     assert "config.json is not valid JSON" in message and str(corrupt) in message
+    empty_file = tmp_path / "model.bin"
+    empty_file.write_bytes(b"")
+    assert "is a file, not a model folder" in cli_error(["generate", "--target", str(empty_file), "hi"], capsys)
+    wrong_type = tmp_path / "wrong-type"
+    shutil.copytree(tiny_pair["target"], wrong_type)
+    config = json.loads((wrong_type / "config.json").read_text())
+    (wrong_type / "config.json").write_text(json.dumps({**config, "hidden_size": "banana"}))
+    message = cli_error(["generate", "--target", str(wrong_type), "hi"], capsys)
+    assert str(wrong_type / "config.json") in message and "hidden_size" in message
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("caf\xe9".encode("latin-1"))
     assert "is not UTF-8 text" in cli_error(["generate", "--target", str(tiny_pair["target"]), "--prompt-file",

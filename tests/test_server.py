@@ -179,6 +179,8 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, reference, 
     assert response.status_code == status
     error = response.json()["error"]
     assert error["message"] and error["type"]
+    if case[0] == "malformed JSON":  # the position in words, not a character offset as the "param"
+        assert error["param"] is None and "not valid JSON at character 32" in error["message"], error
     good = client(url).completions.create(model=MODEL, prompt="def f(x):", max_tokens=8, temperature=0)
     assert good.choices[0].text == reference("def f(x):", 8)
 

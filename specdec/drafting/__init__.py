@@ -17,6 +17,11 @@ DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "he
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree"}  # what --tree turns a chain drafter into
 
 
+def reads_target(drafter: str) -> bool:
+    """Whether a drafter spec ("head", "tree+head-tree", ...) reads the target's hidden states."""
+    return any(kind in ("head", "head-tree") for kind in drafter.split("+"))
+
+
 def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int = 4, min_n: int = 1, tree: bool = False,
                  tree_budget: int = 16, target: LanguageModel | None = None, vocab_rule: str = "point-mass",
                  head: DraftHead | str | Path | None = None) -> Drafter:
@@ -67,4 +72,4 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
 
 
 __all__ = ["DRAFTERS", "Draft", "DraftHead", "Drafter", "DraftRequest", "HeadDrafter", "HeadTreeDrafter", "load_head", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
-           "TranslatingDrafter", "make_drafter"]
+           "TranslatingDrafter", "make_drafter", "reads_target"]

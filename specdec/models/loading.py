@@ -21,12 +21,31 @@ BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")
 
 
 def _read_config(folder: Path) -> dict:
+    if folder.is_file():
+        raise ValueError(f"{folder} is a file, not a model folder: pass a Hugging Face-format folder (with "
+                         "config.json) or a .gguf file")
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder not found: {folder}")
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {folder}: is it a Hugging Face-format model folder?")
     return read_json(config_path)
+
+
+def read_hf_config(folder: Path, trust_remote_code: bool):
+    """transformers' config of a folder; a field of the wrong type is one line naming the file and
+    the field (huggingface_hub's strict dataclasses raise a multi-line error of their own type)."""
+    from transformers import AutoConfig
+
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub, without strict dataclasses
+        StrictDataclassError = ValueError
+    try:
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except (TypeError, ValueError, StrictDataclassError) as error:
+        detail = " ".join(str(error).split()).replace("Validation error for field", "field")
+        raise ValueError(f"{folder / 'config.json'}: {detail}") from None
 
 
 def read_json(path: Path) -> dict:
@@ -238,7 +257,6 @@ def load(
             f"{folder} needs custom code from its folder (config.json has auto_map); "
             "pass trust_remote_code=True (CLI: --trust-remote-code) if you trust it"
         )
-    from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING and "auto_map" not in raw_config:
@@ -246,7 +264,7 @@ def load(
             f"unknown model_type {model_type!r} in {folder / 'config.json'}: specdec's own forward "
             f"supports {', '.join(LEAN_MODEL_TYPES)}, and transformers does not know it either"
         )
-    hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    hf_config = read_hf_config(folder, trust_remote_code)
     torch_dtype = DTYPES[dtype]
 
     network = None

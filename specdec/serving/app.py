@@ -107,6 +107,11 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc holds a character offset, not a parameter
+            offset = next((part for part in first.get("loc", ()) if isinstance(part, int)), None)
+            reason = first.get("ctx", {}).get("error", "not valid JSON")
+            at = "" if offset is None else f" at character {offset}"
+            return await api_error(_, ApiError(400, f"the request body is not valid JSON{at}: {reason}"))
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
         return await api_error(_, ApiError(400, f"invalid request body: {first.get('msg', error)}", where))
 
