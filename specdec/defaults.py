@@ -126,8 +126,8 @@ def smollm2_pair(status=None) -> DefaultPair | None:
     layers = json.loads((SMOLLM2_DRAFT / "draft_source.json").read_text())["teacher_layers"]
     # The n-gram drafter with the cost policy measured fastest with this target (1.24x greedy,
     # 1.10x at temperature 0.8; the distilled draft broke even: docs/default-pair.md).
-    return DefaultPair(f"SmolLM2-135M-Instruct, int8; drafter: n-gram, cost policy (measured fastest for it; "
-                       f"its distilled {len(layers)}-layer draft: --drafter model)",
+    return DefaultPair(f"SmolLM2-135M-Instruct (its distilled {len(layers)}-layer draft: --drafter model; its draft "
+                       "head: --drafter head)",
                        folder / "target", folder / "draft", "int8", drafter="ngram", policy="cost",
                        target_gguf=gguf_path, head=SMOLLM2_HEAD if (SMOLLM2_HEAD / "config.json").is_file() else None)
 

@@ -12,8 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec.decoder import SpeculativeDecoder
+from specdec.drafting.base import describe_drafter
 from specdec.engine import TokenSource
 from specdec.metrics import SpecStats
+from specdec.progress import waiting
 from specdec.sampling import sampling_from_args
 from specdec.text import chat_prompt_ids, encode_prompt
 
@@ -150,7 +152,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
 
     def target_alone():
-        with errors.status("running the target alone on the same prompt, for comparison"):
+        with waiting(errors, "running the target alone on the same prompt, for comparison"):
             return SpeculativeDecoder(target).generate(prompt, sampling)
 
     if args.json:
@@ -177,8 +179,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
                 legend.append(f"{source.value} ", style=style)
         errors.print(legend)
     title = "target only" if drafter is None else \
-        f"speculative decoding: {args.drafter}{' (trees)' if args.tree else ''} drafter, {args.policy} policy, " \
-        f"gamma {args.gamma}"
+        f"speculative decoding: {describe_drafter(drafter)}; {decoder.engine.new_policy().name} policy, gamma {args.gamma}"
     baseline = target_alone() if compare else None
     errors.print(stats_table(result.stats, title, result.finish_reason, baseline and baseline.stats,
                              baseline is not None and baseline.text == result.text, args.temperature > 0))

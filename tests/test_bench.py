@@ -37,6 +37,35 @@ def test_bench_writes_json_and_markdown(tiny_pair, prompt_file, tmp_path, capsys
     assert len(payload["measurements"]) == 2 * 4
     assert "| model:fixed |" in (out / "results.md").read_text()
     assert (out / "results.png").stat().st_size > 1000
+    assert "identity check passed" in " ".join(capsys.readouterr().err.split())  # said under the table
+
+
+def test_sampled_bench_checks_identity_under_the_coupled_rule(tiny_pair, prompt_file, tmp_path, capsys):
+    """A seeded sampled bench (coupled by default) checks every specdec method against target-only
+    token for token; with rejection sampling it says that it did not check."""
+    base = ["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]), "--prompts",
+            str(prompt_file), "--methods", "model:cost", "tree:tree-cost", "--max-new-tokens", "10", "--repeats", "1",
+            "--temperature", "0.9"]
+    assert main(base + ["--out", str(tmp_path / "coupled")]) == 0
+    payload = json.loads((tmp_path / "coupled" / "results.json").read_text())
+    assert payload["coupled_identity_checked"] is True and payload["mismatches"] == []
+    assert "identity check passed" in " ".join(capsys.readouterr().err.split())
+    assert main(base + ["--sampling-rule", "rejection", "--out", str(tmp_path / "rejection")]) == 0
+    assert "identity not checked" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_speedup_above_tau_is_flagged_as_noise():
+    from specdec.bench.command import impossible_speedups
+    from specdec.bench.runner import Summary
+    from specdec.metrics import SpecStats
+
+    stats = SpecStats()
+    stats.observe(0, 0)  # one plain step: tau 1.0
+    stats.generated_tokens = 1
+    noisy = Summary("ngram:cost", "specdec", "all", 8, 96, 1.0, stats, speedups={"target-only": 2.5})
+    honest = Summary("ngram:cost", "specdec", "all", 8, 96, 1.0, stats, speedups={"target-only": 1.02})
+    assert "2.50x at tau 1.00 is impossible" in impossible_speedups([noisy])[0]
+    assert impossible_speedups([honest]) == []
 
 
 def test_identity_check_fails_on_a_wrong_method(tiny_pair):

@@ -139,3 +139,36 @@ def test_a_prompt_too_long_is_refused_before_it_is_echoed(capsys):
     code = main(["generate", "--target", toy_target(), "ab " * 5000, "--no-draft"])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == "" and "shorten the prompt" in captured.err
+
+
+@pytest.mark.parametrize("arguments, expected, absent", [
+    (["--no-draft"], "alone (no drafter)", "drafter:"),
+    (["--drafter", "ngram", "--policy", "cost"], "drafter: n-gram lookup (1-4-grams); cost policy", None),
+    (["--tree", "--gamma", "3"], "drafter: draft-model tree", None),
+    (["--drafter", "ngram-tree+model", "--policy", "fixed"], "merged into one tree", None),
+    (["--quantize", "int8"], "int8, cpu", "float32"),
+    (["--dtype", "bfloat16"], "bfloat16, cpu", "int8"),
+])
+def test_the_banner_says_what_runs(tiny_pair, capsys, arguments, expected, absent):
+    """Built from the loaded target and drafter: their names, precision, device, and the policy."""
+    code = main(["generate", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]), "hi",
+                 "--max-new-tokens", "4", "--no-compare", *arguments])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 0 and expected in err, err
+    assert f"target {tiny_pair['target'].name} (specdec backend" in err
+    assert absent is None or absent not in err.split("tokens per second")[0].split("speculative decoding")[0]
+
+
+def test_an_unset_policy_gives_trees_the_tree_cost_policy(monkeypatch):
+    import argparse
+
+    from specdec import cli
+
+    pair = type("Pair", (), {"drafter": "ngram", "policy": "cost", "head": None})()
+    monkeypatch.setattr(cli, "resolve_models", lambda *args, **kwargs: (None, None, None, pair))
+    monkeypatch.setattr(cli, "load_models", lambda *args, **kwargs: (None, None))
+    for tree, policy, expected in [(True, None, "tree-cost"), (False, None, "cost"), (True, "cost", "cost")]:
+        args = argparse.Namespace(drafter=None, policy=policy, tree=tree, draft_head=None, no_draft=True, gamma=4)
+        with pytest.raises(AttributeError):  # the banner reads the (absent) target: the choice is made by then
+            cli.build_drafter(args, None)
+        assert args.policy == expected, (tree, policy)

@@ -120,6 +120,14 @@ class Drafter(Protocol):
         """After verification: request.context now ends with outcome.emitted."""
 
 
+def describe_drafter(drafter: Drafter | None) -> str:
+    """What a drafter is, in words, from the object (its describe(), else its class)."""
+    if drafter is None:
+        return "none (the target alone)"
+    describe = getattr(drafter, "describe", None)
+    return describe() if callable(describe) else type(drafter).__name__
+
+
 @dataclass
 class ContextRequest:
     """A DraftRequest outside the engine (tests, notebooks): a fixed context and its state."""

@@ -68,6 +68,9 @@ class HeadDrafter:
         self.vocab_size = head.config.vocab_size
         self.hidden_layers = head.config.feature_layers
 
+    def describe(self) -> str:
+        return f"EAGLE-3 head ({self.head.config.draft_vocab_size}-token draft vocabulary)"
+
     def start(self, prompt_ids: torch.Tensor) -> HeadState:
         return HeadState(self.head, self.max_context)
 
@@ -107,6 +110,9 @@ class HeadTreeDrafter(HeadDrafter):
         check_tree_shape(budget, branching)
         super().__init__(head, max_context)
         self.budget, self.branching = budget, branching
+
+    def describe(self) -> str:
+        return f"{super().describe()} tree, up to {self.budget} nodes"
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: HeadState = request.draft_state

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome, StopRule
+from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
@@ -85,6 +85,9 @@ class MergedDrafter:
         if len({d.hidden_layers for d in readers}) > 1:
             raise ValueError("the merged drafters read different target layers; merge at most one head")
         self.hidden_layers = readers[0].hidden_layers if readers else ()
+
+    def describe(self) -> str:
+        return " + ".join(describe_drafter(d) for d in self.drafters) + f", merged into one tree ({self.budget} nodes)"
 
     def start(self, prompt_ids: torch.Tensor) -> list[Any]:
         return [drafter.start(prompt_ids) for drafter in self.drafters]

@@ -150,6 +150,9 @@ class DraftModelDrafter:
 class ModelDrafter(DraftModelDrafter):
     """Drafts a chain autoregressively with its own model and a KV cache per request."""
 
+    def describe(self) -> str:
+        return f"draft model {self.model.name}"
+
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: DraftModelState = request.draft_state
         context = request.context

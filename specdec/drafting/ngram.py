@@ -88,6 +88,11 @@ class NGramDrafter:
         # branches > 1: a tree of the continuations of that many recent occurrences (budget nodes)
         self.branches, self.budget = branches, budget
 
+    def describe(self) -> str:
+        grams = f"{self.min_n}-{self.max_n}-grams"
+        return f"n-gram lookup ({grams})" if self.branches == 1 else \
+            f"n-gram tree ({grams}, {self.branches} branches, up to {self.budget} nodes)"
+
     def start(self, prompt_ids: torch.Tensor) -> NGramIndex:
         index = NGramIndex(self.max_n, self.min_n, occurrences=self.branches)
         index.extend(prompt_ids.tolist())

@@ -45,6 +45,9 @@ class StagedDrafter:
         self.vocab_size = model.vocab_size
         self.stage_guessed = self.stage_accepted = 0  # how the n-gram stage fares against the draft model
 
+    def describe(self) -> str:
+        return f"staged: draft model {self.model.name} with an n-gram stage ({self.ngram.min_n}-{self.ngram.max_n}-grams)"
+
     def start(self, prompt_ids: torch.Tensor) -> StagedState:
         return StagedState(DraftModelState(self.model, prompt_ids), self.ngram.start(prompt_ids))
 
@@ -126,6 +129,9 @@ class StagedTreeDrafter(StagedDrafter):
     def __init__(self, model: LanguageModel, max_n: int = 4, min_n: int = 1, budget: int = 16) -> None:
         super().__init__(model, max_n, min_n)
         self.budget = budget
+
+    def describe(self) -> str:
+        return f"staged tree: {super().describe().removeprefix('staged: ')}, side leaves up to {self.budget} nodes"
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         trunk = self.draft_trunk(request, gamma)

@@ -139,7 +139,7 @@ class TranslatingDrafter:
             raise ValueError(f"look_behind must be >= 1, got {look_behind}")
         if vocab_rule not in VOCAB_RULES:
             raise ValueError(f"unknown vocabulary rule {vocab_rule!r}; choose one of {', '.join(VOCAB_RULES)}")
-        self.inner, self.look_behind = ModelDrafter(draft), look_behind
+        self.inner, self.look_behind, self.vocab_rule = ModelDrafter(draft), look_behind, vocab_rule
         self.draft_tokenizer, self.target_tokenizer = draft.tokenizer, target.tokenizer
         self.target_rows, self.device = target.vocab_size, draft.device
         self.shared_draft = None  # the draft with its logits off the shared tokens masked ("intersection")
@@ -147,6 +147,9 @@ class TranslatingDrafter:
             self.to_target = shared_token_map(draft.tokenizer, target.tokenizer, draft.vocab_size).to(draft.device)
             if bool((self.to_target >= 0).any()):
                 self.shared_draft = dataclasses.replace(draft, network=SharedLogits(draft.network, self.to_target >= 0))
+
+    def describe(self) -> str:
+        return f"draft model {self.inner.model.name}, another tokenizer (translated; {self.vocab_rule} when sampling)"
 
     def start(self, prompt_ids: torch.Tensor) -> TranslationState:  # prompt_ids [n] int64, target ids
         draft_ids = encode(self.draft_tokenizer, decode(self.target_tokenizer, prompt_ids.tolist()))

@@ -115,6 +115,9 @@ class ModelTreeDrafter(DraftModelDrafter):
         super().__init__(model)  # observe(): the tree never enters the draft cache, only the emitted tokens do
         self.budget, self.branching = budget, branching
 
+    def describe(self) -> str:
+        return f"draft-model tree ({self.model.name}, up to {self.budget} nodes, {self.branching} children each)"
+
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: DraftModelState = request.draft_state
         context, sampling = request.context, request.sampling

@@ -73,17 +73,18 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     from specdec.explain.steps import step_view
     from specdec.explain.view import lossless_renderable, step_renderable
     from specdec.generate_command import stats_table
+    from specdec.progress import waiting
     from specdec.sampling import sampling_from_args
 
     target, drafter = build_drafter(args, errors)
     if drafter is None:
         raise ValueError("explain needs a drafter: pass --draft (with --target) or --drafter ngram")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens)
-    with errors.status("generating, every step recorded"):
+    with waiting(errors, "generating, every step recorded"):
         run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy, warm_up=True)
     alone = None
     if args.compare:
-        with errors.status("running the target alone on the same prompt, for the measured speedup"):
+        with waiting(errors, "running the target alone on the same prompt, for the measured speedup"):
             alone = SpeculativeDecoder(target).generate(args.prompt, sampling)
     baseline = alone and alone.stats
     tokenizer = target.tokenizer
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     console.print(step_renderable(view, tokenizer, len(run.records)))
     check = None
     if not sampling.greedy:
-        with errors.status(f"re-running step {view.record.index}'s verification with {args.seeds} seeds"):
+        with waiting(errors, f"re-running step {view.record.index}'s verification with {args.seeds} seeds"):
             check = check_lossless(view.record, args.seeds)
         console.print(lossless_renderable(check, tokenizer))
     console.print(stats_table(run.result.stats, f"the whole run ({len(run.records)} steps)", run.result.finish_reason,

@@ -174,6 +174,17 @@ class LanguageModel:
     def new_cache(self, rows: int = 1) -> Cache:
         return self.network.new_cache(self.max_context, rows)
 
+    @property
+    def precision(self) -> str:
+        """What the weights compute in: int8, a float dtype, or GGUF (llama.cpp keeps the file's types)."""
+        if self.backend == "llama.cpp":
+            return "GGUF"
+        return "int8" if getattr(self.network, "quantized", False) else str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        """The model as it runs: name, backend, precision, device."""
+        return f"{self.name} ({self.backend} backend, {self.precision}, {self.device})"
+
     def forward(
         self,
         tokens: torch.Tensor,  # [n] int64

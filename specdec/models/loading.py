@@ -48,6 +48,12 @@ def read_hf_config(folder: Path, trust_remote_code: bool):
         raise ValueError(f"{folder / 'config.json'}: {detail}") from None
 
 
+def model_name(folder: Path) -> str:
+    """A folder's name, with its parent's where the name alone says only its role (a converted
+    pair's "target" and "draft" folders: "smollm2-135m-instruct/target")."""
+    return f"{folder.parent.name}/{folder.name}" if folder.name in ("target", "draft") else folder.name
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -302,12 +308,13 @@ def load(
                           "from int8 target-only output in near-ties; the own forward (--backend specdec) is exact",
                           stacklevel=2)
             quantize_int8(network.model)
+            network.quantized = True
     tokenizer = _load_tokenizer(folder)
     context = hf_config.max_position_embeddings
     return LanguageModel(
         network=network,
         tokenizer=tokenizer,
-        name=folder.name,
+        name=model_name(folder),
         vocab_size=hf_config.vocab_size,
         max_context=min(context, max_context) if max_context else context,
         eos_token_ids=_eos_token_ids(folder, raw_config, tokenizer),

@@ -175,10 +175,6 @@ def resume(out: Path, head, optimizer, generator, settings: HeadTraining, consol
     return state["step"], state["history"]
 
 
-def precision(target) -> str:
-    return "int8" if getattr(target.network, "quantized", False) else str(target.dtype).removeprefix("torch.")
-
-
 def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan) -> str:
     last = history[-1] if history else {}
     agreement = ", ".join(f"depth {i + 1}: {a:.3f}" for i, a in enumerate(last.get("heldout_top1", [])))
@@ -189,7 +185,7 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
         "Trained with specdec's `train-head`; loads with `--drafter head-tree --draft-head DIR`.",
         "",
         f"- command: `{settings.command}`",
-        f"- target: {target.name} ({precision(target)}, {target.path}); feature layers {plan.feature_layers}",
+        f"- target: {target.name} ({target.precision}, {target.path}); feature layers {plan.feature_layers}",
         f"- data: {data}; {sequences} training sequences of {settings.sequence_length} tokens "
         f"({settings.corpus_sequences} corpus windows requested, {settings.continuation_sequences} target continuations)",
         f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
