@@ -1,19 +1,51 @@
-"""specdec: lossless speculative decoding for Hugging Face-format causal language models."""
+"""specdec: lossless speculative decoding for Hugging Face-format causal language models.
 
-from specdec.decoder import GenerationResult, SpeculativeDecoder, StreamChunk
-from specdec.drafting import (Draft, Drafter, MergedDrafter, ModelDrafter, ModelTreeDrafter, NGramDrafter, StagedDrafter,
-                              make_drafter)
-from specdec.engine import Engine, Request, TokenSource
-from specdec.metrics import SpecStats
-from specdec.models import Attention, ForwardOutput, LanguageModel, load
-from specdec.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
-from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import greedy_tree_verify, greedy_verify, rejection_sample, tree_rejection_sample
+The public names load on first use (PEP 562), so that `import specdec.cli` and `specdec --help`
+do not import torch; `from specdec import SpeculativeDecoder, load` works as usual."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = [
-    "Attention", "Engine", "ForwardOutput", "Request", "CostModelPolicy", "Draft", "Drafter", "FixedPolicy", "HeuristicPolicy", "NGramDrafter", "StagedDrafter",
-    "ThresholdPolicy", "make_drafter", "make_policy", "GenerationResult", "LanguageModel", "ModelDrafter", "SamplingParams", "SpecStats",
-    "SpeculativeDecoder", "StreamChunk", "TokenSource", "greedy_verify", "load", "logits_to_probs",
-    "rejection_sample", "greedy_tree_verify", "tree_rejection_sample", "MergedDrafter", "ModelTreeDrafter",
-]
+
+_EXPORTS = {
+    "specdec.decoder": ("GenerationResult", "SpeculativeDecoder", "StreamChunk"),
+    "specdec.drafting": ("Draft", "Drafter", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter",
+                         "StagedDrafter", "make_drafter"),
+    "specdec.engine": ("Engine", "Request", "TokenSource"),
+    "specdec.metrics": ("SpecStats",),
+    "specdec.models": ("Attention", "ForwardOutput", "LanguageModel", "load"),
+    "specdec.policy": ("CostModelPolicy", "FixedPolicy", "HeuristicPolicy", "ThresholdPolicy", "make_policy"),
+    "specdec.sampling": ("SamplingParams", "logits_to_probs"),
+    "specdec.verify": ("greedy_tree_verify", "greedy_verify", "rejection_sample", "tree_rejection_sample"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # what type checkers and editors see
+    from specdec.decoder import GenerationResult, SpeculativeDecoder, StreamChunk  # noqa: F401
+    from specdec.drafting import (Draft, Drafter, MergedDrafter, ModelDrafter, ModelTreeDrafter,  # noqa: F401
+                                  NGramDrafter, StagedDrafter, make_drafter)
+    from specdec.engine import Engine, Request, TokenSource  # noqa: F401
+    from specdec.metrics import SpecStats  # noqa: F401
+    from specdec.models import Attention, ForwardOutput, LanguageModel, load  # noqa: F401
+    from specdec.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy  # noqa: F401
+    from specdec.sampling import SamplingParams, logits_to_probs  # noqa: F401
+    from specdec.verify import (greedy_tree_verify, greedy_verify, rejection_sample,  # noqa: F401
+                                tree_rejection_sample)

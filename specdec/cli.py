@@ -29,7 +29,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.sampling import SAMPLING_RULES
+    from specdec.names import SAMPLING_RULES
 
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -43,9 +43,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.drafting import DRAFTERS
-    from specdec.policy import POLICIES, TREE_POLICIES
-    from specdec.drafting.translate import VOCAB_RULES
+    from specdec.names import DRAFTERS, POLICIES, TREE_POLICIES, VOCAB_RULES
 
     parser.add_argument("--gamma", type=int, default=4,
                         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
@@ -206,7 +204,7 @@ def load_own_target(args: argparse.Namespace, errors: Console):
 def check_arguments(args: argparse.Namespace) -> None:
     """The sampling and drafting options' errors, right after parsing: before any model loads
     (a real pair takes a minute), one line each."""
-    from specdec.drafting import DRAFTERS
+    from specdec.names import DRAFTERS
 
     for flag, least in (("gamma", 0), ("tree_budget", 1)):
         value = getattr(args, flag, None)

@@ -6,26 +6,25 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec.decoder import SpeculativeDecoder
-from specdec.drafting.base import describe_drafter
-from specdec.engine import TokenSource
-from specdec.metrics import SpecStats
 from specdec.progress import waiting
-from specdec.sampling import sampling_from_args
-from specdec.text import chat_prompt_ids, encode_prompt
+
+if TYPE_CHECKING:
+    from specdec.metrics import SpecStats
 
 # How --show colours each token: a person sees which tokens the draft got right.
+# (Keyed by specdec.engine.TokenSource's values: this module imports no torch until it runs.)
 SOURCE_STYLES = {
-    TokenSource.DRAFT: "green",
-    TokenSource.BRANCH: "cyan",
-    TokenSource.CORRECTION: "bold red",
-    TokenSource.BONUS: "bold blue",
-    TokenSource.TARGET: "",
+    "draft": "green",
+    "branch": "cyan",
+    "correction": "bold red",
+    "bonus": "bold blue",
+    "target": "",
 }
 
 
@@ -136,6 +135,11 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
 
 
 def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.drafting.base import describe_drafter
+    from specdec.sampling import sampling_from_args
+    from specdec.text import chat_prompt_ids, encode_prompt
+
     # Everything that can be wrong with the arguments is said before the models load.
     text = read_prompt(args)
     if args.system and not args.chat:
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         legend = Text("tokens: ")
         for source, style in SOURCE_STYLES.items():
             if style:
-                legend.append(f"{source.value} ", style=style)
+                legend.append(f"{source} ", style=style)
         errors.print(legend)
     title = "target only" if drafter is None else \
         f"speculative decoding: {describe_drafter(drafter)}; {decoder.engine.new_policy().name} policy, gamma {args.gamma}"

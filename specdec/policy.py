@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+from specdec.names import POLICIES, TREE_POLICIES
 
 
 class DraftLengthPolicy(Protocol):
@@ -355,8 +356,6 @@ class TreeCostPolicy(FixedPolicy):
         self.verify_cost.add(num_drafted + 1, verify_seconds)
 
 
-POLICIES = ("fixed", "heuristic", "threshold", "cost")
-TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 
 
 def make_policy(name: str, gamma: int) -> DraftLengthPolicy:

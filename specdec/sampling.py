@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules implements them
+from specdec.names import SAMPLING_RULES
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,9 @@ def test_the_banner_says_what_runs(tiny_pair, capsys, arguments, expected, absen
                  "--max-new-tokens", "4", "--no-compare", *arguments])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 0 and expected in err, err
-    assert f"target {tiny_pair['target'].name} (specdec backend" in err
+    from specdec.models.loading import model_name
+
+    assert f"target {model_name(tiny_pair['target'])} (specdec backend" in err
     assert absent is None or absent not in err.split("tokens per second")[0].split("speculative decoding")[0]
 
 

@@ -46,8 +46,9 @@ def test_a_gguf_with_another_sha256_is_refused_in_one_line(tmp_path, monkeypatch
     monkeypatch.setattr(defaults, "installed_smollm2_gguf", lambda: fake)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     assert main(["generate", "hi"]) == 2
-    error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0 and "sha256" in error and str(fake) in error and "--force-reinstall" in error
+    *progress, error = capsys.readouterr().err.strip().splitlines()  # stderr is not a terminal: waits are lines
+    assert "checking the sha256 of SmolLM2-135M-Instruct.Q4_1.gguf" in progress
+    assert error.startswith("error:") and "sha256" in error and str(fake) in error and "--force-reinstall" in error
     assert not (tmp_path / "cache" / "smollm2-135m-instruct").exists()  # nothing half-written is kept
 
 

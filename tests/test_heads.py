@@ -14,7 +14,8 @@ import specdec
 from specdec import Attention, SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
-from specdec.training.head_command import HeadTraining, train_head
+from specdec.training.head_command import HeadTraining
+from specdec.training.head_train import train_head
 from test_greedy_equality import check_equality
 
 

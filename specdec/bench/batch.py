@@ -12,9 +12,10 @@ import statistics
 import time
 from pathlib import Path
 
-from specdec.bench.suite import load_prompts, machine_description
-from specdec.decoder import SpeculativeDecoder
-from specdec.defaults import default_prompts
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdec.decoder import SpeculativeDecoder
 
 
 def add_parser(commands, add_model_options) -> None:
@@ -40,6 +41,9 @@ def measure(decoder: SpeculativeDecoder, prompts: list[str], batch: int, max_new
 
 def bench_batch(target, draft, prompts: list[str], batch_sizes: list[int], max_new_tokens: int, gamma: int,
                 repeats: int, progress=None) -> dict:
+    from specdec.bench.suite import machine_description
+    from specdec.decoder import SpeculativeDecoder
+
     methods = {"target-only": SpeculativeDecoder(target)}
     if draft is not None:
         methods[f"model:fixed gamma {gamma}"] = SpeculativeDecoder(target, draft, gamma=gamma)
@@ -89,6 +93,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace, console, errors, load_models) -> int:
+    from specdec.bench.suite import load_prompts
+    from specdec.defaults import default_prompts
+
     from rich.table import Table
 
     if min(args.batch_sizes) < 1 or args.num_prompts < 1 or args.repeats < 1:

@@ -22,8 +22,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from specdec.bench.suite import load_prompts, machine_description
-from specdec.defaults import default_prompts
 
 
 def add_parser(commands, add_model_options, add_drafting_options) -> None:
@@ -155,6 +153,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
+    from specdec.bench.suite import load_prompts, machine_description
+    from specdec.defaults import default_prompts
+
     from rich.table import Table
 
     from specdec.serving.server import build_app, profile_grid, serve_in_thread

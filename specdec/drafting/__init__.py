@@ -13,8 +13,7 @@ from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 from specdec.models.base import LanguageModel
 
-DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree")
-TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree"}  # what --tree turns a chain drafter into
+from specdec.names import DRAFTERS, TREE_KINDS
 
 
 def reads_target(drafter: str) -> bool:

@@ -43,6 +43,7 @@ from specdec.drafting.model import DraftModelState, ModelDrafter, common_prefix
 from specdec.drafting.vocab import SharedLogits, shared_token_map
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams
+from specdec.names import VOCAB_RULES
 
 INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
 GREEDY = SamplingParams()  # the draft's guesses: its argmax (see the module docstring)
@@ -117,7 +118,6 @@ class DraftTokenRequest(SubRequest):
         return self.draft_sampling
 
 
-VOCAB_RULES = ("point-mass", "intersection")
 
 
 class TranslatingDrafter:

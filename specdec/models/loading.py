@@ -15,9 +15,9 @@ from specdec.models.transformer import (
     UnsupportedByLeanModel,
     rope_inverse_frequencies,
 )
+from specdec.names import BACKENDS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")
 
 
 def _read_config(folder: Path) -> dict:

@@ -9,16 +9,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from specdec.drafting.base import Drafter
-from specdec.engine import Engine
-from specdec.models.base import LanguageModel
-from specdec.serving.speculation import (MODES, SpeculationController, VerifyCostTable, cached_verify_costs,
-                                         profile_draft_cost)
+from specdec.names import SPECULATION_MODES
 
-if TYPE_CHECKING:  # the web stack loads only when a server is built, not for every CLI command
+if TYPE_CHECKING:  # the web stack and torch load only when a server is built, not for every CLI command
     from fastapi import FastAPI
 
+    from specdec.drafting.base import Drafter
+    from specdec.models.base import LanguageModel
     from specdec.serving.app import ServerLimits
+    from specdec.serving.speculation import VerifyCostTable
 
 
 def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:
@@ -49,6 +48,9 @@ def build_app(
     from specdec.serving.app import create_app
     from specdec.serving.metrics import ServerMetrics
     from specdec.serving.scheduler import Scheduler
+
+    from specdec.engine import Engine
+    from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
     engine = Engine(target, drafter, gamma=gamma, policy=policy)
     if drafter is None:
@@ -100,7 +102,7 @@ def add_parsers(commands, add_model_options, add_drafting_options) -> None:
     add_drafting_options(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--speculation", default="auto", choices=MODES,
+    serve.add_argument("--speculation", default="auto", choices=SPECULATION_MODES,
                        help="auto: draft length per step from measured costs (0 when speculation does not pay); "
                             "on: always --gamma; off: never draft")
     serve.add_argument("--no-draft", action="store_true", help="serve the target alone")

@@ -28,8 +28,8 @@ from specdec.engine import Engine
 from specdec.models.base import LanguageModel
 from specdec.policy import AcceptanceByPosition, RunningMean
 from specdec.sampling import SamplingParams
+from specdec.names import SPECULATION_MODES as MODES
 
-MODES = ("auto", "on", "off")
 
 
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:

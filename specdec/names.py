@@ -1,0 +1,13 @@
+"""The names the command line offers, in a module that imports nothing heavy (no torch): the
+parser is built from these, so `specdec --help` and argument errors answer at once. The modules
+that implement each name import them from here."""
+
+SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules
+DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree")  # specdec.drafting
+# what --tree turns a chain drafter into
+TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree"}
+POLICIES = ("fixed", "heuristic", "threshold", "cost")  # specdec.policy
+TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
+VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
+SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation
+BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")  # specdec.models.loading
