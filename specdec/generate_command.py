@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specdec.names import help_formatter
 from specdec.progress import waiting
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ SOURCE_STYLES = {
 
 def add_parser(commands, add_model_options, add_sampling_options, add_drafting_options) -> None:
     generate = commands.add_parser("generate", help="generate text from a prompt, speculatively",
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=help_formatter())
     generate.add_argument("prompt", nargs="?", help="the prompt; - reads it from stdin")
     generate.add_argument("--prompt-file", help="read the prompt from this file (- for stdin): multi-line prompts")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the tokenizer's "

@@ -11,3 +11,18 @@ TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a dep
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation
 BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")  # specdec.models.loading
+
+
+def help_formatter():
+    """argparse's formatter that appends "(default: X)" to an option's help, except where the help
+    already speaks of its default or there is none to show (None, False, an empty list)."""
+    import argparse
+
+    class DefaultsWhereUseful(argparse.ArgumentDefaultsHelpFormatter):
+        def _get_help_string(self, action: argparse.Action) -> str:
+            text = action.help or ""
+            if "default" in text or action.default in (None, False, argparse.SUPPRESS, [], ()):
+                return text
+            return super()._get_help_string(action)
+
+    return DefaultsWhereUseful

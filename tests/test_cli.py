@@ -174,3 +174,24 @@ def test_an_unset_policy_gives_trees_the_tree_cost_policy(monkeypatch):
         with pytest.raises(AttributeError):  # the banner reads the (absent) target: the choice is made by then
             cli.build_drafter(args, None)
         assert args.policy == expected, (tree, policy)
+
+
+def test_help_shows_each_default_once(capsys):
+    for command in ("generate", "serve", "bench-batch", "bench-serve"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "(default: None)" not in text and "(default) (default" not in text, command
+        assert "(default: 4)" in text or command != "generate"  # a default the help did not state is shown
+
+
+def test_parsing_imports_no_torch():
+    """--help and argument errors answer at once: building the parser (every command's) and the
+    package's import load no torch (the time is measured in the closing note, not asserted)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdec; from specdec.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert output.stdout.strip() == "[]"

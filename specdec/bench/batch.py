@@ -11,8 +11,9 @@ import json
 import statistics
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
+
+from specdec.names import help_formatter
 
 if TYPE_CHECKING:
     from specdec.decoder import SpeculativeDecoder
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 def add_parser(commands, add_model_options) -> None:
     parser = commands.add_parser("bench-batch", help="throughput against batch size (target-only and speculative)",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=help_formatter())
     add_model_options(parser)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--prompts", help="JSON prompt file (default: the bundled suite)")

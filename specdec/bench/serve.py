@@ -22,11 +22,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from specdec.names import help_formatter
+
 
 
 def add_parser(commands, add_model_options, add_drafting_options) -> None:
     parser = commands.add_parser("bench-serve", help="server throughput and latency vs concurrency "
-                                 "(speculation on / off / auto)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 "(speculation on / off / auto)", formatter_class=help_formatter())
     add_model_options(parser)
     add_drafting_options(parser)
     parser.add_argument("--no-draft", action="store_true", help=argparse.SUPPRESS)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from specdec.names import SPECULATION_MODES
+from specdec.names import SPECULATION_MODES, help_formatter
 
 if TYPE_CHECKING:  # the web stack and torch load only when a server is built, not for every CLI command
     from fastapi import FastAPI
@@ -97,7 +97,7 @@ def add_parsers(commands, add_model_options, add_drafting_options) -> None:
         description="Serves /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and "
                     "/metrics. Requests join and leave the running batch between steps; with --speculation auto "
                     "the draft length of each step comes from measured costs for the current batch size.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=help_formatter())
     add_model_options(serve)
     add_drafting_options(serve)
     serve.add_argument("--host", default="127.0.0.1")
