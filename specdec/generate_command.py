@@ -136,16 +136,17 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
 
 
 def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
-    from specdec.decoder import SpeculativeDecoder
-    from specdec.drafting.base import describe_drafter
     from specdec.sampling import sampling_from_args
-    from specdec.text import chat_prompt_ids, encode_prompt
 
-    # Everything that can be wrong with the arguments is said before the models load.
+    # Everything that can be wrong with the arguments is said before the models (and torch) load.
     text = read_prompt(args)
     if args.system and not args.chat:
         raise ValueError("--system needs --chat")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.drafting.base import describe_drafter
+    from specdec.text import chat_prompt_ids, encode_prompt
+
     target, drafter = build_drafter(args, errors)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": text}]

@@ -8,8 +8,10 @@ Temperature 0 means greedy decoding: verification then compares argmaxes and nee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from specdec.names import SAMPLING_RULES
 
@@ -73,6 +75,8 @@ def logits_to_probs(
     params: SamplingParams,
 ) -> torch.Tensor:  # [n, vocab] float32, rows sum to 1
     """Apply temperature, top-k, top-p and min-p (in that order, as transformers does)."""
+    import torch  # here, so that SamplingParams checks a command line's options before torch loads
+
     if params.greedy:
         # The limit of temperature -> 0: a point mass on the argmax.
         probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)

@@ -191,7 +191,8 @@ def test_parsing_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, specdec; from specdec.cli import build_parser; build_parser(); "
+    code = ("import sys, specdec; from specdec.cli import build_parser, check_arguments; "
+            "check_arguments(build_parser().parse_args(['generate', 'hi', '--temperature', '0.5'])); "
             "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "[]"
