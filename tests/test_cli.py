@@ -105,6 +105,15 @@ def test_piped_output_is_the_prompt_and_the_text_byte_for_byte(tmp_path, capsys)
     assert capsys.readouterr().out == text
 
 
+def test_waits_print_a_line_when_stderr_is_not_a_terminal(tiny_pair, capsys):
+    """Loading and the --compare rerun of the target alone say what they wait for (a spinner on a
+    terminal, a line in a pipe or log)."""
+    assert main(["generate", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]), "hi",
+                 "--max-new-tokens", "4", "--compare"]) == 0
+    err = capsys.readouterr().err
+    assert "loading models..." in err and "running the target alone on the same prompt, for comparison..." in err
+
+
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Fails the test if a model is loaded."""

@@ -131,6 +131,11 @@ def test_ordinary_mistakes_are_one_line_errors(tiny_pair, tmp_path, capsys):
     (wrong_type / "config.json").write_text(json.dumps({**config, "hidden_size": "banana"}))
     message = cli_error(["generate", "--target", str(wrong_type), "hi"], capsys)
     assert str(wrong_type / "config.json") in message and "hidden_size" in message
+    bad_tokenizer = tmp_path / "bad-tokenizer"
+    shutil.copytree(tiny_pair["target"], bad_tokenizer)
+    (bad_tokenizer / "tokenizer.json").write_text("{not json")
+    message = cli_error(["generate", "--target", str(bad_tokenizer), "hi"], capsys)
+    assert str(bad_tokenizer / "tokenizer.json") in message and "is not valid JSON" in message
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("caf\xe9".encode("latin-1"))
     assert "is not UTF-8 text" in cli_error(["generate", "--target", str(tiny_pair["target"]), "--prompt-file",

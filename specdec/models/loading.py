@@ -147,7 +147,13 @@ def _load_tokenizer(folder: Path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (ValueError, OSError, TypeError, KeyError) as error:  # json.JSONDecodeError is a ValueError
+        for name in ("tokenizer.json", "tokenizer_config.json"):  # name the file that is not JSON, if one is not
+            if (folder / name).is_file():
+                read_json(folder / name)
+        raise ValueError(f"the tokenizer in {folder} cannot be read: {' '.join(str(error).split())}") from None
 
 
 def end_token_ids(*named) -> tuple[int, ...]:
