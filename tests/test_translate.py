@@ -76,6 +76,19 @@ def test_different_tokenizers_greedy_equals_target_only(bpe_pairs, byte_level):
     assert all(r.stats.source_kept <= r.stats.source_drafted for r in got)
 
 
+@pytest.mark.parametrize("vocab_rule", ["point-mass", "intersection"])
+def test_a_seed_gives_the_target_alones_text_through_translation(bpe_pairs, vocab_rule):
+    """The coupled rule (a seed's default) with a draft of another tokenizer: the seeded samples
+    are the target alone's, token for token, for both vocabulary rules, alone and batched."""
+    target, draft = bpe_pairs[True]["target"], bpe_pairs[True]["draft"]
+    drafter = TranslatingDrafter(draft, target, vocab_rule=vocab_rule)
+    samplings = [SamplingParams(temperature=0.9, seed=seed, max_new_tokens=30) for seed in range(len(PROMPTS))]
+    expected = SpeculativeDecoder(target).generate(PROMPTS, samplings)
+    decoder = SpeculativeDecoder(target, drafter, gamma=4)
+    together = decoder.generate(PROMPTS, samplings)
+    assert [r.token_ids for r in together] == [r.token_ids for r in expected]
+    assert sum(r.stats.drafted for r in together) > 0  # it did draft
+    assert decoder.generate(PROMPTS[0], samplings[0]).token_ids == expected[0].token_ids
 
 def test_cli_says_how_many_drafted_tokens_survived_translation(bpe_pairs, capsys):
     from specdec.cli import main
