@@ -95,9 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.bench import batch
 
     batch.add_parser(commands, add_model_options)
+    from specdec.bench import serve as bench_serve
     from specdec.serving import server
 
-    server.add_parsers(commands, add_model_options, add_drafting_options)
+    bench_serve.add_parser(commands, add_model_options, add_drafting_options)
+    server.add_parser(commands, add_model_options, add_drafting_options)
     return parser
 
 
@@ -259,10 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specdec.bench import command as bench_command
 
             return bench_command.run_bench_forward(args, console)
-        if args.command in ("serve", "bench-serve"):
+        if args.command == "serve":
             from specdec.serving import server
 
             return server.run(args, console, errors, build_drafter)
+        if args.command == "bench-serve":
+            from specdec.bench import serve as bench_serve
+
+            return bench_serve.run(args, console, errors, build_drafter)
         if args.command == "bench-batch":
             from specdec.bench import batch
 

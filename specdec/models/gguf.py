@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.base import LanguageModel
-from specdec.models.loading import DTYPES, build_lean, end_token_ids
+from specdec.models.building import DTYPES, build_lean, end_token_ids
 from specdec.models.transformer import UnsupportedByLeanModel
 
 

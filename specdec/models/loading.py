@@ -8,16 +8,15 @@ from pathlib import Path
 import torch
 
 from specdec.models.base import LanguageModel
+from specdec.models.building import DTYPES, build_lean, end_token_ids
 from specdec.models.transformer import (
     LEAN_MODEL_TYPES,
     LlamaFamilyModel,
     TransformerConfig,
     UnsupportedByLeanModel,
-    rope_inverse_frequencies,
 )
 from specdec.names import BACKENDS
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def _read_config(folder: Path) -> dict:
@@ -82,34 +81,6 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def _fused_state_dict(raw: dict[str, torch.Tensor], config: TransformerConfig) -> dict[str, torch.Tensor]:
-    """Map transformers' parameter names onto the lean model, fusing q/k/v and gate/up."""
-    state = {
-        "embed_tokens.weight": raw["model.embed_tokens.weight"],
-        "norm.weight": raw["model.norm.weight"],
-    }
-    # Tied checkpoints may omit lm_head.weight; the loader re-ties it to the embedding after loading.
-    state["lm_head.weight"] = state["embed_tokens.weight"] if config.tie_word_embeddings else raw["lm_head.weight"]
-    for i in range(config.num_layers):
-        source, target = f"model.layers.{i}.", f"layers.{i}."
-        attention, mlp = source + "self_attn.", source + "mlp."
-        state[target + "qkv_proj.weight"] = torch.cat([raw[attention + f"{n}_proj.weight"] for n in "qkv"])
-        if config.attention_bias:
-            state[target + "qkv_proj.bias"] = torch.cat([raw[attention + f"{n}_proj.bias"] for n in "qkv"])
-        state[target + "o_proj.weight"] = raw[attention + "o_proj.weight"]
-        if config.output_bias:
-            state[target + "o_proj.bias"] = raw[attention + "o_proj.bias"]
-        state[target + "gate_up_proj.weight"] = torch.cat([raw[mlp + "gate_proj.weight"], raw[mlp + "up_proj.weight"]])
-        if config.mlp_bias:
-            state[target + "gate_up_proj.bias"] = torch.cat([raw[mlp + "gate_proj.bias"], raw[mlp + "up_proj.bias"]])
-        state[target + "down_proj.weight"] = raw[mlp + "down_proj.weight"]
-        if config.mlp_bias:
-            state[target + "down_proj.bias"] = raw[mlp + "down_proj.bias"]
-        state[target + "input_norm.weight"] = raw[source + "input_layernorm.weight"]
-        state[target + "post_attention_norm.weight"] = raw[source + "post_attention_layernorm.weight"]
-    return state
-
-
 def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> LlamaFamilyModel:
     TransformerConfig.from_hf(hf_config)  # an unsupported architecture fails before reading weights
     raw: dict[str, torch.Tensor] = {}
@@ -121,25 +92,6 @@ def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> Llam
 
 # A draft folder may name the only tokens it proposes (SubsetHead); the own forward honours it.
 OUTPUT_TOKENS_FILE = "output_tokens.json"
-
-
-def build_lean(raw: dict[str, torch.Tensor], hf_config, dtype: torch.dtype, device: str, source: str) -> LlamaFamilyModel:
-    """The own forward from transformers-named weights (``source`` names where they came from)."""
-    config = TransformerConfig.from_hf(hf_config)
-    inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
-    try:
-        state = _fused_state_dict(raw, config)
-    except KeyError as missing:
-        raise ValueError(f"weight {missing} is missing from {source}") from None
-    with torch.device("meta"):
-        model = LlamaFamilyModel(config, inv_freq, attention_scaling)
-    model.load_state_dict(state, strict=True, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model = model.to(device=device, dtype=dtype).eval()
-    # Rope tables stay float32 whatever the weights' dtype, as in transformers.
-    model.set_rope_tables(inv_freq.to(device), attention_scaling)
-    return model
 
 
 def _load_tokenizer(folder: Path):
@@ -154,17 +106,6 @@ def _load_tokenizer(folder: Path):
             if (folder / name).is_file():
                 read_json(folder / name)
         raise ValueError(f"the tokenizer in {folder} cannot be read: {' '.join(str(error).split())}") from None
-
-
-def end_token_ids(*named) -> tuple[int, ...]:
-    """The union of the end tokens that configs and tokenizers name (each an id, a list or None):
-    an Instruct model's end-of-turn token is often named in only one of them."""
-    ids: list[int] = []
-    for entry in named:
-        for token in entry if isinstance(entry, list) else [entry]:
-            if token is not None and int(token) not in ids:
-                ids.append(int(token))
-    return tuple(ids)
 
 
 def _eos_token_ids(folder: Path, raw_config: dict, tokenizer) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from specdec.names import SPECULATION_MODES, help_formatter
+from specdec.progress import waiting
 
 if TYPE_CHECKING:  # the web stack and torch load only when a server is built, not for every CLI command
     from fastapi import FastAPI
@@ -87,11 +88,8 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
         thread.join(timeout=60)
 
 
-def add_parsers(commands, add_model_options, add_drafting_options) -> None:
-    """`specdec serve` and `specdec bench-serve`."""
-    from specdec.bench import serve as bench_serve
-
-    bench_serve.add_parser(commands, add_model_options, add_drafting_options)
+def add_parser(commands, add_model_options, add_drafting_options) -> None:
+    """`specdec serve`."""
     serve = commands.add_parser(
         "serve", help="an OpenAI-compatible HTTP server with continuous batching",
         description="Serves /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and "
@@ -117,17 +115,12 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
 
     from specdec.serving.app import ServerLimits
 
-    if args.command == "bench-serve":
-        from specdec.bench import serve as bench_serve
-
-        return bench_serve.run(args, console, errors, build_drafter)
     target, drafter = build_drafter(args, errors)
     name = args.served_model_name or target.name
-    with errors.status("measuring verify costs (once per machine and model)") as status:
+    with waiting(errors, "measuring verify costs (once per machine and model)") as update:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
-                        limits=ServerLimits(max_tokens=args.max_tokens),
-                        progress=lambda message: status.update(message))
+                        limits=ServerLimits(max_tokens=args.max_tokens), progress=update)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

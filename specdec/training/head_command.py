@@ -5,29 +5,10 @@ model card that records the exact command."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 from rich.console import Console
 
-
-@dataclass(frozen=True)
-class HeadTraining:
-    out: str
-    data: tuple[str, ...] = ()
-    draft_vocab: int = 8192
-    steps: int = 2000
-    ttt_steps: int = 3
-    sequence_length: int = 256
-    corpus_sequences: int = 400
-    continuation_sequences: int = 0
-    heldout_sequences: int = 16
-    batch_size: int = 8
-    learning_rate: float = 1e-3
-    intermediate_size: int | None = None
-    eval_every: int = 200
-    checkpoint_every: int = 100
-    seed: int = 0
-    command: str = ""
+from specdec.training.head_settings import HeadTraining
 
 
 def add_parser(commands, add_model_options) -> None:

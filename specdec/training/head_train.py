@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specdec.drafting.head import default_feature_layers
 from specdec.machine import isa_summary
 from specdec.drafting.head_format import new_head, save_head, target_shape
-from specdec.training.head_command import HeadTraining
+from specdec.training.head_settings import HeadTraining
 
 
 def progress_bar(console: Console) -> Progress:

@@ -1,0 +1,26 @@
+"""What `specdec train-head` is asked to do: one small dataclass, read by the command's parser (which
+must not import torch) and by the training (specdec.training.head_train)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    out: str
+    data: tuple[str, ...] = ()
+    draft_vocab: int = 8192
+    steps: int = 2000
+    ttt_steps: int = 3
+    sequence_length: int = 256
+    corpus_sequences: int = 400
+    continuation_sequences: int = 0
+    heldout_sequences: int = 16
+    batch_size: int = 8
+    learning_rate: float = 1e-3
+    intermediate_size: int | None = None
+    eval_every: int = 200
+    checkpoint_every: int = 100
+    seed: int = 0
+    command: str = ""
