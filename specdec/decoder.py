@@ -5,41 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 
-from specdec.drafting.base import Drafter, StepOutcome
-from specdec.engine import Engine, Request, TokenSource, token_sources
-from specdec.metrics import SpecStats
+from specdec.drafting.base import Drafter
+from specdec.engine import Engine
 from specdec.models.base import LanguageModel
 from specdec.policy import DraftLengthPolicy
 from specdec.sampling import SamplingParams
-from specdec.text import TextStream, encode_prompt
+from specdec.text import GenerationResult, StreamChunk, TextStream, encode_prompt, step_chunk
 
 Prompt = str | Sequence[int]
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # generated tokens only (an EOS that ended generation included)
-    prompt_ids: list[int]
-    finish_reason: str  # "eos", "stop", "max_new_tokens" or "context"
-    stats: SpecStats = field(default_factory=SpecStats)
-
-
-@dataclass
-class StreamChunk:
-    """The tokens one step emitted (after stop conditions), and the text now safe to show."""
-
-    token_ids: list[int] = field(default_factory=list)
-    sources: list[TokenSource] = field(default_factory=list)  # one per token
-    pieces: list[tuple[str, TokenSource]] = field(default_factory=list)  # released text, by source
-    result: GenerationResult | None = None  # set on the last chunk only
-
-    @property
-    def text(self) -> str:
-        return "".join(piece for piece, _ in self.pieces)
 
 
 def sampling_params(sampling: SamplingParams | None, options: dict) -> SamplingParams:
@@ -125,26 +101,3 @@ class SpeculativeDecoder:
             for request, outcome, length in zip(active, outcomes, lengths):
                 yield request.row, step_chunk(request, outcome, length, texts[request.row], started)
             active = [request for request in active if request.finish_reason is None]
-
-
-def step_chunk(request: Request, outcome: StepOutcome, length: int, text: TextStream, started: float) -> StreamChunk:
-    """What a step added to ``request`` (whose context had ``length`` tokens before), after stop
-    strings (which finish the request); the result on the request's last chunk."""
-    chunk = StreamChunk()
-    sources = token_sources(outcome)
-    for index, token in enumerate(request.tokens[length : request.length].tolist()):
-        chunk.token_ids.append(token)
-        chunk.sources.append(sources[index])
-        if text.push(token, sources[index]):
-            request.finish_reason = "stop"
-            request.truncate(length + index + 1)
-            break
-    chunk.pieces = text.release(final=request.finish_reason is not None)
-    stats = request.stats
-    stats.generated_tokens = request.length - len(request.prompt_ids)
-    if request.finish_reason is not None:
-        stats.total_seconds = time.perf_counter() - started
-        chunk.result = GenerationResult(text=text.text, token_ids=request.generated_ids,
-                                        prompt_ids=request.prompt_ids, finish_reason=request.finish_reason,
-                                        stats=stats)
-    return chunk

@@ -1,4 +1,5 @@
-"""The text layer, outside the engine: prompts to ids, ids to streamed text, stop strings.
+"""The text layer, above the engine: prompts to ids, ids to streamed text, stop strings, and what
+a step adds to a request as text (step_chunk: the decoder and the server stream the same chunks).
 
 Text is released only when it can no longer turn out to be part of a stop string: a delta that
 ends with the beginning of a stop string is held back until the next tokens show whether the
@@ -8,8 +9,14 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from specdec.drafting.base import StepOutcome
+from specdec.engine import Request, TokenSource, token_sources
+from specdec.metrics import SpecStats
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) -> list[int]:
@@ -130,3 +137,49 @@ class TextStream:
         while self.pieces and not self.pieces[0][0]:
             out.append(self.pieces.pop(0))
         return out
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens only (an EOS that ended generation included)
+    prompt_ids: list[int]
+    finish_reason: str  # "eos", "stop", "max_new_tokens" or "context"
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+@dataclass
+class StreamChunk:
+    """The tokens one step emitted (after stop conditions), and the text now safe to show."""
+
+    token_ids: list[int] = field(default_factory=list)
+    sources: list[TokenSource] = field(default_factory=list)  # one per token
+    pieces: list[tuple[str, TokenSource]] = field(default_factory=list)  # released text, by source
+    result: GenerationResult | None = None  # set on the last chunk only
+
+    @property
+    def text(self) -> str:
+        return "".join(piece for piece, _ in self.pieces)
+
+
+def step_chunk(request: Request, outcome: StepOutcome, length: int, text: TextStream, started: float) -> StreamChunk:
+    """What a step added to ``request`` (whose context had ``length`` tokens before), after stop
+    strings (which finish the request); the result on the request's last chunk."""
+    chunk = StreamChunk()
+    sources = token_sources(outcome)
+    for index, token in enumerate(request.tokens[length : request.length].tolist()):
+        chunk.token_ids.append(token)
+        chunk.sources.append(sources[index])
+        if text.push(token, sources[index]):
+            request.finish_reason = "stop"
+            request.truncate(length + index + 1)
+            break
+    chunk.pieces = text.release(final=request.finish_reason is not None)
+    stats = request.stats
+    stats.generated_tokens = request.length - len(request.prompt_ids)
+    if request.finish_reason is not None:
+        stats.total_seconds = time.perf_counter() - started
+        chunk.result = GenerationResult(text=text.text, token_ids=request.generated_ids,
+                                        prompt_ids=request.prompt_ids, finish_reason=request.finish_reason,
+                                        stats=stats)
+    return chunk

@@ -75,8 +75,9 @@ def test_staged_drafter_proposes_the_draft_models_greedy_chain():
     context = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2])
     plain = propose(make_drafter("model", draft), context, 6)
     staged = StagedDrafter(draft, max_n=2)
-    assert propose(staged, context, 6) == plain
-    assert staged.stage_guessed > 0  # the n-gram stage was used
+    request = ContextRequest.started(staged, context)
+    assert staged.propose(request, 6).tokens.tolist() == plain
+    assert request.draft_state.guessed > 0  # the n-gram stage was used (its counts are the request's own)
 
 
 def test_staged_drafter_uses_fewer_draft_forwards_on_repetitive_text():

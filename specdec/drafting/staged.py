@@ -34,6 +34,8 @@ class Trunk:
 class StagedState:
     model: DraftModelState
     index: NGramIndex
+    guessed: int = 0  # n-gram guesses this request's stage tried, and how many the draft model kept
+    guesses_kept: int = 0
 
 
 class StagedDrafter:
@@ -43,7 +45,6 @@ class StagedDrafter:
         self.model = model
         self.ngram = NGramDrafter(max_n, min_n)
         self.vocab_size = model.vocab_size
-        self.stage_guessed = self.stage_accepted = 0  # how the n-gram stage fares against the draft model
 
     def describe(self) -> str:
         return f"staged: draft model {self.model.name} with an n-gram stage ({self.ngram.min_n}-{self.ngram.max_n}-grams)"
@@ -86,8 +87,8 @@ class StagedDrafter:
                 # on exact draws of q (under the coupled rule, the very draws q / E gives).
                 emitted = request.rule.verify_chain(guess, None, step_probs, context.shape[0] + len(drafted))
             n_accepted = emitted.shape[0] - 1
-            self.stage_guessed += guess.shape[0]
-            self.stage_accepted += n_accepted
+            state.guessed += guess.shape[0]
+            state.guesses_kept += n_accepted
             # Keep cache entries up to the last accepted guess; the new token is fed next round.
             cache = state.model.cache
             cache.rollback(0, cache.lengths[0] - (guess.shape[0] - n_accepted))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specdec.decoder import StreamChunk, step_chunk
+from specdec.text import StreamChunk, step_chunk
 from specdec.engine import Engine, Request
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
