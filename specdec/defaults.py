@@ -91,7 +91,7 @@ def convert_smollm2(gguf_path: Path, folder: Path, status=None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    from specdec.training.distill import assemble_draft
+    from specdec.models.building import assemble_draft
 
     say = status or (lambda message: None)
     say(f"checking the sha256 of {gguf_path.name}")

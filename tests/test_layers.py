@@ -8,7 +8,9 @@ from pathlib import Path
 import specdec
 
 ROOT = Path(specdec.__file__).parent
-PRODUCTION = ("specdec.serving", "specdec.models", "specdec.drafting", "specdec.engine", "specdec.decoder")
+PRODUCTION = ("specdec.serving", "specdec.models", "specdec.drafting", "specdec.engine", "specdec.decoder",
+              "specdec.text", "specdec.sampling", "specdec.rules", "specdec.verify", "specdec.policy",
+              "specdec.metrics", "specdec.defaults", "specdec.machine", "specdec.names", "specdec.progress")
 TOOLS = ("specdec.bench", "specdec.training")
 
 

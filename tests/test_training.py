@@ -56,7 +56,8 @@ def test_distil_a_draft_from_a_teachers_layers(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from specdec.training.distill import LAYERS_FILE, assemble_draft, layer_subset
+    from specdec.models.building import LAYERS_FILE, assemble_draft
+    from specdec.training.distill import layer_subset
     from tiny import save_random_model
 
     teacher_dir = save_random_model(tmp_path / "teacher", num_hidden_layers=4, tie_word_embeddings=True)

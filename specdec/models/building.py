@@ -4,9 +4,15 @@ tensors, and the end tokens a config and a tokenizer name. Below both ways of re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specdec.models.transformer import LlamaFamilyModel, TransformerConfig, rope_inverse_frequencies
+
+# A draft folder may name the only tokens it proposes (SubsetHead); the own forward honours it.
+OUTPUT_TOKENS_FILE = "output_tokens.json"
+LAYERS_FILE = "layers.safetensors"  # a distilled draft's trained layers, without the teacher's embedding
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -67,3 +73,19 @@ def end_token_ids(*named) -> tuple[int, ...]:
             if token is not None and int(token) not in ids:
                 ids.append(int(token))
     return tuple(ids)
+
+
+def assemble_draft(layers_folder: Path, teacher_state: dict[str, torch.Tensor], tokenizer, out: Path) -> None:
+    """Write a complete model folder: a distilled draft's layers (``layers_folder``, as specdec train
+    saves them) plus the teacher's embedding and tokenizer."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(layers_folder / LAYERS_FILE))
+    weights["model.embed_tokens.weight"] = teacher_state["model.embed_tokens.weight"].float().contiguous()
+    weights = {name: tensor.float().contiguous() for name, tensor in weights.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "README.md", OUTPUT_TOKENS_FILE):
+        if (layers_folder / name).is_file():
+            (out / name).write_bytes((layers_folder / name).read_bytes())
+    tokenizer.save_pretrained(str(out))

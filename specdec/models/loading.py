@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.base import LanguageModel
-from specdec.models.building import DTYPES, build_lean, end_token_ids
+from specdec.models.building import DTYPES, OUTPUT_TOKENS_FILE, build_lean, end_token_ids
 from specdec.models.transformer import (
     LEAN_MODEL_TYPES,
     LlamaFamilyModel,
@@ -90,8 +90,6 @@ def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> Llam
     return build_lean(raw, hf_config, dtype, device, f"{folder}: the safetensors files")
 
 
-# A draft folder may name the only tokens it proposes (SubsetHead); the own forward honours it.
-OUTPUT_TOKENS_FILE = "output_tokens.json"
 
 
 def _load_tokenizer(folder: Path):

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from specdec.models.building import LAYERS_FILE
 from specdec.training.data import TokenWindows, collect_files, split_files
 from specdec.training.pipeline import CorpusRun, token_streams
 from specdec.training.trainer import History, Trainer, TrainPlan, plot_losses, progress_bar
 
 SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # the teacher's, never trained or saved
-LAYERS_FILE = "layers.safetensors"
 SOURCE_FILE = "draft_source.json"
 
 
@@ -41,7 +41,7 @@ def write_output_tokens(train_tokens: np.ndarray, heldout_tokens: np.ndarray, vo
                         folder: Path) -> float:
     """The ``count`` most frequent training tokens as the draft's output vocabulary
     (OUTPUT_TOKENS_FILE, read by load()); returns the share of held-out tokens they cover."""
-    from specdec.models.loading import OUTPUT_TOKENS_FILE
+    from specdec.models.building import OUTPUT_TOKENS_FILE
 
     counts = np.bincount(train_tokens, minlength=vocab_size)
     keep = np.sort(np.argsort(-counts, kind="stable")[:count])
@@ -79,23 +79,6 @@ def layer_subset(teacher, layers: tuple[int, ...]):
 
 def trained_weights(draft, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {name: tensor.to(dtype).contiguous() for name, tensor in draft.state_dict().items() if name not in SHARED}
-
-
-def assemble_draft(layers_folder: Path, teacher_state: dict[str, torch.Tensor], tokenizer, out: Path) -> None:
-    """Write a complete model folder: the distilled layers plus the teacher's embedding and tokenizer."""
-    from safetensors.torch import load_file, save_file
-
-    weights = load_file(str(layers_folder / LAYERS_FILE))
-    weights["model.embed_tokens.weight"] = teacher_state["model.embed_tokens.weight"].float().contiguous()
-    weights = {name: tensor.float().contiguous() for name, tensor in weights.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    from specdec.models.loading import OUTPUT_TOKENS_FILE
-
-    for name in ("config.json", "README.md", OUTPUT_TOKENS_FILE):
-        if (layers_folder / name).is_file():
-            (out / name).write_bytes((layers_folder / name).read_bytes())
-    tokenizer.save_pretrained(str(out))
 
 
 def distill_draft(config: DistillConfig, console: Console | None = None) -> dict:
