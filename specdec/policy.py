@@ -105,6 +105,11 @@ class RunningMean:
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
+    def forget(self, decay: float) -> None:
+        """Weigh everything seen so far by ``decay`` (< 1: recent values count more)."""
+        self.total *= decay
+        self.count *= decay
+
 
 @dataclass
 class AcceptanceByPosition:
@@ -138,8 +143,7 @@ class AcceptanceByPosition:
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         for stat in self.accepted_given_reached:
-            stat.total *= self.decay
-            stat.count *= self.decay
+            stat.forget(self.decay)
         while len(self.accepted_given_reached) < num_drafted:
             self.accepted_given_reached.append(RunningMean())
         # Positions 0..num_accepted were reached; all but the first rejected one were accepted.
@@ -160,8 +164,7 @@ class VerifyCost:
 
     def add(self, block: int, seconds: float) -> None:
         for stat in self.by_block.values():
-            stat.total *= self.decay
-            stat.count *= self.decay
+            stat.forget(self.decay)
         self.by_block.setdefault(block, RunningMean()).add(seconds)
 
     def seconds(self, block: int) -> float | None:
@@ -231,8 +234,7 @@ class CostModelPolicy:
 
     def update(self, num_drafted: int, num_accepted: int, draft_seconds: float, verify_seconds: float,
                widths: list[int] | None = None) -> None:
-        self.draft_cost.total *= self.decay
-        self.draft_cost.count *= self.decay
+        self.draft_cost.forget(self.decay)
         self.acceptance.update(num_drafted, num_accepted)
         if num_drafted:
             self.draft_cost.add(draft_seconds / num_drafted)
@@ -280,8 +282,7 @@ class TreeAcceptance:
 
     def update(self, widths: list[int], num_accepted: int) -> None:
         for stat in self.stats.values():
-            stat.total *= self.decay
-            stat.count *= self.decay
+            stat.forget(self.decay)
         # Levels 0..num_accepted were reached; all but the first rejected one had a node accepted.
         for depth in range(min(len(widths), num_accepted + 1)):
             self.stats.setdefault((depth, widths[depth]), RunningMean()).add(1.0 if depth < num_accepted else 0.0)
@@ -349,8 +350,7 @@ class TreeCostPolicy(FixedPolicy):
         # chain drafter always one per depth, an n-gram tree as many as the text offers).
         levels = len(widths) if widths else num_drafted
         for stat in self.draft_cost.values():
-            stat.total *= self.decay
-            stat.count *= self.decay
+            stat.forget(self.decay)
         self.acceptance.update([self.width] * levels, num_accepted)
         self.draft_cost.setdefault(self.width, RunningMean()).add(draft_seconds / levels)
         self.verify_cost.add(num_drafted + 1, verify_seconds)

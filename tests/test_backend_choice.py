@@ -26,6 +26,7 @@ class BlockSkewed(torch.nn.Module):
         return self.inner.new_cache(*args, **kwargs)
 
 
+@pytest.mark.slow
 def test_an_inexact_candidate_is_refused_and_the_choice_is_cached(tiny_pair, tmp_path, monkeypatch):
     """Mutation note: without the block_is_exact check the skewed candidate (timed as fastest
     below) is chosen and the first assertion fails."""

@@ -25,6 +25,7 @@ def batch_prompts(seed: int, vocab_size: int, count: int = 8) -> list[list[int]]
     return prompts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["specdec", "transformers"])
 def test_batched_greedy_equals_single_request(tiny_pair, backend):
     target = load(tiny_pair["target"], dtype="float64", backend=backend)
@@ -45,6 +46,7 @@ def test_batched_greedy_equals_single_request(tiny_pair, backend):
     assert [r.token_ids for r in target_only] == plain
 
 
+@pytest.mark.slow
 def test_batched_greedy_on_the_bundled_pair():
     from specdec.defaults import default_model, heldout_prompts
     import json
@@ -74,6 +76,7 @@ def test_per_request_seeds_give_the_same_samples_alone_and_in_any_batch(drafter_
     assert shuffled == [alone[i] for i in order]
 
 
+@pytest.mark.slow
 def test_law_of_every_row_of_a_batch():
     """Chi-square per row: 4 rows with different prompts and sampling, decoded together."""
     vocab, length, samples = 6, 3, 6000

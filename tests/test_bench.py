@@ -19,6 +19,7 @@ def prompt_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_bench_writes_json_and_markdown(tiny_pair, prompt_file, tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
@@ -99,6 +100,7 @@ def test_identity_check_fails_on_a_wrong_method(tiny_pair):
                                 references={"specdec": "target-only", "other": "other-reference"}).mismatches
 
 
+@pytest.mark.slow
 def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
     out = tmp_path / "bench-hf"
     code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),

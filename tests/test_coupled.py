@@ -27,6 +27,7 @@ def random_probs(seed: int, vocab: int) -> torch.Tensor:  # [vocab] float64
     return (2.0 * torch.randn(vocab, generator=generator, dtype=torch.float64)).softmax(-1)
 
 
+@pytest.mark.slow
 def test_a_coupled_draw_has_the_law_of_p():
     """Over seeds at one position, and over positions for one seed (each position's noise is
     fresh): chi-square against p, with a zero-probability token never drawn."""
@@ -65,6 +66,7 @@ def test_distinct_draws_are_draws_without_replacement_led_by_the_coupled_draw():
     assert_matches_law(pairs, law, "pairs")
 
 
+@pytest.mark.slow
 def test_a_draft_matches_the_target_at_least_as_often_as_the_bound_says():
     """P(draw under q == draw under p) >= (1 - TV) / (1 + TV) (Daliri et al., Theorem 2)."""
     p, q = random_probs(2, 8), random_probs(3, 8)
@@ -75,6 +77,7 @@ def test_a_draft_matches_the_target_at_least_as_often_as_the_bound_says():
     assert same / SEEDS < 1 - total_variation + 0.02  # and it cannot beat rejection sampling's 1 - TV
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, sampling", [
     ("tree", SamplingParams(temperature=0.8, top_k=5, sampling_rule="coupled")),
     ("staged-tree", SamplingParams(temperature=1.0, top_k=3, sampling_rule="coupled")),
@@ -129,6 +132,7 @@ def invariance_cases(vocab: int, count: int = 240):
         yield prompt, sampling, 1 + index % 8
 
 
+@pytest.mark.slow
 def test_coupled_output_is_the_target_alone_whatever_drafts_it(float64_pair):
     """240 prompts: each speculative run, alone and in a batch of 8 (mixed samplings and seeds),
     equals the target alone with the same seed, token for token, for every drafter (rotating) and

@@ -75,6 +75,7 @@ def smollm2_pair(tmp_path_factory):
             os.environ["SPECDEC_CACHE"] = previous
 
 
+@pytest.mark.slow
 def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it(smollm2_pair):
     from specdec.decoder import SpeculativeDecoder
     from specdec.drafting import make_drafter
@@ -103,6 +104,7 @@ def test_the_cached_conversion_is_reused(smollm2_pair, monkeypatch):
     assert defaults.default_pair() == smollm2_pair
 
 
+@pytest.mark.slow
 def test_the_default_target_runs_where_it_is_measured_fastest_and_exact(smollm2_pair, monkeypatch):
     """With llama-cpp-python, the own int8 forward and llama.cpp on the pair's GGUF are both
     checked and timed once; the chosen one is the faster exact one, and the next call reuses it."""

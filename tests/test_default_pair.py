@@ -21,6 +21,7 @@ def heldout_prompts():
     return [item["prompt"] for item in json.loads(defaults.heldout_prompts().read_text())]
 
 
+@pytest.mark.slow
 def test_transformers_gives_the_same_greedy_continuation(pair, heldout_prompts):
     from transformers import AutoModelForCausalLM
 
@@ -37,6 +38,7 @@ def test_transformers_gives_the_same_greedy_continuation(pair, heldout_prompts):
         assert mine.token_ids == expected[: len(mine.token_ids)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["model", "staged", "ngram"])
 def test_speculation_is_lossless_on_heldout_prompts(pair, heldout_prompts, drafter_kind):
     target, draft = pair

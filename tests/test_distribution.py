@@ -41,6 +41,7 @@ def test_first_token_law_is_exactly_p(seed):
     torch.testing.assert_close(law, p, atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow
 def test_first_token_empirical_law_matches_p():
     generator = torch.Generator().manual_seed(11)
     vocab, gamma, samples = 6, 3, 20000
@@ -74,6 +75,7 @@ def test_disjoint_supports_always_reject():
         assert emitted.shape[0] == 1 and int(emitted[0]) >= 4
 
 
+@pytest.mark.slow
 def test_point_mass_draft_without_q():
     """A deterministic drafter (q = None) is accepted with probability p(x)."""
     generator = torch.Generator().manual_seed(5)
@@ -123,6 +125,7 @@ COMBINATIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind, policy, case", COMBINATIONS)
 def test_end_to_end_law_of_three_tokens(drafter_kind, policy, case):
     """Chi-square of 20k seeded 3-token generations against the enumerated target law (in batches of

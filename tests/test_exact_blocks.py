@@ -54,6 +54,7 @@ def alone_logits(model, prefix, tokens, path_parents=None):
     return torch.stack(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("context", [40, 27])  # 27: the block's queries see 28..38 keys, two QUERY_BUCKETs
 def test_every_block_row_equals_that_token_alone(wide_model_dir, dtype, context, threads):

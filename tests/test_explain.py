@@ -128,6 +128,7 @@ def test_rerun_of_a_recorded_step_matches_p(sampled_run):
     assert check.p_value > 1e-3 and int(check.counts.sum()) == 1500
 
 
+@pytest.mark.slow
 def test_cli_explain_writes_a_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps table headers at the default 80
     out = tmp_path / "report.html"

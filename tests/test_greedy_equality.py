@@ -50,6 +50,7 @@ def check_equality(target, drafters: dict, policy: str, seed: int = 7) -> dict:
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("drafter_kind", ["model", "staged"])
 def test_model_drafters_equal_target_only(lean_models, drafter_kind, policy):
@@ -62,6 +63,7 @@ def test_model_drafters_equal_target_only(lean_models, drafter_kind, policy):
     assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 def test_ngram_drafter_equals_target_only(lean_models, policy):
     target, _ = lean_models
@@ -69,6 +71,7 @@ def test_ngram_drafter_equals_target_only(lean_models, policy):
     assert counts["ngram"][1] > 0  # it did draft
 
 
+@pytest.mark.slow
 def test_transformers_adapter_equals_target_only(tiny_pair):
     target, drafts = load_all(tiny_pair, "transformers")
     assert target.backend == "transformers"
@@ -77,6 +80,7 @@ def test_transformers_adapter_equals_target_only(tiny_pair):
     assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
 
 
+@pytest.mark.slow
 def test_int8_models_equal_int8_target_only(tiny_pair):
     # int8 activations amplify float noise unless a token is scored the same in a block as alone
     load_one = lambda path: load(path, quantize="int8")  # noqa: E731

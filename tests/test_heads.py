@@ -66,6 +66,7 @@ def heads(float64_target, tmp_path_factory):
     return {"trained": trained, "random": new_head(target).to(target.dtype), "perturbed": perturbed(trained, 0.5, 2)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["head", "head-tree"])
 def test_head_drafts_equal_target_only(float64_target, heads, kind):
     """Greedy output is the target's alone, over the random prompts of the greedy-equality suite."""
@@ -79,6 +80,7 @@ def test_head_drafts_equal_target_only(float64_target, heads, kind):
     assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
 
 
+@pytest.mark.slow
 def test_heads_in_merges_and_with_the_cost_policy(float64_target, heads):
     target = float64_target
     drafters = {"merged": make_drafter("head-tree+ngram-tree", target=target, head=heads["trained"], tree_budget=10)}
@@ -220,6 +222,7 @@ def exact_law(target, prompt: list[int], length: int, sampling) -> dict:
     return law
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["head", "head-tree"])
 def test_head_law_of_three_tokens(tmp_path_factory, kind):
     """Chi-square of 20k seeded 3-token generations against the enumerated law of a 6-token
@@ -245,6 +248,7 @@ def test_head_law_of_three_tokens(tmp_path_factory, kind):
     assert_matches_law(counts, exact_law(target, prompt, 3, sampling), kind)
 
 
+@pytest.mark.slow
 def test_train_head_command_end_to_end(tmp_path, capsys):
     """`specdec train-head` on the bundled toy target (a few steps), then its head drafts: the
     text is the target's alone."""
@@ -270,6 +274,7 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow
 def test_the_shipped_head_drafts_for_the_default_target():
     """The head inside the package loads for SmolLM2-135M-Instruct (int8, as the default pair
     runs it), its first tree depth is accepted often, and it changes nothing in the greedy text."""

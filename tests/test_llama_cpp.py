@@ -80,6 +80,7 @@ def target_only(target):
     return [plain.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DRAFTERS)  # one test each: xdist spreads them over its workers
 def test_greedy_speculation_equals_target_only_on_llama_cpp(target, target_only, name):
     decoder = SpeculativeDecoder(target, DRAFTERS[name](target), gamma=4)
@@ -164,6 +165,7 @@ def test_a_token_after_another_rows_rollback_scores_as_in_a_chain(target):
     assert torch.equal(interleaved, chain)
 
 
+@pytest.mark.slow
 def test_a_pool_full_of_parked_drafts_is_a_clear_error_and_one_row_never_fills_it():
     from specdec.models.llama_cpp import load_gguf
 
@@ -175,6 +177,7 @@ def test_a_pool_full_of_parked_drafts_is_a_clear_error_and_one_row_never_fills_i
         rejecting.generate(PROMPTS[:2], max_new_tokens=60)  # two rows: rejected drafts stay parked
 
 
+@pytest.mark.slow
 def test_rows_kept_leased_and_reset_free_their_parked_cells():
     """A server's cache keeps its rows leased for its whole life and resets finished rows to 0:
     once every row is empty the parked cells are freed, or the pool fills with finished requests.

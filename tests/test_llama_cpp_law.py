@@ -77,6 +77,7 @@ def marginal(table: dict, length: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_sampled_speculation_keeps_the_target_law_on_llama_cpp(target):
     """Chi-square of 600 seeded 2-token generations (and of their first tokens) against the law
     enumerated from the backend's own logits; the same counts reject a wrong law (temperature

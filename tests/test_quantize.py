@@ -119,6 +119,7 @@ def test_choices_are_cached_per_machine_and_shape(monkeypatch, tmp_path):
 ISA_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("ONEDNN_MAX_CPU_ISA") is not None, reason="already running under the ISA caps")
 def test_the_int8_and_exactness_tests_pass_under_the_avx2_caps(tmp_path):
     """What an AVX2-only user gets, on any x86 machine: the caps really cap dispatch (oneDNN says

@@ -53,6 +53,7 @@ def suite_prompts(count: int) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(count)]
 
 
+@pytest.mark.slow
 def test_completions_equal_generate_streaming_or_not(server, reference):
     url, _ = server
     api = client(url)
@@ -81,6 +82,7 @@ def test_chat_equals_generate_on_the_templated_prompt(server, pair, reference):
     assert chunks[-1].usage.completion_tokens == 20
 
 
+@pytest.mark.slow
 def test_a_hundred_concurrent_streams_all_complete_with_the_right_text(server, reference):
     url, scheduler = server
     prompts = suite_prompts(100)

@@ -63,6 +63,7 @@ def test_corrupted_oracle_accepts_each_position_with_probability_alpha():
     assert drafter.off_reference == 0
 
 
+@pytest.mark.slow
 def test_synthetic_bench_reports_measured_and_predicted_speedups(tmp_path, capsys):
     out = tmp_path / "synthetic"
     code = main(["bench", "--synthetic", "--synthetic-target", "128x2", "--synthetic-draft", "64x1",

@@ -79,6 +79,7 @@ def char_decoder(tiny_pair):
     return SpeculativeDecoder(target, load(tiny_pair["perturbed"], dtype="float64"), gamma=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_decoder_streams_never_show_a_stop_string(char_decoder, data):

@@ -166,6 +166,7 @@ def hand_made_bpe(merges: list[tuple[str, str]], order: str):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["intersection", "point-mass"])
 def test_sampling_with_another_tokenizer_keeps_the_targets_law(rule):
     """Tiny vocabularies whose strings overlap partly (target: a b c ab abc; draft: c b a bc ca):

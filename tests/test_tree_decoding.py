@@ -12,6 +12,7 @@ from test_distribution import PROMPT, exact_sequence_law
 from test_greedy_equality import DRAFT_KINDS, check_equality, lean_models  # noqa: F401 (fixture)
 
 
+@pytest.mark.slow
 def test_tree_drafts_equal_target_only(lean_models):  # noqa: F811
     target, drafts = lean_models
     drafters = {kind: ModelTreeDrafter(drafts[kind], budget=8, branching=3) for kind in DRAFT_KINDS}
@@ -21,6 +22,7 @@ def test_tree_drafts_equal_target_only(lean_models):  # noqa: F811
     assert counts["independent"][0] < counts["perturbed"][0]
 
 
+@pytest.mark.slow
 def test_staged_tree_drafts_equal_target_only(lean_models):  # noqa: F811
     """The staged chain with the draft's next-best tokens as side leaves."""
     from specdec import make_drafter
@@ -32,6 +34,7 @@ def test_staged_tree_drafts_equal_target_only(lean_models):  # noqa: F811
     assert counts["independent"][0] < counts["perturbed"][0]
 
 
+@pytest.mark.slow
 def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
     target = load(tiny_pair["target"], quantize="int8")
     drafter = ModelTreeDrafter(load(tiny_pair["perturbed"], quantize="int8"), budget=8, branching=3)
@@ -42,6 +45,7 @@ def test_int8_tree_drafts_equal_int8_target_only(tiny_pair):
             baseline.generate(prompt, max_new_tokens=24).token_ids, prompt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, sampling", [("tree", SamplingParams(temperature=0.8, top_k=5)),
                                             ("staged-tree", SamplingParams(temperature=1.0, top_k=3))],
                          ids=["tree", "staged-tree"])
@@ -92,6 +96,7 @@ def test_ngram_tree_worked_example():
     assert small.propose(ContextRequest.started(small, context), 3).tokens.tolist() == [5, 1, 2, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ngram-tree", "tree+ngram", "model+ngram-tree"])
 def test_ngram_and_merged_trees_equal_target_only(lean_models, kind):  # noqa: F811
     from specdec import make_drafter
@@ -102,6 +107,7 @@ def test_ngram_and_merged_trees_equal_target_only(lean_models, kind):  # noqa: F
     assert counts["same"][0] > 0
 
 
+@pytest.mark.slow
 def test_merged_tree_law_of_three_tokens():
     """A merged tree is verified with point masses: still the target's law."""
     from specdec import make_drafter
@@ -116,6 +122,7 @@ def test_merged_tree_law_of_three_tokens():
     assert_matches_law(counts, law)
 
 
+@pytest.mark.slow
 def test_tree_stats_and_sources(lean_models):  # noqa: F811
     """Per-depth stats add up, and --show's sources say when a tree's other branch won."""
     from specdec import TokenSource
@@ -150,6 +157,7 @@ def test_trees_near_the_end_of_the_context(tiny_pair, kind):
     assert result.token_ids == expected.token_ids and result.finish_reason == expected.finish_reason
 
 
+@pytest.mark.slow
 def test_tree_cost_policy_keeps_greedy_output(lean_models):  # noqa: F811
     target, drafts = lean_models
     drafters = {kind: ModelTreeDrafter(drafts[kind], budget=16, branching=3) for kind in ("same", "perturbed")}

@@ -62,6 +62,7 @@ def empirical_first_tokens(tree_tokens_fn, parents, q_rows, p_rows, samples, see
     return counts
 
 
+@pytest.mark.slow
 def test_a_chain_has_rejection_samples_law():
     """On a chain, the tree sampler's law of (accepted count, first token) is rejection_sample's."""
     generator = torch.Generator().manual_seed(1)
@@ -83,6 +84,7 @@ def test_a_chain_has_rejection_samples_law():
     assert chisquare(table[1], expected).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_first_token_of_a_sampled_tree_is_p_empirically():
     """Two levels, three root children drawn without replacement, children under the first."""
     generator = torch.Generator().manual_seed(2)
@@ -99,6 +101,7 @@ def test_first_token_of_a_sampled_tree_is_p_empirically():
     assert chisquare(counts, 20000 * p_rows[0].numpy()).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_deterministic_siblings_are_lossless():
     generator = torch.Generator().manual_seed(4)
     p_rows = random_dist(generator, 4, 6)
@@ -106,6 +109,7 @@ def test_deterministic_siblings_are_lossless():
     assert chisquare(counts, 20000 * p_rows[0].numpy()).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_edge_cases():
     generator = torch.Generator().manual_seed(6)
     p = random_dist(generator, 3, 5)

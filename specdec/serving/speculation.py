@@ -55,7 +55,7 @@ class VerifyCostTable:
 
     def add(self, batch: int, block: int, seconds: float) -> None:
         cell = self.cells.setdefault((batch, block), RunningMean())
-        cell.total, cell.count = cell.total * self.decay, cell.count * self.decay
+        cell.forget(self.decay)
         cell.add(seconds)
 
     def estimate(self, batch: int, block: int) -> float | None:
