@@ -23,7 +23,7 @@ import torch
 from specdec.drafting.base import Draft, Drafter, StepOutcome, StopRule
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
-from specdec.policy import DraftLengthPolicy, make_policy
+from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.rules import SamplingRule, make_rule
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens
@@ -72,6 +72,7 @@ class Request:
     draft_state: Any = None
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "eos", "stop", "max_new_tokens", "context", "cancelled"
+    shape: DraftShape = DraftShape(0)  # what the policy asked of this step's draft
 
     @property
     def context(self) -> torch.Tensor:  # [length] int64
@@ -91,7 +92,7 @@ class Request:
 
     @property
     def node_budget(self) -> int | None:
-        return self.policy.node_budget
+        return self.shape.node_budget
 
     def truncate(self, length: int) -> None:
         """Drop context tokens past ``length`` (text after a stop string); the request is done."""
@@ -218,7 +219,8 @@ class Engine:
     def draft_length(self, request: Request, max_draft: int | None = None) -> int:
         if self.drafter is None or max_draft == 0:
             return 0
-        gamma = request.policy.next_gamma() if max_draft is None else min(request.policy.next_gamma(), max_draft)
+        request.shape = request.policy.next_shape()
+        gamma = request.shape.depth if max_draft is None else min(request.shape.depth, max_draft)
         # Every drafted token must still fit in the request's budget.
         return max(0, min(gamma, request.budget_end - request.length - 1))
 
@@ -261,7 +263,7 @@ class Engine:
             outcomes.append(StepOutcome(emitted, draft.gamma, hidden, path, draft.parents))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
-            self.commit(request, outcome, seconds, verify_seconds)
+            self.advance(request, outcome, seconds, verify_seconds)
             self.check_finished(request, outcome)
         return outcomes
 
@@ -282,7 +284,7 @@ class Engine:
         positions = [request.length + depth for depth in block_depths(draft)]
         return request.rule.verify_tree(draft.tokens, draft.parents, draft.probs, target_probs, positions)
 
-    def commit(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
+    def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         """Append the emitted tokens and tell the drafter, the policy and the stats."""
         count = outcome.emitted.shape[0]
         request.tokens[request.length : request.length + count] = outcome.emitted
@@ -290,7 +292,8 @@ class Engine:
         widths = tree_widths(outcome.parents)
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
-            request.policy.update(outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths)
+            request.policy.update(request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds,
+                                  widths)
         request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds

@@ -198,7 +198,8 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
     import threading
 
     from specdec.serving.scheduler import Scheduler
-    from specdec.serving.speculation import SpeculationController, VerifyCostTable
+    from specdec.estimates import VerifyCostTable
+    from specdec.serving.speculation import SpeculationController
 
     target, draft = float64_pair
     drafter = make_drafter("model", draft)

@@ -9,7 +9,8 @@ from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 from specdec.drafting.base import ContextRequest
 from specdec.metrics import predicted_speedup
-from specdec.policy import AcceptanceByPosition, CostModelPolicy, HeuristicPolicy, ThresholdPolicy, make_policy
+from specdec.estimates import AcceptanceByPosition
+from specdec.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
 
 GREEDY = SamplingParams()
@@ -109,11 +110,12 @@ def synthetic_steps(policy, alpha, steps, rng, draft_seconds=0.1, verify_base=1.
     """Feed a policy steps of i.i.d. acceptance with probability alpha and fixed costs."""
     drafted_lengths = []
     for _ in range(steps):
-        gamma = policy.next_gamma()
+        asked = policy.next_shape()
+        gamma = asked.depth
         accepted = 0
         while accepted < gamma and rng.random() < alpha:
             accepted += 1
-        policy.update(gamma, accepted, draft_seconds * gamma, verify_base + verify_slope * (gamma + 1))
+        policy.update(asked, gamma, accepted, draft_seconds * gamma, verify_base + verify_slope * (gamma + 1))
         drafted_lengths.append(gamma)
     return drafted_lengths
 
@@ -133,7 +135,7 @@ def test_cost_model_matches_the_leviathan_formula_on_known_costs():
 
     # T(k) = 1 + 0.05 k, as synthetic_steps charges
     best = max(range(1, 11), key=lambda g: predicted_speedup(alpha, g, c, 1 + 0.05 * (g + 1)))
-    assert abs(policy.next_gamma() - best) <= 1
+    assert abs(policy.next_shape().depth - best) <= 1
 
 
 def test_cost_model_decodes_plainly_with_probes_where_drafting_does_not_pay():
@@ -164,13 +166,13 @@ def test_threshold_policy_shortens_drafts_when_acceptance_falls():
 
 def test_heuristic_policy_grows_and_shrinks():
     policy = HeuristicPolicy(4)
-    policy.update(4, 4, 0.0, 0.0)
-    assert policy.next_gamma() == 6
-    policy.update(6, 2, 0.0, 0.0)
-    assert policy.next_gamma() == 5
+    policy.update(DraftShape(4), 4, 4, 0.0, 0.0)
+    assert policy.next_shape() == DraftShape(6)
+    policy.update(DraftShape(6), 6, 2, 0.0, 0.0)
+    assert policy.next_shape() == DraftShape(5)
     for _ in range(10):
-        policy.update(5, 0, 0.0, 0.0)
-    assert policy.next_gamma() == 1
+        policy.update(DraftShape(5), 5, 0, 0.0, 0.0)
+    assert policy.next_shape() == DraftShape(1)
 
 
 def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: float, steps: int = 300):
@@ -182,12 +184,13 @@ def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: f
 
     policy, rng, chosen = TreeCostPolicy(gamma=4), random.Random(0), []
     for _ in range(steps):
-        depth = policy.next_gamma()
-        width = policy.node_budget // depth
+        asked = policy.next_shape()
+        assert policy.next_shape() == asked  # a pure query
+        depth, width = asked.depth, asked.node_budget // asked.depth
         accepted = 0
         while accepted < depth and rng.random() < alpha_at_width(width):
             accepted += 1
-        policy.update(depth * width, accepted, depth * draft_seconds_per_depth, verify_seconds(depth * width + 1),
+        policy.update(asked, depth * width, accepted, depth * draft_seconds_per_depth, verify_seconds(depth * width + 1),
                       [width] * depth)
         chosen.append((depth, width))
     return chosen[-100:]

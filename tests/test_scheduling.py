@@ -8,9 +8,9 @@ import pytest
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
-from specdec.policy import AcceptanceByPosition
+from specdec.estimates import AcceptanceByPosition, VerifyCostTable
 from specdec.serving.scheduler import QueueFullError, Scheduler
-from specdec.serving.speculation import SpeculationController, VerifyCostTable, profile_verify_costs
+from specdec.serving.speculation import SpeculationController, profile_verify_costs
 from test_batching import batch_prompts
 
 
@@ -53,6 +53,28 @@ def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
     poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1))
     poor.draft_costs.append(0.05)  # a slow drafter that is rarely right never pays
     assert poor.draft_length(1) == 0
+
+
+def test_the_policy_and_the_controller_choose_with_one_cost_model():
+    """At one request, the cost policy and the server's controller, given the same acceptance,
+    draft cost and verify costs, ask for the same draft length: one formula, two callers."""
+    from specdec.estimates import RunningMean, VerifyCost
+    from specdec.policy import CostModelPolicy
+
+    acceptance = learned_acceptance(0.8)
+    table, verify = VerifyCostTable(), VerifyCost()
+    for block in (1, 2, 3, 5, 9):  # T(k) linear in k, so the line fit and the table agree
+        table.add(1, block, 0.1 * (1 + 0.05 * block))
+        verify.add(block, 0.1 * (1 + 0.05 * block))
+    choices = []
+    for draft_seconds in (0.001, 0.005, 0.02, 0.05, 0.2):
+        policy = CostModelPolicy(max_gamma=4, acceptance=acceptance, verify_cost=verify,
+                                 draft_cost=RunningMean(draft_seconds, 1.0))
+        controller = SpeculationController("auto", gamma=4, costs=table, acceptance=acceptance,
+                                           draft_cost=draft_seconds)
+        choices.append(controller.draft_length(1))
+        assert policy.next_shape().depth == choices[-1], draft_seconds
+    assert choices[0] == 4 and choices[-1] == 0 and len(set(choices)) >= 3  # the cost decides
 
 
 def test_on_and_off_ignore_costs():

@@ -99,8 +99,8 @@ class RecordingEngine(Engine):
             emitted=emitted.tolist(), path=None if path is None else path.tolist()))
         return emitted, path
 
-    def commit(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
-        super().commit(request, outcome, draft_seconds, verify_seconds)
+    def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
+        super().advance(request, outcome, draft_seconds, verify_seconds)
         self.records[-1].draft_ms = draft_seconds * 1000
         self.records[-1].verify_ms = verify_seconds * 1000
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the web stack and torch load only when a server is built, n
     from specdec.drafting.base import Drafter
     from specdec.models.base import LanguageModel
     from specdec.serving.app import ServerLimits
-    from specdec.serving.speculation import VerifyCostTable
+    from specdec.estimates import VerifyCostTable
 
 
 def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:

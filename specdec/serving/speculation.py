@@ -15,7 +15,6 @@ per position (E[tokens]) learned online.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import statistics
 import time
@@ -26,46 +25,10 @@ import torch
 
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
-from specdec.policy import AcceptanceByPosition, RunningMean
+from specdec.estimates import AcceptanceByPosition, VerifyCostTable, best_chain_length, tokens_per_second
 from specdec.sampling import SamplingParams
 from specdec.names import SPECULATION_MODES as MODES
 
-
-
-def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Piecewise-linear through sorted (x, y) points; beyond the ends, the nearest segment's
-    slope (never negative: a bigger forward never costs less)."""
-    if len(points) == 1:
-        return points[0][1]
-    xs = [p[0] for p in points]
-    index = min(max(bisect.bisect_left(xs, x), 1), len(points) - 1)
-    (x0, y0), (x1, y1) = points[index - 1], points[index]
-    slope = max(0.0, (y1 - y0) / (x1 - x0))
-    return max(1e-9, y0 + slope * (x - x0))
-
-
-class VerifyCostTable:
-    """T(batch, block): seconds of one verify step for ``batch`` requests of ``block`` tokens
-    each. Measured cells are decayed means; other cells are interpolated, first along the block
-    length within each measured batch size, then along the batch size."""
-
-    def __init__(self, decay: float = 0.9) -> None:
-        self.decay = decay
-        self.cells: dict[tuple[int, int], RunningMean] = {}
-
-    def add(self, batch: int, block: int, seconds: float) -> None:
-        cell = self.cells.setdefault((batch, block), RunningMean())
-        cell.forget(self.decay)
-        cell.add(seconds)
-
-    def estimate(self, batch: int, block: int) -> float | None:
-        by_batch: dict[int, list[tuple[float, float]]] = {}
-        for (cell_batch, cell_block), cell in sorted(self.cells.items()):
-            by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
-        if not by_batch:
-            return None
-        along_batch = [(b, interpolate(points, block)) for b, points in sorted(by_batch.items())]
-        return interpolate(along_batch, batch)
 
 
 class SpeculationController:
@@ -92,11 +55,8 @@ class SpeculationController:
 
     def expected_rate(self, batch: int, gamma: int) -> float | None:
         """Expected emitted tokens per second of a step of ``batch`` requests drafting gamma."""
-        verify = self.costs.estimate(batch, gamma + 1)
-        if verify is None or (gamma > 0 and self.draft_cost is None):
-            return None
-        seconds = batch * gamma * (self.draft_cost or 0.0) + verify
-        return batch * self.acceptance.expected_tokens(gamma) / seconds
+        return tokens_per_second(self.acceptance.expected_tokens(gamma), gamma, self.draft_cost,
+                                 self.costs.estimate(batch, gamma + 1), batch)
 
     def draft_length(self, batch: int) -> int:
         if self.mode == "off" or self.gamma == 0:
@@ -104,9 +64,10 @@ class SpeculationController:
         elif self.mode == "on":
             choice = self.gamma
         else:
-            rates = {gamma: self.expected_rate(batch, gamma) for gamma in range(self.gamma + 1)}
+            best = best_chain_length(self.acceptance, self.draft_cost,
+                                     lambda block: self.costs.estimate(batch, block), self.gamma, batch)
             # Nothing known yet (no draft cost measured): draft, and learn what it costs.
-            choice = self.gamma if any(r is None for r in rates.values()) else max(rates, key=rates.get)
+            choice = self.gamma if best is None else best
         self.last_choice = choice
         return choice
 

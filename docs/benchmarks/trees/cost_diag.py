@@ -12,10 +12,10 @@ chosen = collections.Counter()
 orig = type(policy).for_request
 def spy(self):
     p = orig(self)
-    ng = p.next_gamma
-    def next_gamma():
-        g = ng(); chosen[g] += 1; return g
-    p.next_gamma = next_gamma
+    next_shape = p.next_shape
+    def counted_shape():
+        shape = next_shape(); chosen[shape.depth] += 1; return shape
+    p.next_shape = counted_shape
     spy.last = p
     return p
 type(policy).for_request = spy

@@ -14,9 +14,9 @@ for kind in ("model", "staged"):
         seen = collections.defaultdict(list)
         cls = type(policy)
         orig = cls.update
-        def update(self, num_drafted, num_accepted, draft_seconds, verify_seconds, widths=None, _orig=orig):
+        def update(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths=None, _orig=orig):
             seen[num_drafted].append(draft_seconds)
-            return _orig(self, num_drafted, num_accepted, draft_seconds, verify_seconds, widths)
+            return _orig(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths)
         cls.update = update
         dec = SpeculativeDecoder(target, make_drafter(kind, draft), gamma=gamma, policy=policy)
         r = dec.generate(prompt, max_new_tokens=48)

@@ -1,0 +1,222 @@
+"""What speculation costs and gives, estimated online, and the one cost model that weighs them.
+
+Estimators: decayed running means (``RunningMean``), acceptance per draft position
+(``AcceptanceByPosition``) and per tree depth and width (``TreeAcceptance``), the seconds of a
+k-token verify block for one request (``VerifyCost``) and for a batch (``VerifyCostTable``).
+
+The cost model (Leviathan et al. 2023, with measured costs): a step of ``batch`` requests that
+each draft ``depth`` levels emits ``batch * E[tokens]`` and takes ``batch * depth * draft +
+T(block)``, so its rate is their ratio (``tokens_per_second``). The draft-length policies
+(specdec.policy) and the server's controller (specdec.serving.speculation) both choose with it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunningMean:
+    total: float = 0.0
+    count: float = 0.0
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self.total += value * weight
+        self.count += weight
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def forget(self, decay: float) -> None:
+        """Weigh everything seen so far by ``decay`` (< 1: recent values count more)."""
+        self.total *= decay
+        self.count *= decay
+
+
+def reach_sum(alphas: Sequence[float]) -> float:
+    """E[tokens emitted] by a step whose levels are accepted with conditional rates ``alphas``:
+    1 (the target's own token) + the probability of getting past each level."""
+    expected, reach = 1.0, 1.0
+    for alpha in alphas:
+        reach *= alpha
+        expected += reach
+    return expected
+
+
+@dataclass
+class AcceptanceByPosition:
+    """Online estimates of alpha_j = P(accept draft position j | positions before it accepted),
+    decayed so that they follow the text's drifting difficulty. Each position's prior is the
+    estimate of the position before it (the first's is prior_alpha), so positions never drafted
+    yet inherit what was seen closer in instead of a fixed guess, and longer drafts get explored."""
+
+    max_gamma: int = 12
+    prior_alpha: float = 0.6
+    prior_weight: float = 2.0
+    decay: float = 0.98
+    accepted_given_reached: list[RunningMean] = field(default_factory=list)
+
+    def alphas(self) -> list[float]:
+        estimates, prior = [], self.prior_alpha
+        for position in range(self.max_gamma):
+            stat = self.accepted_given_reached[position] if position < len(self.accepted_given_reached) else None
+            total, count = (stat.total, stat.count) if stat else (0.0, 0.0)
+            prior = (total + prior * self.prior_weight) / (count + self.prior_weight)
+            estimates.append(prior)
+        return estimates
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E[tokens emitted by one step drafting gamma] = 1 + sum_{i<=gamma} prod_{j<=i} alpha_j."""
+        return reach_sum(self.alphas()[:gamma])
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        for stat in self.accepted_given_reached:
+            stat.forget(self.decay)
+        while len(self.accepted_given_reached) < num_drafted:
+            self.accepted_given_reached.append(RunningMean())
+        # Positions 0..num_accepted were reached; all but the first rejected one were accepted.
+        for position in range(min(num_drafted, num_accepted + 1)):
+            self.accepted_given_reached[position].add(1.0 if position < num_accepted else 0.0)
+
+
+@dataclass
+class TreeAcceptance:
+    """alpha(j, w): P(a node at depth j is accepted | depth j was reached and holds w nodes),
+    decayed running means per (depth, width). Priors: width 1 inherits from the depth before
+    it (as AcceptanceByPosition); a wider level starts from 1 - (1 - alpha(j, 1))^w, the rate
+    of w independent guesses. That is optimistic (siblings are not independent), so a width is
+    tried until its own measurements say whether it pays."""
+
+    max_depth: int = 12
+    prior_alpha: float = 0.6
+    prior_weight: float = 2.0
+    decay: float = 0.98
+    stats: dict[tuple[int, int], RunningMean] = field(default_factory=dict)  # (depth, width)
+
+    def alpha(self, depth: int, width: int, narrow: float) -> float:
+        """narrow: alpha(depth, 1), the width-1 estimate this width's prior builds on."""
+        prior = narrow if width == 1 else 1 - (1 - narrow) ** width
+        stat = self.stats.get((depth, width))
+        total, count = (stat.total, stat.count) if stat else (0.0, 0.0)
+        return (total + prior * self.prior_weight) / (count + self.prior_weight)
+
+    def alphas(self, width: int) -> list[float]:
+        """alpha(j, width) for j < max_depth."""
+        estimates, narrow = [], self.prior_alpha
+        for depth in range(self.max_depth):
+            narrow = self.alpha(depth, 1, narrow)
+            estimates.append(narrow if width == 1 else self.alpha(depth, width, narrow))
+        return estimates
+
+    def expected_tokens(self, depth: int, width: int) -> float:
+        """E[tokens emitted] by a tree of `depth` levels of `width` nodes."""
+        return reach_sum(self.alphas(width)[:depth])
+
+    def update(self, widths: list[int], num_accepted: int) -> None:
+        for stat in self.stats.values():
+            stat.forget(self.decay)
+        # Levels 0..num_accepted were reached; all but the first rejected one had a node accepted.
+        for depth in range(min(len(widths), num_accepted + 1)):
+            self.stats.setdefault((depth, widths[depth]), RunningMean()).add(1.0 if depth < num_accepted else 0.0)
+
+
+def fit_line(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Least-squares line through (x, y) points, its slope clipped at 0 (a longer block never
+    costs less), evaluated at x."""
+    n = len(points)
+    mean_x = sum(px for px, _ in points) / n
+    mean_y = sum(py for _, py in points) / n
+    variance = sum((px - mean_x) ** 2 for px, _ in points)
+    slope = max(0.0, sum((px - mean_x) * (py - mean_y) for px, py in points) / variance)
+    return max(1e-9, mean_y + slope * (x - mean_x))
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through sorted (x, y) points; beyond the ends, the nearest segment's
+    slope (never negative: a bigger forward never costs less)."""
+    if len(points) == 1:
+        return points[0][1]
+    xs = [p[0] for p in points]
+    index = min(max(bisect.bisect_left(xs, x), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[index - 1], points[index]
+    slope = max(0.0, (y1 - y0) / (x1 - x0))
+    return max(1e-9, y0 + slope * (x - x0))
+
+
+@dataclass
+class VerifyCost:
+    """T(k), the measured seconds of a k-token verify block of one request: a straight-line fit
+    over the sizes seen (with one size seen, a mild 5% slope per token: the int8 CPU / GPU
+    regime), or with ``prefer_measured`` the decayed mean where k itself was seen (trees try many
+    sizes, and T has steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens,
+    then double)."""
+
+    decay: float = 0.98
+    prefer_measured: bool = False
+    by_block: dict[int, RunningMean] = field(default_factory=dict)
+
+    def add(self, block: int, seconds: float) -> None:
+        for stat in self.by_block.values():
+            stat.forget(self.decay)
+        self.by_block.setdefault(block, RunningMean()).add(seconds)
+
+    def seconds(self, block: int) -> float | None:
+        points = [(k, m.mean) for k, m in self.by_block.items() if m.mean is not None]
+        if not points:
+            return None
+        if self.prefer_measured and block in self.by_block and self.by_block[block].count >= 1.0:
+            return self.by_block[block].mean
+        if len(points) == 1:
+            k0, t0 = points[0]
+            return max(1e-9, t0 * (1 + 0.05 * (block - k0)))
+        return fit_line(points, block)
+
+
+class VerifyCostTable:
+    """T(batch, block): seconds of one verify step for ``batch`` requests of ``block`` tokens
+    each. Measured cells are decayed means; other cells are interpolated, first along the block
+    length within each measured batch size, then along the batch size."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.cells: dict[tuple[int, int], RunningMean] = {}
+
+    def add(self, batch: int, block: int, seconds: float) -> None:
+        cell = self.cells.setdefault((batch, block), RunningMean())
+        cell.forget(self.decay)
+        cell.add(seconds)
+
+    def estimate(self, batch: int, block: int) -> float | None:
+        by_batch: dict[int, list[tuple[float, float]]] = {}
+        for (cell_batch, cell_block), cell in sorted(self.cells.items()):
+            by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
+        if not by_batch:
+            return None
+        along_batch = [(b, interpolate(points, block)) for b, points in sorted(by_batch.items())]
+        return interpolate(along_batch, batch)
+
+
+def tokens_per_second(expected_tokens: float, depth: int, draft_seconds: float | None,
+                      verify_seconds: float | None, batch: int = 1) -> float | None:
+    """The cost model: expected tokens per second of a step of ``batch`` requests, each drafting
+    ``depth`` levels at ``draft_seconds`` per level (drafting runs request by request) and
+    verified in one forward of ``verify_seconds``. None while a cost it needs is unknown."""
+    if verify_seconds is None or (depth > 0 and draft_seconds is None):
+        return None
+    return batch * expected_tokens / (batch * depth * (draft_seconds or 0.0) + verify_seconds)
+
+
+def best_chain_length(acceptance: AcceptanceByPosition, draft_seconds: float | None,
+                      verify_seconds: Callable[[int], float | None], max_gamma: int, batch: int = 1) -> int | None:
+    """The chain length in 0..max_gamma with the highest expected tokens per second, where
+    ``verify_seconds(block)`` is T of a ``block``-token verify; None until every rate can be
+    estimated (a caller drafts its default then, to measure what it costs)."""
+    rates = {gamma: tokens_per_second(acceptance.expected_tokens(gamma), gamma, draft_seconds,
+                                      verify_seconds(gamma + 1), batch)
+             for gamma in range(max_gamma + 1)}
+    if any(rate is None for rate in rates.values()):
+        return None
+    return max(rates, key=lambda gamma: rates[gamma])
