@@ -124,8 +124,7 @@ def smollm2_pair(status=None) -> DefaultPair | None:
     if not (marker.is_file() and json.loads(marker.read_text()) == conversion_record(gguf_path)):
         convert_smollm2(gguf_path, folder, status)
     layers = json.loads((SMOLLM2_DRAFT / "draft_source.json").read_text())["teacher_layers"]
-    # The n-gram drafter with the cost policy measured fastest with this target (1.24x greedy,
-    # 1.10x at temperature 0.8; the distilled draft broke even: docs/default-pair.md).
+    # The n-gram drafter with the cost policy: measured fastest with this target (docs/default-pair.md).
     return DefaultPair(f"SmolLM2-135M-Instruct (its distilled {len(layers)}-layer draft: --drafter model; its draft "
                        "head: --drafter head)",
                        folder / "target", folder / "draft", "int8", drafter="ngram", policy="cost",

@@ -120,6 +120,18 @@ class Drafter(Protocol):
         """After verification: request.context now ends with outcome.emitted."""
 
 
+class BaseDrafter:
+    """The Drafter protocol's defaults, for drafters to inherit: no q of its own (a drafter that
+    has one sets vocab_size), reads no hidden states, and a class name as its description.
+    start / propose / observe are each drafter's own."""
+
+    vocab_size: int | None = None
+    hidden_layers: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
 def describe_drafter(drafter: Drafter | None) -> str:
     """What a drafter is, in words, from the object (its describe(), else its class)."""
     if drafter is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.drafting.head import DraftHead
 from specdec.drafting.model import draft_chain
 from specdec.drafting.tree import check_tree_shape, draft_distribution, grow_tree
@@ -60,7 +60,7 @@ class HeadState:
         return logits.index_copy_(1, self.head.draft_token_ids, draft_logits)
 
 
-class HeadDrafter:
+class HeadDrafter(BaseDrafter):
     """Drafts a chain with a draft head, one head forward per token."""
 
     def __init__(self, head: DraftHead, max_context: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter
+from specdec.drafting.base import BaseDrafter, Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
@@ -67,12 +67,10 @@ def root_paths(draft: Draft) -> list[list[int]]:
     return paths
 
 
-class MergedDrafter:
+class MergedDrafter(BaseDrafter):
     """Runs each drafter and merges the proposals into one tree of at most ``budget`` nodes,
     taking root-to-leaf paths from the drafters in turns until the budget runs out."""
 
-    hidden_layers: tuple[int, ...] = ()
-    vocab_size = None  # point masses: no q
 
     def __init__(self, drafters: Sequence[Drafter], budget: int = 24) -> None:
         if len(drafters) < 2:

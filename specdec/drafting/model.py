@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams, logits_to_probs
 
@@ -130,11 +130,10 @@ def draft_chain(
     return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(BaseDrafter):
     """What every drafter built on a draft model shares: one DraftModelState per request, and
     observe() keeping the cache entries of the accepted drafts."""
 
-    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, model: LanguageModel) -> None:
         self.model = model

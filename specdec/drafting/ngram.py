@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
 
 
 class NGramIndex:
@@ -76,11 +76,9 @@ def merge_branches(branches: list[list[int]], budget: int) -> tuple[list[int], l
     return tokens, parents
 
 
-class NGramDrafter:
+class NGramDrafter(BaseDrafter):
     """Drafter protocol around an NGramIndex of each request's verified context."""
 
-    vocab_size = None  # no q: any vocabulary
-    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, max_n: int = 4, min_n: int = 1, branches: int = 1, budget: int = 16) -> None:
         NGramIndex(max_n, min_n)  # checks the sizes now, not at the first request

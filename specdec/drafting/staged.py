@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.drafting.model import DraftModelState, token_confidence
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.models.base import LanguageModel
@@ -38,8 +38,7 @@ class StagedState:
     guesses_kept: int = 0
 
 
-class StagedDrafter:
-    hidden_layers: tuple[int, ...] = ()
+class StagedDrafter(BaseDrafter):
 
     def __init__(self, model: LanguageModel, max_n: int = 4, min_n: int = 1) -> None:
         self.model = model

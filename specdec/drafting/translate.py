@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome, Translation
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome, Translation
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import DraftModelState, ModelDrafter, common_prefix
 from specdec.drafting.vocab import SharedLogits, shared_token_map
@@ -120,7 +120,7 @@ class DraftTokenRequest(SubRequest):
 
 
 
-class TranslatingDrafter:
+class TranslatingDrafter(BaseDrafter):
     """A draft model of another tokenizer as a drafter in the target's token ids (see the module
     docstring). Greedy requests get the draft's greedy text re-encoded; sampled requests get
     the same as point masses (vocab_rule "point-mass", the default: measured to accept more
@@ -128,7 +128,6 @@ class TranslatingDrafter:
     q restricted to the shared tokens. look_behind is the number of context tokens decoded and
     re-encoded with each piece of new text."""
 
-    hidden_layers: tuple[int, ...] = ()
     vocab_size = None  # q, where there is one, is built over the target's rows
 
     def __init__(self, draft: LanguageModel, target: LanguageModel, look_behind: int = 4,

@@ -1,9 +1,8 @@
 """Which way of running a model is fastest *and exact* on this machine: measured once, cached.
 
-No fixed rule picks a backend: the same int8 forward runs SmolLM2-135M at 21 tok/s on a 2-core
-AVX2-only AMD EPYC (oneDNN's u8 x s8 path without VNNI is compute-bound there) where llama.cpp's
-kernels on the same model's GGUF run 121 tok/s (docs/benchmarks/cpu/default_pair_backends.py),
-and nothing says the order is the same on another CPU. Each candidate is loaded, checked (a
+No fixed rule picks a backend: which is faster depends on the instruction set (on an AVX2-only
+CPU oneDNN's u8 x s8 path is compute-bound and llama.cpp's kernels win by several times;
+docs/design.md, "The CPU table"), and nothing says the order is the same on another CPU. Each candidate is loaded, checked (a
 verify block must score every token exactly as alone: lossless against an inexact block is not
 lossless) and timed on a one-token and a five-token forward; the fastest exact one wins. The result is kept in ``$SPECDEC_CACHE/backend-choice.json`` under the machine key (CPU,
 flags, torch, ISA caps) and the caller's key, so only the first use pays for the measurement.

@@ -173,10 +173,9 @@ class TreeBranches:
     branch_of: list[int]  # each node's own branch (a sequence whose path runs through it)
 
 
-# Qwen2.5-Coder-1.5B Q4_K_M, 2-core Xeon without AMX, 2026-11-22: a verify block of up to 7
-# tokens in one llama_decode gave exactly the logits of one token at a time; 8 and more were up
-# to 0.52 off (16: 0.63), which made greedy n-gram speculation (blocks of up to 9) diverge from
-# target-only on 4 of 8 bench prompts. Longer blocks are split into calls of this many tokens.
+# ggml scores a block of 8 or more rows with other kernels than one row, so such a block's
+# logits differ from each token's alone (measured: docs/llama-cpp.md, "Exactness: two settings decide it"); longer
+# verify blocks are split into calls of this many tokens.
 EXACT_ROWS = 7
 
 
