@@ -115,7 +115,7 @@ def tree_widths(parents: tuple[int, ...] | None) -> list[int] | None:
 def block_depths(draft: Draft) -> list[int]:
     """Position offsets of the block's tokens from the last context token."""
     if draft.parents is None:
-        return list(range(draft.gamma + 1))
+        return list(range(draft.num_nodes + 1))
     return [0, *(depth + 1 for depth in tree_depths(draft.parents))]
 
 
@@ -245,7 +245,7 @@ class Engine:
         tokens = torch.cat([piece for r, d in zip(requests, drafts) for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
         positions = torch.tensor([r.length - 1 + depth for r, d in zip(requests, drafts) for depth in block_depths(d)],
                                  device=device)
-        attention = Attention(tuple(Segment(r.row, d.gamma + 1, block_parents(d)) for r, d in zip(requests, drafts)))
+        attention = Attention(tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in zip(requests, drafts)))
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
         argmax = output.logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
@@ -260,7 +260,7 @@ class Engine:
                 kept = [0, *(node + 1 for node in path.tolist())]
                 cache.compact(request.row, kept)
             hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
-            outcomes.append(StepOutcome(emitted, draft.gamma, hidden, path, draft.parents))
+            outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.advance(request, outcome, seconds, verify_seconds)

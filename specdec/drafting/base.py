@@ -41,12 +41,13 @@ class Draft:
     translation: Translation | None = None  # set by a drafter that translates from another tokenizer
 
     @property
-    def gamma(self) -> int:
+    def num_nodes(self) -> int:
+        """Drafted tokens: a chain's length, a tree's node count (not its depth)."""
         return int(self.tokens.shape[0])
 
     def truncated(self, count: int) -> Draft:
         """The first ``count`` nodes (parents come before children, so a tree stays a tree)."""
-        if count >= self.gamma:
+        if count >= self.num_nodes:
             return self
         if self.parents is None:
             return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[:count])

@@ -183,13 +183,13 @@ class TranslatingDrafter(BaseDrafter):
         state.inner.model = self.shared_draft  # the same weights and cache, logits off the shared tokens masked
         draft = self.inner.propose(view, gamma)
         state.drafted = draft.tokens.tolist()
-        if draft.gamma == 0:
+        if draft.num_nodes == 0:
             return Draft.empty(request.context.device)
         tokens = self.to_target[draft.tokens]
-        probs = draft.probs.new_zeros(draft.gamma, self.target_rows)  # [gamma, target rows]
+        probs = draft.probs.new_zeros(draft.num_nodes, self.target_rows)  # [gamma, target rows]
         shared = self.to_target >= 0
         probs[:, self.to_target[shared]] = draft.probs[:, shared]
-        translation = Translation(draft.gamma, draft.gamma)
+        translation = Translation(draft.num_nodes, draft.num_nodes)
         return Draft(tokens.to(request.context.device), probs.to(request.context.device), translation=translation)
 
     def kept_draft_tokens(self, state: TranslationState, context: list[int], proposal: list[int]) -> int:

@@ -73,7 +73,7 @@ def verify_mask(draft: Draft) -> torch.Tensor:  # [gamma + 1, gamma + 1] bool
     """Who sees whom inside the verify block (every block token also sees the whole context)."""
     parents = block_parents(draft)
     if parents is None:
-        return torch.ones(draft.gamma + 1, draft.gamma + 1, dtype=torch.bool).tril()
+        return torch.ones(draft.num_nodes + 1, draft.num_nodes + 1, dtype=torch.bool).tril()
     return tree_visibility(parents)
 
 

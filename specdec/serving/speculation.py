@@ -151,7 +151,7 @@ def profile_draft_cost(engine: Engine, gamma: int, repeats: int = 3) -> float | 
         request = engine.new_request([0], SamplingParams(max_new_tokens=gamma + 1), row=0)
         started = time.perf_counter()
         draft = engine.drafter.propose(request, gamma)
-        if draft.gamma == 0:
+        if draft.num_nodes == 0:
             return None
-        timings.append((time.perf_counter() - started) / draft.gamma)
+        timings.append((time.perf_counter() - started) / draft.num_nodes)
     return min(timings[1:])
