@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec.models import int8_kernels, quantize
-from specdec.models.int8_kernels import CANDIDATES, INT_MM, Int8Kernel, KernelCache, check_kernel
+from specdec.models.int8_kernels import CANDIDATES, Int8Kernel, KernelCache, check_kernel
 
 
 def _saturating_case(out_features: int, in_features: int, rows: int, seed: int):
@@ -73,10 +73,15 @@ def _saturating_int16_pairs(rows_int: torch.Tensor, weight: torch.Tensor) -> tor
     return (pairs.sum(-1) - 128 * weight.to(torch.int32).sum(1)).float()
 
 
+# Exact by construction on every CPU (float64 holds these integer sums exactly): the fallback the
+# injected wrong kernels must lose to. Not torch._int_mm, which saturates like oneDNN's AVX2 path
+# under ONEDNN_MAX_CPU_ISA=AVX2 (seen on an AMX Xeon).
+REFERENCE = Int8Kernel("reference-8bit", 127, lambda weight: weight,
+                       lambda rows, weight: (rows.double() @ weight.double().t()).float(), "float64 products")
 SATURATING = Int8Kernel("saturating-8bit", 127, lambda weight: weight, _saturating_int16_pairs,
                         "a kernel that adds pairs of products in saturating int16")
 ROW_DEPENDENT = Int8Kernel("row-dependent-8bit", 127, lambda weight: weight,
-                           lambda rows, weight: INT_MM.matmul(rows, weight) + (rows.shape[0] > 4),
+                           lambda rows, weight: REFERENCE.matmul(rows, weight) + (rows.shape[0] > 4),
                            "a kernel whose rows change with the block size")
 
 
@@ -86,15 +91,15 @@ def test_the_self_check_refuses_a_wrong_kernel_and_says_so_in_one_line(monkeypat
     one, and the notice names both in one line. Mutation note: `choose` without the check
     (problem = None) picks the wrong kernel and fails the first assertion."""
     monkeypatch.setattr(quantize, "KERNELS", KernelCache(None))
-    monkeypatch.setattr(int8_kernels, "CANDIDATES", [wrong, INT_MM])
-    timings = {wrong.name: 1.0, INT_MM.name: 2.0}
+    monkeypatch.setattr(int8_kernels, "CANDIDATES", [wrong, REFERENCE])
+    timings = {wrong.name: 1.0, REFERENCE.name: 2.0}
     monkeypatch.setattr(int8_kernels, "time_kernel", lambda kernel, *shape: timings[kernel.name])
     linear, x = _saturating_case(32, 48, rows=6, seed=1)
     layer = quantize.Int8Linear(linear)
-    assert layer.kernel is INT_MM
+    assert layer.kernel is REFERENCE
     assert torch.equal(layer(x), _exact_reference(linear, x, 127))
     notice = quantize.kernel_notice()
-    assert "\n" not in notice and wrong.name in notice and INT_MM.description in notice
+    assert "\n" not in notice and wrong.name in notice and REFERENCE.description in notice
     assert f"{wrong.name}: wrong products for" in notice
 
 
