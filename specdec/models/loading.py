@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -186,6 +187,32 @@ def load(
     for a cheaper single-token forward (docs/design.md has the measured price). int8 is exact anyway.
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
     """
+    check_load_options(dtype, backend, quantize, device)
+    folder = resolve_model_path(path)
+    if backend == "llama.cpp" or folder.suffix == ".gguf":
+        return _load_gguf(folder, backend, dtype, quantize, device, max_context, exact)
+    raw_config = _check_folder_config(folder, trust_remote_code)
+    hf_config = read_hf_config(folder, trust_remote_code)
+    network, used_backend = _build_network(folder, hf_config, backend, DTYPES[dtype], device, trust_remote_code)
+    _set_precision(network, used_backend, folder, exact, quantize)
+    tokenizer = _load_tokenizer(folder)
+    context = hf_config.max_position_embeddings
+    return LanguageModel(
+        network=network,
+        tokenizer=tokenizer,
+        name=model_name(folder),
+        vocab_size=hf_config.vocab_size,
+        max_context=min(context, max_context) if max_context else context,
+        eos_token_ids=_eos_token_ids(folder, raw_config, tokenizer),
+        backend=used_backend,
+        dtype=DTYPES[dtype],
+        device=torch.device(device),
+        path=str(folder),
+    )
+
+
+def check_load_options(dtype: str, backend: str, quantize: str | None, device: str) -> None:
+    """load()'s options, checked before any file is read."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if backend not in BACKENDS:
@@ -198,9 +225,10 @@ def load(
         raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
-    folder = resolve_model_path(path)
-    if backend == "llama.cpp" or folder.suffix == ".gguf":
-        return _load_gguf(folder, backend, dtype, quantize, device, max_context, exact)
+
+
+def _check_folder_config(folder: Path, trust_remote_code: bool) -> dict:
+    """config.json, refused when it needs custom code not trusted or names an unknown model type."""
     raw_config = _read_config(folder)
     model_type = raw_config.get("model_type")
     if "auto_map" in raw_config and not trust_remote_code:
@@ -215,56 +243,47 @@ def load(
             f"unknown model_type {model_type!r} in {folder / 'config.json'}: specdec's own forward "
             f"supports {', '.join(LEAN_MODEL_TYPES)}, and transformers does not know it either"
         )
-    hf_config = read_hf_config(folder, trust_remote_code)
-    torch_dtype = DTYPES[dtype]
+    return raw_config
 
-    network = None
+
+def _build_network(folder: Path, hf_config, backend: str, torch_dtype: torch.dtype, device: str,
+                   trust_remote_code: bool) -> tuple[Any, str]:
+    """The network and the backend it runs on: the own forward where it supports the model (and
+    backend allows), else transformers' AutoModelForCausalLM behind an adapter."""
     if backend in ("auto", "specdec"):
         try:
-            network = _load_lean(folder, hf_config, torch_dtype, device)
-            used_backend = "specdec"
+            return _load_lean(folder, hf_config, torch_dtype, device), "specdec"
         except UnsupportedByLeanModel as reason:
             if backend == "specdec":
                 raise ValueError(f"{folder}: specdec's own forward cannot run this model: {reason}") from None
-    if network is None:
-        from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-        from specdec.models.hf_adapter import HFNetwork
+    from specdec.models.hf_adapter import HFNetwork
 
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(folder), dtype=torch_dtype, trust_remote_code=trust_remote_code
-        ).to(device)
-        network = HFNetwork(hf_model)
-        used_backend = "transformers"
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch_dtype, trust_remote_code=trust_remote_code
+    ).to(device)
+    return HFNetwork(hf_model), "transformers"
+
+
+def _set_precision(network, used_backend: str, folder: Path, exact: bool, quantize: str | None) -> None:
+    """Exact blocks, a draft's restricted output head, and int8 weights, as asked."""
     if used_backend == "specdec" and exact:
         network.make_batch_invariant()
     if used_backend == "specdec" and (folder / OUTPUT_TOKENS_FILE).is_file():
         network.restrict_output(torch.tensor(read_json(folder / OUTPUT_TOKENS_FILE)["token_ids"], dtype=torch.long))
-    if quantize == "int8":
-        from specdec.models.quantize import quantize_int8
+    if quantize != "int8":
+        return
+    if used_backend == "specdec":
+        network.quantize_int8()
+        return
+    import warnings
 
-        if used_backend == "specdec":
-            network.quantize_int8()
-        else:
-            import warnings
+    from specdec.models.quantize import quantize_int8
 
-            warnings.warn(f"{folder.name}: int8 through the transformers adapter is not batch-invariant (its "
-                          "attention scores a verify block together), so greedy speculative output may differ "
-                          "from int8 target-only output in near-ties; the own forward (--backend specdec) is exact",
-                          stacklevel=2)
-            quantize_int8(network.model)
-            network.quantized = True
-    tokenizer = _load_tokenizer(folder)
-    context = hf_config.max_position_embeddings
-    return LanguageModel(
-        network=network,
-        tokenizer=tokenizer,
-        name=model_name(folder),
-        vocab_size=hf_config.vocab_size,
-        max_context=min(context, max_context) if max_context else context,
-        eos_token_ids=_eos_token_ids(folder, raw_config, tokenizer),
-        backend=used_backend,
-        dtype=torch_dtype,
-        device=torch.device(device),
-        path=str(folder),
-    )
+    warnings.warn(f"{folder.name}: int8 through the transformers adapter is not batch-invariant (its "
+                  "attention scores a verify block together), so greedy speculative output may differ "
+                  "from int8 target-only output in near-ties; the own forward (--backend specdec) is exact",
+                  stacklevel=3)
+    quantize_int8(network.model)
+    network.quantized = True

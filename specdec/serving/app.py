@@ -83,6 +83,67 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI-style error object: ours, request validation, and HTTP errors."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc holds a character offset, not a parameter
+            offset = next((part for part in first.get("loc", ()) if isinstance(part, int)), None)
+            reason = first.get("ctx", {}).get("error", "not valid JSON")
+            at = "" if offset is None else f" at character {offset}"
+            return error_response(ApiError(400, f"the request body is not valid JSON{at}: {reason}"))
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        return error_response(ApiError(400, f"invalid request body: {first.get('msg', error)}", where))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return error_response(ApiError(error.status_code, str(error.detail)))
+
+
+async def respond(session: Session, kind: str, body: Any, model_name: str, http: Request,
+                  disconnect_poll_seconds: float) -> Any:
+    """A completion's response: one object when the body does not stream, else server-sent events."""
+    request_id, created = new_id("cmpl" if kind == "completion" else "chatcmpl"), int(time.time())
+    if not body.stream:
+        result: GenerationResult | None = None
+        async for chunk in session.chunks(http, disconnect_poll_seconds):
+            result = chunk.result or result
+        if result is None:  # the client went away
+            return Response(status_code=499)
+        response = completion_object(kind, request_id, model_name, result.text,
+                                     FINISH_REASONS.get(result.finish_reason), created)
+        response["usage"] = usage(len(result.prompt_ids), len(result.token_ids))
+        response["specdec"] = speculation_summary(result)
+        return response
+
+    async def events() -> AsyncIterator[str]:
+        first = True
+        async for chunk in session.chunks():
+            finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
+            if chunk.text or finish or first:
+                yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
+                                            chunk=True, first=first))
+                first = False
+            if chunk.result and body.stream_options and body.stream_options.include_usage:
+                final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
+                final["choices"] = []
+                final["usage"] = usage(len(chunk.result.prompt_ids), len(chunk.result.token_ids))
+                yield sse(final)
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | None = None,
                metrics: ServerMetrics | None = None) -> FastAPI:
     """The FastAPI app serving ``scheduler``'s engine as ``model_name``; the app's lifespan
@@ -99,62 +160,12 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.scheduler = scheduler  # for tests and embedding programs
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {}
-        if first.get("type") == "json_invalid":  # its loc holds a character offset, not a parameter
-            offset = next((part for part in first.get("loc", ()) if isinstance(part, int)), None)
-            reason = first.get("ctx", {}).get("error", "not valid JSON")
-            at = "" if offset is None else f" at character {offset}"
-            return await api_error(_, ApiError(400, f"the request body is not valid JSON{at}: {reason}"))
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
-        return await api_error(_, ApiError(400, f"invalid request body: {first.get('msg', error)}", where))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return await api_error(_, ApiError(error.status_code, str(error.detail)))
+    add_error_handlers(app)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model",
                            code="model_not_found")
-
-    async def respond(kind: str, body: Any, prompt_ids: list[int], sampling: SamplingParams, http: Request):
-        session = Session(scheduler, prompt_ids, sampling)
-        request_id, created = new_id("cmpl" if kind == "completion" else "chatcmpl"), int(time.time())
-        if not body.stream:
-            result: GenerationResult | None = None
-            async for chunk in session.chunks(http, limits.disconnect_poll_seconds):
-                result = chunk.result or result
-            if result is None:  # the client went away
-                return Response(status_code=499)
-            response = completion_object(kind, request_id, model_name, result.text,
-                                         FINISH_REASONS.get(result.finish_reason), created)
-            response["usage"] = usage(len(result.prompt_ids), len(result.token_ids))
-            response["specdec"] = speculation_summary(result)
-            return response
-
-        async def events() -> AsyncIterator[str]:
-            first = True
-            async for chunk in session.chunks():
-                finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
-                if chunk.text or finish or first:
-                    yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
-                                                chunk=True, first=first))
-                    first = False
-                if chunk.result and body.stream_options and body.stream_options.include_usage:
-                    final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
-                    final["choices"] = []
-                    final["usage"] = usage(len(chunk.result.prompt_ids), len(chunk.result.token_ids))
-                    yield sse(final)
-            yield sse("[DONE]")
-
-        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
@@ -164,7 +175,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = encode_prompt(tokenizer, body.single_prompt(), model_name)
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from error
-        return await respond("completion", body, prompt_ids, sampling, http)
+        session = Session(scheduler, prompt_ids, sampling)
+        return await respond(session, "completion", body, model_name, http, limits.disconnect_poll_seconds)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):
@@ -174,7 +186,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = chat_prompt_ids(tokenizer, [m.model_dump() for m in body.messages])
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
-        return await respond("chat", body, prompt_ids, sampling, http)
+        session = Session(scheduler, prompt_ids, sampling)
+        return await respond(session, "chat", body, model_name, http, limits.disconnect_poll_seconds)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
