@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
+from typing import cast
 
 from specdec.drafting.base import Drafter
 from specdec.engine import Engine
@@ -70,18 +71,19 @@ class SpeculativeDecoder:
         """Decode to the end. A list of prompts is decoded as one batch (one target forward per
         step for all of them) and gives a list of results in order; sampling may then be a list
         with one SamplingParams per prompt."""
-        prompts = list(prompt) if is_batch(prompt) else [prompt]
+        prompts = cast(list[Prompt], list(prompt) if is_batch(prompt) else [prompt])
         if isinstance(sampling, Sequence):
             if len(sampling) != len(prompts):
                 raise ValueError(f"{len(sampling)} SamplingParams for {len(prompts)} prompts")
             samplings = [sampling_params(s, options) for s in sampling]
         else:
             samplings = [sampling_params(sampling, options)] * len(prompts)
-        results: list[GenerationResult | None] = [None] * len(prompts)
+        results: dict[int, GenerationResult] = {}
         for index, chunk in self.run(prompts, samplings):
             if chunk.result is not None:
                 results[index] = chunk.result
-        return results if is_batch(prompt) else results[0]
+        ordered = [results[index] for index in range(len(prompts))]  # run() ends every prompt with a result
+        return ordered if is_batch(prompt) else ordered[0]
 
     def run(self, prompts: Sequence[Prompt], samplings: Sequence[SamplingParams]) -> Iterator[tuple[int, StreamChunk]]:
         """Decode the prompts together; yield (prompt index, chunk) after every step."""

@@ -16,11 +16,11 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import Draft, Drafter, StepOutcome, StopRule
+from specdec.drafting.base import Draft, Drafter, ReadsHidden, StepOutcome, StopRule
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
@@ -41,19 +41,19 @@ class TokenSource(str, enum.Enum):
 
 def token_sources(outcome: StepOutcome) -> list[TokenSource]:
     """How each emitted token of a step came about."""
-    if outcome.num_drafted == 0:
-        last = TokenSource.TARGET
-    elif outcome.parents is None:
-        last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
-    else:  # a tree: the bonus comes after a leaf, a correction after a node with children left
-        has_children = set(outcome.parents)
-        end = int(outcome.path[-1]) if outcome.num_accepted else -1
-        last = TokenSource.CORRECTION if end in has_children else TokenSource.BONUS
-    if outcome.parents is None:
+    parents, path = outcome.parents, outcome.path
+    if parents is None or path is None:  # a chain (or nothing drafted)
+        if outcome.num_drafted == 0:
+            last = TokenSource.TARGET
+        else:
+            last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
         return [TokenSource.DRAFT] * outcome.num_accepted + [last]
-    first_children = {parent: outcome.parents.index(parent) for parent in set(outcome.parents)}
-    accepted = [TokenSource.DRAFT if first_children[outcome.parents[node]] == node else TokenSource.BRANCH
-                for node in outcome.path.tolist()]
+    # A tree: the bonus comes after a leaf, a correction after a node with children left.
+    end = int(path[-1]) if outcome.num_accepted else -1
+    last = TokenSource.CORRECTION if end in set(parents) else TokenSource.BONUS
+    first_children = {parent: parents.index(parent) for parent in set(parents)}
+    accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
+                for node in path.tolist()]
     return accepted + [last]
 
 
@@ -211,7 +211,7 @@ class Engine:
             for (request, count), start in zip(blocks, attention.offsets):
                 cache.commit(request.row, count)
                 if output.hidden is not None:  # a head reads the prompt's features: [count, features]
-                    self.drafter.prefilled(request, output.hidden[start : start + count])
+                    cast(ReadsHidden, self.drafter).prefilled(request, output.hidden[start : start + count])
         seconds = time.perf_counter() - started
         for request in requests:
             request.stats.prefill_seconds += seconds
@@ -233,7 +233,7 @@ class Engine:
         for request in requests:
             began = time.perf_counter()
             gamma = self.draft_length(request, max_draft)
-            draft = self.drafter.propose(request, gamma) if gamma > 0 else Draft.empty(request.tokens.device)
+            draft = self.drafter.propose(request, gamma) if self.drafter is not None and gamma > 0 else Draft.empty(request.tokens.device)
             if draft.translation is not None:
                 request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
@@ -248,10 +248,12 @@ class Engine:
         attention = Attention(tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in zip(requests, drafts)))
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
-        argmax = output.logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
+        logits = output.logits  # [n, vocab]
+        assert logits is not None  # asked for (want_logits defaults to True)
+        argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
         for request, draft, start, end in zip(requests, drafts, attention.offsets, attention.offsets[1:]):
-            emitted, path = self.verify(request, draft, output.logits[start:end], None if argmax is None else argmax[start:end])
+            emitted, path = self.verify(request, draft, logits[start:end], None if argmax is None else argmax[start:end])
             # Keep the entries of the last context token and the accepted drafts.
             if path is None:
                 kept = list(range(emitted.shape[0]))
@@ -275,6 +277,7 @@ class Engine:
         target_argmax: torch.Tensor | None,  # [gamma + 1], when greedy
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # emitted [m + 1], accepted tree path [m] (None: a chain)
         if request.sampling.greedy:
+            assert target_argmax is not None  # the engine takes it whenever a request is greedy
             if draft.parents is None:
                 return greedy_verify_tokens(draft.tokens, target_argmax), None
             return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)

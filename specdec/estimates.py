@@ -192,7 +192,8 @@ class VerifyCostTable:
     def estimate(self, batch: int, block: int) -> float | None:
         by_batch: dict[int, list[tuple[float, float]]] = {}
         for (cell_batch, cell_block), cell in sorted(self.cells.items()):
-            by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
+            if cell.mean is not None:
+                by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
         if not by_batch:
             return None
         along_batch = [(b, interpolate(points, block)) for b, points in sorted(by_batch.items())]
@@ -217,6 +218,7 @@ def best_chain_length(acceptance: AcceptanceByPosition, draft_seconds: float | N
     rates = {gamma: tokens_per_second(acceptance.expected_tokens(gamma), gamma, draft_seconds,
                                       verify_seconds(gamma + 1), batch)
              for gamma in range(max_gamma + 1)}
-    if any(rate is None for rate in rates.values()):
+    known = {gamma: rate for gamma, rate in rates.items() if rate is not None}
+    if len(known) < len(rates):
         return None
-    return max(rates, key=lambda gamma: rates[gamma])
+    return max(known, key=lambda gamma: known[gamma])

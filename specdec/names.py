@@ -23,6 +23,6 @@ def help_formatter():
             text = action.help or ""
             if "default" in text or action.default in (None, False, argparse.SUPPRESS, [], ()):
                 return text
-            return super()._get_help_string(action)
+            return super()._get_help_string(action) or text
 
     return DefaultsWhereUseful

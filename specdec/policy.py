@@ -31,7 +31,10 @@ class DraftShape:
 
 class DraftLengthPolicy(Protocol):
     name: str
-    stop_early: Callable[[int, float], bool] | None
+
+    @property
+    def stop_early(self) -> Callable[[int, float], bool] | None:
+        """A rule that cuts a draft short, or None for policies that never do."""
 
     def next_shape(self) -> DraftShape:
         """The next draft's shape, from what was learned so far; changes nothing."""
@@ -49,7 +52,7 @@ class DraftLengthPolicy(Protocol):
 
 class FixedPolicy:
     name = "fixed"
-    stop_early = None  # never cuts a draft short
+    stop_early: Callable[[int, float], bool] | None = None  # never cuts a draft short
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
@@ -92,8 +95,9 @@ class ThresholdPolicy(FixedPolicy):
                  bounds: tuple[float, float] = (0.05, 0.95)) -> None:
         super().__init__(max_gamma)
         self.threshold, self.step, self.bounds = threshold, step, bounds
+        self.stop_early = self.below_threshold
 
-    def stop_early(self, drafted: int, chain_probability: float) -> bool:
+    def below_threshold(self, drafted: int, chain_probability: float) -> bool:
         return chain_probability < self.threshold
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
@@ -118,20 +122,14 @@ class CostModelPolicy:
     decay: float = 0.98  # forget old steps slowly: text difficulty drifts
     name: str = "cost"
     stop_early = None  # decides the length up front; never cuts a draft short
-    acceptance: AcceptanceByPosition | None = None
+    acceptance: AcceptanceByPosition = field(default_factory=AcceptanceByPosition)
     draft_cost: RunningMean = field(default_factory=RunningMean)
-    verify_cost: VerifyCost | None = None
+    verify_cost: VerifyCost = field(default_factory=VerifyCost)
     # Where no draft length beats plain decoding (measured: the llama.cpp backend on 2 cores, whose
     # verify blocks cost nearly their length in forwards): plain steps, with a one-token probe this
     # often so that acceptance keeps being measured.
     probe_every: int = 8
     plain_steps: int = 0
-
-    def __post_init__(self) -> None:
-        if self.acceptance is None:
-            self.acceptance = AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay)
-        if self.verify_cost is None:
-            self.verify_cost = VerifyCost(self.decay)
 
     def expected_rate(self, gamma: int) -> float | None:
         """Expected tokens per second when drafting gamma tokens."""
@@ -140,7 +138,8 @@ class CostModelPolicy:
 
     def for_request(self) -> CostModelPolicy:
         """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
-        return dataclasses.replace(self, acceptance=None, plain_steps=0)
+        return dataclasses.replace(self, acceptance=AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay),
+                                   plain_steps=0)
 
     def next_shape(self) -> DraftShape:
         best = best_chain_length(self.acceptance, self.draft_cost.mean, self.verify_cost.seconds, self.max_gamma)
@@ -204,9 +203,10 @@ class TreeCostPolicy(FixedPolicy):
 
     def next_shape(self) -> DraftShape:
         rates = {shape: self.expected_rate(*shape) for shape in self.shapes()}
-        if any(rate is None for rate in rates.values()):
+        known = {shape: rate for shape, rate in rates.items() if rate is not None}
+        if len(known) < len(rates):
             return DraftShape(self.gamma, self.gamma)  # the starting shape: width 1
-        depth, width = max(rates, key=lambda shape: rates[shape])
+        depth, width = max(known, key=lambda shape: known[shape])
         return DraftShape(depth, depth * width)
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,

@@ -8,7 +8,7 @@ Temperature 0 means greedy decoding: verification then compares argmaxes and nee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -63,11 +63,12 @@ class SamplingParams:
         return "coupled" if self.seed is not None else "rejection"
 
 
-def sampling_from_args(args: object, **fields: object) -> SamplingParams:
+def sampling_from_args(args: object, **fields: Any) -> SamplingParams:
     """SamplingParams from a command line's sampling options (add_sampling_options in cli.py);
     ``fields`` adds or overrides the rest (max_new_tokens, stop)."""
     names = ("temperature", "top_k", "top_p", "min_p", "seed", "sampling_rule")
-    return SamplingParams(**{name: getattr(args, name) for name in names}, **fields)
+    values: dict[str, Any] = {name: getattr(args, name) for name in names}
+    return SamplingParams(**values, **fields)
 
 
 def logits_to_probs(

@@ -9,13 +9,15 @@ by the target (its correction at the first rejected position, or the bonus token
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
 def greedy_verify(
     draft_tokens: torch.Tensor,  # [gamma] int64
     target_logits: torch.Tensor,  # [gamma + 1, vocab]
-) -> torch.LongTensor:  # [n_accepted + 1]
+) -> torch.Tensor:  # [n_accepted + 1] int64
     """Longest prefix of the draft that equals the target's argmax, then the target's token."""
     return greedy_verify_tokens(draft_tokens, target_logits.argmax(-1))
 
@@ -23,7 +25,7 @@ def greedy_verify(
 def greedy_verify_tokens(
     draft_tokens: torch.Tensor,  # [gamma] int64
     target_tokens: torch.Tensor,  # [gamma + 1] int64, the target's argmax at each position
-) -> torch.LongTensor:  # [n_accepted + 1]
+) -> torch.Tensor:  # [n_accepted + 1] int64
     """greedy_verify with the argmax already taken (an engine takes it once for a whole batch)."""
     gamma = draft_tokens.shape[0]
     if gamma == 0:
@@ -114,7 +116,7 @@ def rejection_sample(
     target_probs: torch.Tensor,  # [gamma + 1, vocab]
     generator: torch.Generator | None = None,
     validate: bool = True,  # the engine, which builds its inputs itself, skips the checks
-) -> torch.LongTensor:  # [n_accepted + 1]
+) -> torch.Tensor:  # [n_accepted + 1] int64
     """Speculative sampling (Leviathan et al. 2023 Algorithm 1; Chen et al. 2023).
 
     Accept drafted x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection
@@ -165,12 +167,12 @@ def sibling_rejection_step(
 
 def tree_rejection_sample(
     tree_tokens: torch.Tensor,  # [n] int64, parents before children, siblings in the order drawn
-    parents: torch.Tensor | list[int],  # [n] int64: parent index, -1 for children of the root
+    parents: torch.Tensor | Sequence[int],  # [n] int64: parent index, -1 for children of the root
     draft_probs: torch.Tensor | None,  # [n + 1, vocab]: row 0 = q at the root, row i + 1 = q at node i
     target_probs: torch.Tensor,  # [n + 1, vocab]: row 0 = p at the root, row i + 1 = p after node i
     generator: torch.Generator | None = None,
     validate: bool = True,  # the engine, which builds its inputs itself, skips the checks
-) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
+) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], path [m], int64
     """Recursive rejection sampling over a token tree (Jeon et al. 2024, "Recursive Speculative
     Decoding"): at a node, try its children in the order they were drawn (without replacement
     from the node's q). Accept child x with probability min(1, p(x) / q(x)); on rejection
@@ -190,7 +192,7 @@ def tree_rejection_sample(
         check_draft(tree_tokens, draft_probs, target_probs, count + 1, sorted({parent + 1 for parent in parents}))
     tokens = tree_tokens.tolist()
     dtype = torch.float64 if draft_probs is None else draft_probs.dtype
-    node, path = -1, []
+    node, path = -1, list[int]()
     while True:
         p = target_probs[node + 1].to(dtype)
         q = None if draft_probs is None else draft_probs[node + 1].to(dtype)
@@ -213,9 +215,9 @@ def tree_rejection_sample(
 
 def greedy_tree_verify(
     tree_tokens: torch.Tensor,  # [n] int64
-    parents: torch.Tensor | list[int],  # [n] int64
+    parents: torch.Tensor | Sequence[int],  # [n] int64
     target_logits: torch.Tensor,  # [n + 1, vocab]: row 0 after the committed context, row i + 1 after node i
-) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
+) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], path [m], int64
     """Follow the target's argmax down the tree: the longest root-to-node path the target
     itself would have produced, then its next token."""
     return greedy_tree_verify_tokens(tree_tokens, parents, target_logits.argmax(-1))
@@ -223,12 +225,12 @@ def greedy_tree_verify(
 
 def greedy_tree_verify_tokens(
     tree_tokens: torch.Tensor,  # [n] int64
-    parents: torch.Tensor | list[int],  # [n] int64
+    parents: torch.Tensor | Sequence[int],  # [n] int64
     target_tokens: torch.Tensor,  # [n + 1] int64, the target's argmax at the root and after each node
-) -> tuple[torch.LongTensor, torch.LongTensor]:  # emitted [m + 1], path [m]
+) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], path [m], int64
     parents = [int(parent) for parent in parents]
     tokens, best = tree_tokens.tolist(), target_tokens.tolist()
-    node, path = -1, []
+    node, path = -1, list[int]()
     while True:
         match = next((child for child in children_of(parents, node) if tokens[child] == best[node + 1]), None)
         if match is None:

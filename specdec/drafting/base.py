@@ -121,6 +121,13 @@ class Drafter(Protocol):
         """After verification: request.context now ends with outcome.emitted."""
 
 
+class ReadsHidden(Protocol):
+    """What a drafter with hidden_layers also has: the prompt's features, once, after its prefill."""
+
+    def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
+        """The target's hidden states (the drafter's hidden_layers) at every prompt position but the last."""
+
+
 class BaseDrafter:
     """The Drafter protocol's defaults, for drafters to inherit: no q of its own (a drafter that
     has one sets vocab_size), reads no hidden states, and a class name as its description.

@@ -202,5 +202,6 @@ class LanguageModel:
         start = cache.lengths[row]
         positions = torch.arange(start, start + tokens.shape[0], device=tokens.device)
         logits = self.forward(tokens, positions, cache, Attention.chain(tokens.shape[0], row, batch_invariant)).logits
+        assert logits is not None  # want_logits defaults to True
         cache.commit(row, tokens.shape[0])
         return logits
