@@ -115,8 +115,10 @@ def main() -> None:
     best = best_row(rows)
     grid_cs = (0.02, 0.05, 0.1, 0.2, 0.3)
     typical = [best_row(speedup_table(alpha, c, 16)).gamma for alpha in (0.6, 0.7, 0.8) for c in (0.1, 0.2, 0.3)]
-    grid = "\n".join(f"| {alpha} | " + " | ".join(str(best_row(speedup_table(alpha, c, 16)).gamma) for c in grid_cs) + " |"
-                     for alpha in (0.5, 0.6, 0.7, 0.8, 0.9))
+    grid = "\n".join(
+        f"| {alpha} | " + " | ".join(str(best_row(speedup_table(alpha, c, 16)).gamma) for c in grid_cs) + " |"
+        for alpha in (0.5, 0.6, 0.7, 0.8, 0.9)
+    )
     machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, {datetime.date.today()}"
 
     page = f"""# How speculative decoding works, seen on a real run

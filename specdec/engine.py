@@ -233,7 +233,10 @@ class Engine:
         for request in requests:
             began = time.perf_counter()
             gamma = self.draft_length(request, max_draft)
-            draft = self.drafter.propose(request, gamma) if self.drafter is not None and gamma > 0 else Draft.empty(request.tokens.device)
+            if self.drafter is not None and gamma > 0:
+                draft = self.drafter.propose(request, gamma)
+            else:
+                draft = Draft.empty(request.tokens.device)
             if draft.translation is not None:
                 request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
@@ -242,10 +245,15 @@ class Engine:
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
         device = self.target.device
-        tokens = torch.cat([piece for r, d in zip(requests, drafts) for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
-        positions = torch.tensor([r.length - 1 + depth for r, d in zip(requests, drafts) for depth in block_depths(d)],
-                                 device=device)
-        attention = Attention(tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in zip(requests, drafts)))
+        tokens = torch.cat(
+            [piece for r, d in zip(requests, drafts) for piece in (r.tokens[r.length - 1 : r.length], d.tokens)]
+        )
+        positions = torch.tensor(
+            [r.length - 1 + depth for r, d in zip(requests, drafts) for depth in block_depths(d)], device=device
+        )
+        attention = Attention(
+            tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in zip(requests, drafts))
+        )
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
         logits = output.logits  # [n, vocab]
@@ -253,7 +261,9 @@ class Engine:
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
         for request, draft, start, end in zip(requests, drafts, attention.offsets, attention.offsets[1:]):
-            emitted, path = self.verify(request, draft, logits[start:end], None if argmax is None else argmax[start:end])
+            emitted, path = self.verify(
+                request, draft, logits[start:end], None if argmax is None else argmax[start:end]
+            )
             # Keep the entries of the last context token and the accepted drafts.
             if path is None:
                 kept = list(range(emitted.shape[0]))
@@ -295,8 +305,9 @@ class Engine:
         widths = tree_widths(outcome.parents)
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
-            request.policy.update(request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds,
-                                  widths)
+            request.policy.update(
+                request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
+            )
         request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds

@@ -118,18 +118,32 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
         ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
         ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
         # A draft with another tokenizer: its own tokens, of which these survived translation.
-        *([("translated draft tokens", f"{stats.source_kept} of {stats.source_drafted} (draft's tokenizer)")]
-          if stats.source_drafted else []),
-        *([("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))] if stats.tree_nodes_at else []),
-        ("time: prefill / draft / verify / rest", f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
-                                                 f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s"),
+        *(
+            [("translated draft tokens", f"{stats.source_kept} of {stats.source_drafted} (draft's tokenizer)")]
+            if stats.source_drafted
+            else []
+        ),
+        *(
+            [("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))]
+            if stats.tree_nodes_at
+            else []
+        ),
+        (
+            "time: prefill / draft / verify / rest",
+            f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
+            f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s",
+        ),
         ("tokens per second", f"{stats.tokens_per_second:.1f}"),
     ]
     if baseline is not None:
-        rows += [("target alone: tokens per second", f"{baseline.tokens_per_second:.1f}"),
-                 ("speedup (measured, this prompt)", f"{stats.tokens_per_second / baseline.tokens_per_second:.2f}x"),
-                 ("same text as the target alone", "yes" if same_text else
-                  "no (sampling: the same distribution, other draws)" if sampled else "no")]
+        rows += [
+            ("target alone: tokens per second", f"{baseline.tokens_per_second:.1f}"),
+            ("speedup (measured, this prompt)", f"{stats.tokens_per_second / baseline.tokens_per_second:.2f}x"),
+            (
+                "same text as the target alone",
+                "yes" if same_text else "no (sampling: the same distribution, other draws)" if sampled else "no",
+            ),
+        ]
     for name, value in rows:
         table.add_row(name, value)
     return table
@@ -149,7 +163,9 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
 
     target, drafter = build_drafter(args, errors)
     if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": text}]
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": text}
+        ]
         prompt = chat_prompt_ids(target.tokenizer, messages)
     else:
         prompt = encode_prompt(target.tokenizer, text, target.name)
@@ -166,8 +182,11 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         payload = {"text": result.text, "finish_reason": result.finish_reason, **result.stats.to_dict()}
         if compare:
             baseline = target_alone()
-            payload["target_alone"] = {"text": baseline.text, "same_text": baseline.text == result.text,
-                                       **baseline.stats.to_dict()}
+            payload["target_alone"] = {
+                "text": baseline.text,
+                "same_text": baseline.text == result.text,
+                **baseline.stats.to_dict(),
+            }
         console.file.write(json.dumps(payload) + "\n")
         return 0
     if not args.chat and not args.no_echo:
@@ -184,9 +203,21 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
             if style:
                 legend.append(f"{source} ", style=style)
         errors.print(legend)
-    title = "target only" if drafter is None else \
-        f"speculative decoding: {describe_drafter(drafter)}; {decoder.engine.new_policy().name} policy, gamma {args.gamma}"
+    title = (
+        "target only"
+        if drafter is None
+        else f"speculative decoding: {describe_drafter(drafter)}; "
+        f"{decoder.engine.new_policy().name} policy, gamma {args.gamma}"
+    )
     baseline = target_alone() if compare else None
-    errors.print(stats_table(result.stats, title, result.finish_reason, baseline and baseline.stats,
-                             baseline is not None and baseline.text == result.text, args.temperature > 0))
+    errors.print(
+        stats_table(
+            result.stats,
+            title,
+            result.finish_reason,
+            baseline and baseline.stats,
+            baseline is not None and baseline.text == result.text,
+            args.temperature > 0,
+        )
+    )
     return 0

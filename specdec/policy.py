@@ -147,10 +147,18 @@ class CostModelPolicy:
             return DraftShape(self.gamma)
         if best > 0:
             return DraftShape(best)
-        return DraftShape(1 if self.plain_steps >= self.probe_every - 1 else 0)  # after probe_every - 1 plain steps, a probe
+        # After probe_every - 1 plain steps, a probe.
+        return DraftShape(1 if self.plain_steps >= self.probe_every - 1 else 0)
 
-    def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+    def update(
+        self,
+        asked: DraftShape,
+        num_drafted: int,
+        num_accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        widths: list[int] | None = None,
+    ) -> None:
         self.draft_cost.forget(self.decay)
         self.acceptance.update(num_drafted, num_accepted)
         if num_drafted:
@@ -171,8 +179,9 @@ class TreeCostPolicy(FixedPolicy):
 
     name = "tree-cost"
 
-    def __init__(self, gamma: int, max_depth: int = 8, max_width: int = 4, max_budget: int = 64,
-                 decay: float = 0.98) -> None:
+    def __init__(
+        self, gamma: int, max_depth: int = 8, max_width: int = 4, max_budget: int = 64, decay: float = 0.98
+    ) -> None:
         super().__init__(gamma)
         self.max_depth, self.max_width, self.max_budget = max(max_depth, gamma), max_width, max_budget
         self.acceptance = TreeAcceptance(max_depth=self.max_depth, decay=decay)
@@ -194,12 +203,20 @@ class TreeCostPolicy(FixedPolicy):
 
     def expected_rate(self, depth: int, width: int) -> float | None:
         """Expected tokens per second of a tree of `depth` levels of `width` nodes."""
-        return tokens_per_second(self.acceptance.expected_tokens(depth, width), depth,
-                                 self.draft_seconds_per_depth(width), self.verify_cost.seconds(depth * width + 1))
+        return tokens_per_second(
+            self.acceptance.expected_tokens(depth, width),
+            depth,
+            self.draft_seconds_per_depth(width),
+            self.verify_cost.seconds(depth * width + 1),
+        )
 
     def shapes(self) -> list[tuple[int, int]]:
-        return [(depth, width) for depth in range(1, self.max_depth + 1) for width in range(1, self.max_width + 1)
-                if depth * width <= self.max_budget]
+        return [
+            (depth, width)
+            for depth in range(1, self.max_depth + 1)
+            for width in range(1, self.max_width + 1)
+            if depth * width <= self.max_budget
+        ]
 
     def next_shape(self) -> DraftShape:
         rates = {shape: self.expected_rate(*shape) for shape in self.shapes()}
@@ -209,8 +226,15 @@ class TreeCostPolicy(FixedPolicy):
         depth, width = max(known, key=lambda shape: known[shape])
         return DraftShape(depth, depth * width)
 
-    def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+    def update(
+        self,
+        asked: DraftShape,
+        num_drafted: int,
+        num_accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        widths: list[int] | None = None,
+    ) -> None:
         if num_drafted == 0:
             return
         # What is learned is what asking for a width gives: a drafter may deliver fewer nodes (a

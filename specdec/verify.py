@@ -93,7 +93,9 @@ def check_draft(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, ta
     """The checks of the public samplers: shapes, one vocabulary, proper distributions (of q,
     the rows that something was drawn from: ``used_rows``, default all), and token ids."""
     if draft_tokens.dim() != 1 or draft_tokens.is_floating_point():
-        raise ValueError(f"draft tokens must be a 1-D integer tensor, got {list(draft_tokens.shape)} {draft_tokens.dtype}")
+        raise ValueError(
+            f"draft tokens must be a 1-D integer tensor, got {list(draft_tokens.shape)} {draft_tokens.dtype}"
+        )
     if target_probs.dim() != 2:
         raise ValueError(f"target_probs must be [rows, vocab], got shape {list(target_probs.shape)}")
     vocab = target_probs.shape[1]
@@ -102,8 +104,10 @@ def check_draft(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, ta
         raise ValueError(f"draft tokens must be token ids in [0, {vocab}), got {draft_tokens.tolist()[:8]}")
     if draft_probs is not None:
         if draft_probs.dim() == 2 and draft_probs.shape[1] != vocab:
-            raise ValueError(f"draft_probs covers {draft_probs.shape[1]} tokens, target_probs {vocab}: "
-                             "q and p must be over one vocabulary")
+            raise ValueError(
+                f"draft_probs covers {draft_probs.shape[1]} tokens, target_probs {vocab}: "
+                "q and p must be over one vocabulary"
+            )
         if draft_probs.dim() != 2 or draft_probs.shape[0] != draft_rows:
             raise ValueError(f"draft_probs must have shape [{draft_rows}, {vocab}], got {list(draft_probs.shape)}")
         rows = draft_probs if used_rows is None else draft_probs[used_rows]
@@ -128,7 +132,11 @@ def rejection_sample(
         raise ValueError(f"target_probs needs gamma + 1 = {gamma + 1} rows, got {target_probs.shape[0]}")
     if validate:
         check_draft(draft_tokens, draft_probs, target_probs, gamma)
-        if draft_probs is not None and gamma and bool((draft_probs.gather(-1, draft_tokens[:, None].long()) <= 0).any()):
+        if (
+            draft_probs is not None
+            and gamma
+            and bool((draft_probs.gather(-1, draft_tokens[:, None].long()) <= 0).any())
+        ):
             raise ValueError("a draft token has probability 0 under draft_probs: it cannot have been drawn from q")
     if draft_probs is None:
         draft_probs = point_mass_probs(draft_tokens, target_probs.shape[-1]).to(target_probs.dtype)
@@ -183,8 +191,10 @@ def tree_rejection_sample(
     parents = [int(parent) for parent in parents]
     count = tree_tokens.shape[0]
     if len(parents) != count or target_probs.shape[0] != count + 1:
-        raise ValueError(f"a tree of {count} nodes needs {count} parents and {count + 1} rows of target_probs, "
-                         f"got {len(parents)} and {target_probs.shape[0]}")
+        raise ValueError(
+            f"a tree of {count} nodes needs {count} parents and {count + 1} rows of target_probs, "
+            f"got {len(parents)} and {target_probs.shape[0]}"
+        )
     if validate:
         if any(not -1 <= parent < index for index, parent in enumerate(parents)):
             raise ValueError(f"parents must list each node's parent before it (-1 = the root), got {parents}")
@@ -235,7 +245,9 @@ def greedy_tree_verify_tokens(
         match = next((child for child in children_of(parents, node) if tokens[child] == best[node + 1]), None)
         if match is None:
             emitted = [tokens[i] for i in path] + [best[node + 1]]
-            return (torch.tensor(emitted, dtype=torch.long, device=tree_tokens.device),
-                    torch.tensor(path, dtype=torch.long))
+            return (
+                torch.tensor(emitted, dtype=torch.long, device=tree_tokens.device),
+                torch.tensor(path, dtype=torch.long),
+            )
         path.append(match)
         node = match

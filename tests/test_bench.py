@@ -84,33 +84,70 @@ def test_identity_check_fails_on_a_wrong_method(tiny_pair):
     settings = SamplingParams(max_new_tokens=6, seed=0)
     encode = lambda text: [ord(text) % 90 + 3]  # noqa: E731
     seen = []
-    run = run_side_by_side([reference, Method("wrong", off_by_one)], prompts, encode, settings, "target-only",
-                           margin=lambda prompt_ids, before: 0.5, on_prompt=lambda so_far: seen.append(len(so_far.measurements)))
+    run = run_side_by_side(
+        [reference, Method("wrong", off_by_one)],
+        prompts,
+        encode,
+        settings,
+        "target-only",
+        margin=lambda prompt_ids, before: 0.5,
+        on_prompt=lambda so_far: seen.append(len(so_far.measurements)),
+    )
     assert seen == [2, 4]  # results after every prompt
     assert len(run.measurements) == 4 and run.failed_methods == ["wrong"]  # the run completed
     assert [(m.prompt, m.position, m.margin) for m in run.mismatches] == [("0", 0, 0.5), ("1", 0, 0.5)]
     with pytest.raises(IdentityError, match="wrong on prompt 0"):
         run.raise_on_mismatch()
     # the same method marked lossy is reported, not failed
-    assert not run_side_by_side([reference, Method("wrong", off_by_one, lossless=False)], prompts, encode, settings,
-                                "target-only").mismatches
+    assert not run_side_by_side(
+        [reference, Method("wrong", off_by_one, lossless=False)], prompts, encode, settings, "target-only"
+    ).mismatches
     # a method of another engine is checked against that engine's reference only
-    other = [reference, Method("other-reference", off_by_one, engine="other"), Method("other", off_by_one, engine="other")]
-    assert not run_side_by_side(other, prompts, encode, settings, "target-only",
-                                references={"specdec": "target-only", "other": "other-reference"}).mismatches
+    other = [
+        reference,
+        Method("other-reference", off_by_one, engine="other"),
+        Method("other", off_by_one, engine="other"),
+    ]
+    assert not run_side_by_side(
+        other,
+        prompts,
+        encode,
+        settings,
+        "target-only",
+        references={"specdec": "target-only", "other": "other-reference"},
+    ).mismatches
 
 
 @pytest.mark.slow
 def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
     out = tmp_path / "bench-hf"
-    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
-                 "--prompts", str(prompt_file), "--methods", "model:fixed", "transformers-generate",
-                 "transformers-assisted", "transformers-assisted:3", "transformers-assisted:heuristic",
-                 "transformers-prompt-lookup", "transformers-prompt-lookup:3", "--max-new-tokens", "10",
-                 "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(tiny_pair["target"]),
+            "--draft",
+            str(tiny_pair["perturbed"]),
+            "--prompts",
+            str(prompt_file),
+            "--methods",
+            "model:fixed",
+            "transformers-generate",
+            "transformers-assisted",
+            "transformers-assisted:3",
+            "transformers-assisted:heuristic",
+            "transformers-prompt-lookup",
+            "transformers-prompt-lookup:3",
+            "--max-new-tokens",
+            "10",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0  # the identity check passed for transformers' methods too
-    overall = {s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"]
-               if s["category"] == "all"}
+    overall = {
+        s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"] if s["category"] == "all"
+    }
     assert overall["transformers-assisted"]["engine"] == "transformers"
     assert "transformers-generate" in overall["model:fixed"]["speedup"]
 
@@ -137,17 +174,23 @@ def test_transformers_method_settings():
 
     assert transformers_options("transformers-assisted:4")["assistant"]["num_assistant_tokens"] == 4
     assert transformers_options("transformers-assisted:heuristic")["assistant"] == {
-        "num_assistant_tokens_schedule": "heuristic"}
+        "num_assistant_tokens_schedule": "heuristic"
+    }
     assert transformers_options("transformers-prompt-lookup") == {"prompt_lookup_num_tokens": 10}
     assert transformers_options("transformers-prompt-lookup:3") == {"prompt_lookup_num_tokens": 3}
-    for bad in ("transformers-assisted:x", "transformers-generate:2", "transformers-prompt-lookup:many",
-                "transformers-beam"):
+    for bad in (
+        "transformers-assisted:x",
+        "transformers-generate:2",
+        "transformers-prompt-lookup:many",
+        "transformers-beam",
+    ):
         with pytest.raises(ValueError):
             transformers_options(bad)
 
 
-def test_a_failing_method_fails_the_command_after_every_result_is_written(tiny_pair, prompt_file, tmp_path,
-                                                                          monkeypatch):
+def test_a_failing_method_fails_the_command_after_every_result_is_written(
+    tiny_pair, prompt_file, tmp_path, monkeypatch
+):
     from specdec.bench import suite
 
     build = suite.build_methods
@@ -164,8 +207,23 @@ def test_a_failing_method_fails_the_command_after_every_result_is_written(tiny_p
 
     monkeypatch.setattr(suite, "build_methods", with_a_wrong_method)
     out = tmp_path / "bench-fail"
-    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
-                 "--prompts", str(prompt_file), "--methods", "model:fixed", "--max-new-tokens", "6", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(tiny_pair["target"]),
+            "--draft",
+            str(tiny_pair["perturbed"]),
+            "--prompts",
+            str(prompt_file),
+            "--methods",
+            "model:fixed",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+        ]
+    )
     results = json.loads((out / "results.json").read_text())
     assert code == 1 and results["complete"] and results["failed_methods"] == ["wrong"]
     assert {m["method"] for m in results["measurements"]} == {"target-only", "model:fixed", "wrong"}

@@ -190,8 +190,14 @@ def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: f
         accepted = 0
         while accepted < depth and rng.random() < alpha_at_width(width):
             accepted += 1
-        policy.update(asked, depth * width, accepted, depth * draft_seconds_per_depth, verify_seconds(depth * width + 1),
-                      [width] * depth)
+        policy.update(
+            asked,
+            depth * width,
+            accepted,
+            depth * draft_seconds_per_depth,
+            verify_seconds(depth * width + 1),
+            [width] * depth,
+        )
         chosen.append((depth, width))
     return chosen[-100:]
 
@@ -199,7 +205,7 @@ def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: f
 def test_tree_cost_policy_widens_trees_where_width_pays():
     """Each sibling is a fresh chance (alpha 0.4 for one node, 0.87 for four) and a node costs
     almost nothing to verify: the policy settles on the widest, deep trees."""
-    late = settle_tree_shape(lambda width: 1 - 0.6 ** width, lambda block: 1.0 + 0.002 * block, 0.01)
+    late = settle_tree_shape(lambda width: 1 - 0.6**width, lambda block: 1.0 + 0.002 * block, 0.01)
     assert sum(width == 4 for _, width in late) >= 80
     assert sum(depth >= 6 for depth, _ in late) >= 80
 

@@ -48,7 +48,9 @@ def alone_logits(model, prefix, tokens, path_parents=None):
         cache = model.new_cache()
         model.extend(prefix, cache)
         for position, node in enumerate(chain):
-            out = model.forward(tokens[node:node + 1], torch.tensor([len(prefix) + position]), cache, Attention.chain(1))
+            out = model.forward(
+                tokens[node : node + 1], torch.tensor([len(prefix) + position]), cache, Attention.chain(1)
+            )
             cache.commit(0, 1)
         rows.append(out.logits[0])
     return torch.stack(rows)

@@ -9,12 +9,29 @@ from tiny import save_random_model
 CONFIGS = {
     "llama": dict(model_type="llama"),
     "llama-tied-bias": dict(model_type="llama", tie_word_embeddings=True, attention_bias=True, mlp_bias=True),
-    "llama-linear-rope": dict(model_type="llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
-    "llama3-rope": dict(model_type="llama", rope_parameters={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32, "rope_theta": 500000.0}),
-    "llama-yarn-rope": dict(model_type="llama", rope_parameters={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0}),
+    "llama-linear-rope": dict(
+        model_type="llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    ),
+    "llama3-rope": dict(
+        model_type="llama",
+        rope_parameters={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "rope_theta": 500000.0,
+        },
+    ),
+    "llama-yarn-rope": dict(
+        model_type="llama",
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "rope_theta": 10000.0,
+        },
+    ),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "mistral": dict(model_type="mistral"),
     "mistral-sliding-window": dict(model_type="mistral", sliding_window=6),

@@ -256,20 +256,71 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
     from specdec.defaults import default_model
 
     target = str(default_model("target"))
-    code = main(["train-head", "--target", target, "--out", str(tmp_path), "--data", str(Path(specdec.__file__).parent),
-                 "--steps", "20", "--sequence-length", "48", "--corpus-sequences", "24", "--continuation-sequences", "4",
-                 "--heldout-sequences", "2", "--draft-vocab", "256", "--batch-size", "4", "--eval-every", "10"])
+    code = main(
+        [
+            "train-head",
+            "--target",
+            target,
+            "--out",
+            str(tmp_path),
+            "--data",
+            str(Path(specdec.__file__).parent),
+            "--steps",
+            "20",
+            "--sequence-length",
+            "48",
+            "--corpus-sequences",
+            "24",
+            "--continuation-sequences",
+            "4",
+            "--heldout-sequences",
+            "2",
+            "--draft-vocab",
+            "256",
+            "--batch-size",
+            "4",
+            "--eval-every",
+            "10",
+        ]
+    )
     assert code == 0
     card = (tmp_path / "head" / "README.md").read_text()
     assert "specdec train-head --target" in card and "depth 1:" in card
-    assert main(["train-head", "--target", target, "--out", str(tmp_path), "--data", str(Path(specdec.__file__).parent),
-                 "--steps", "20", "--sequence-length", "48", "--corpus-sequences", "24", "--continuation-sequences", "4",
-                 "--heldout-sequences", "2", "--draft-vocab", "256", "--batch-size", "4"]) == 0
+    assert (
+        main(
+            [
+                "train-head",
+                "--target",
+                target,
+                "--out",
+                str(tmp_path),
+                "--data",
+                str(Path(specdec.__file__).parent),
+                "--steps",
+                "20",
+                "--sequence-length",
+                "48",
+                "--corpus-sequences",
+                "24",
+                "--continuation-sequences",
+                "4",
+                "--heldout-sequences",
+                "2",
+                "--draft-vocab",
+                "256",
+                "--batch-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert "resumed from" in capsys.readouterr().err  # the finished run is resumed, not redone
     capsys.readouterr()
     outputs = []
     for options in (["--drafter", "head-tree", "--draft-head", str(tmp_path / "head")], ["--no-draft"]):
-        assert main(["generate", "def add(a, b):", "--target", target, "--max-new-tokens", "24", "--json", *options]) == 0
+        assert (
+            main(["generate", "def add(a, b):", "--target", target, "--max-new-tokens", "24", "--json", *options]) == 0
+        )
         outputs.append(json.loads(capsys.readouterr().out)["text"])
     assert outputs[0] == outputs[1]
 
@@ -287,7 +338,11 @@ def test_the_shipped_head_drafts_for_the_default_target():
     decoder = SpeculativeDecoder(target, make_drafter("head-tree", target=target, head=pair.head), gamma=3)
     baseline = SpeculativeDecoder(target)
     first_accepted = first_drafted = 0
-    for prompt in ("def fibonacci(n):\n", "import os\n\ndef list_files(folder):\n", "class Stack:\n    def push(self, item):\n"):
+    for prompt in (
+        "def fibonacci(n):\n",
+        "import os\n\ndef list_files(folder):\n",
+        "class Stack:\n    def push(self, item):\n",
+    ):
         result = decoder.generate(prompt, max_new_tokens=32)
         assert result.text == baseline.generate(prompt, max_new_tokens=32).text
         first_accepted += result.stats.accepted_at[0]

@@ -40,7 +40,11 @@ def test_command_lines_carry_the_fast_flags_and_the_sampling(tmp_path):
     assert spec[0].endswith("llama-speculative") and spec[spec.index("-md") + 1].endswith("d.gguf")
     assert spec[spec.index("--poll") + 1] == "0" and spec[spec.index("--spec-draft-n-max") + 1] == "4"
     assert spec[spec.index("--temp") + 1] == "0.8" and spec[spec.index("--min-p") + 1] == "0.0"
-    assert spec[spec.index("-n") + 1] == str(9 + LOOKAHEAD) and spec[spec.index("-p") + 1] == "hi" and "--no-escape" in spec
+    assert (
+        spec[spec.index("-n") + 1] == str(9 + LOOKAHEAD)
+        and spec[spec.index("-p") + 1] == "hi"
+        and "--no-escape" in spec
+    )
     lookup = command_line("llama-lookup", tools, "hi", settings)
     assert lookup[lookup.index("--spec-draft-n-max") + 1] == "6" and "-md" not in lookup
     assert command_line("llama-target", tools, "hi", settings)[0].endswith("llama-completion")
@@ -80,10 +84,34 @@ def test_bench_runs_llama_cpp_tools_against_their_own_target(tiny_pair, tmp_path
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"category": "code", "prompt": "def f(x): return", "id": "a"}]))
     out = tmp_path / "bench"
-    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["same"]),
-                 "--prompts", str(prompts), "--methods", "model:fixed", "llama-target", "llama-speculative:4",
-                 "llama-lookup", "--llama-cpp-bin", str(tools), "--target-gguf", str(tools / "t.gguf"),
-                 "--draft-gguf", str(tools / "d.gguf"), "--max-new-tokens", "6", "--out", str(out), "--repeats", "1"])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(tiny_pair["target"]),
+            "--draft",
+            str(tiny_pair["same"]),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "model:fixed",
+            "llama-target",
+            "llama-speculative:4",
+            "llama-lookup",
+            "--llama-cpp-bin",
+            str(tools),
+            "--target-gguf",
+            str(tools / "t.gguf"),
+            "--draft-gguf",
+            str(tools / "d.gguf"),
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+            "--repeats",
+            "1",
+        ]
+    )
     payload = json.loads((out / "results.json").read_text())
     assert payload["identity_references"] == {"specdec": "target-only", "llama.cpp": "llama-target"}
     rows = {row["method"]: row for row in payload["measurements"]}

@@ -138,8 +138,22 @@ def test_the_int8_and_exactness_tests_pass_under_the_avx2_caps(tmp_path):
     assert isa_lines and "AVX-512" not in isa_lines[0] and "AMX" not in isa_lines[0], isa_lines
     tests = Path(__file__).parent
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-         str(tests / "test_quantize.py"), str(tests / "test_forward_parity.py") + "::test_int8_block_scores_each_token_exactly_as_alone",
-         str(tests / "test_model_interface.py") + "::test_int8_tree_nodes_are_bit_identical_to_their_chains"],
-        env=env, capture_output=True, text=True, cwd=tests.parent)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            str(tests / "test_quantize.py"),
+            str(tests / "test_forward_parity.py") + "::test_int8_block_scores_each_token_exactly_as_alone",
+            str(tests / "test_model_interface.py") + "::test_int8_tree_nodes_are_bit_identical_to_their_chains",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tests.parent,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

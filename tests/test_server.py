@@ -196,7 +196,8 @@ def test_models_health_and_metrics(server):
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
               if line and not line.startswith("#")}
     assert values["specdec:spec_decode_num_draft_tokens_total"] > 0
+    per_position = "specdec:spec_decode_num_accepted_tokens_per_pos_total"
     assert values["specdec:spec_decode_num_accepted_tokens_total"] == sum(
-        value for name, value in values.items() if name.startswith("specdec:spec_decode_num_accepted_tokens_per_pos_total"))
+        value for name, value in values.items() if name.startswith(per_position))
     assert values["specdec:time_to_first_token_seconds_count"] >= 1
     assert values["specdec:num_requests_running"] == 0

@@ -40,7 +40,9 @@ def test_train_pair_end_to_end(tmp_path):
     target, draft = load(out / "target"), load(out / "draft")
     assert target.vocab_size == draft.vocab_size == len(target.tokenizer)
     result = SpeculativeDecoder(target, draft, gamma=3).generate("def function_1_2(value):", max_new_tokens=8)
-    assert result.token_ids == SpeculativeDecoder(target).generate("def function_1_2(value):", max_new_tokens=8).token_ids
+    assert (
+        result.token_ids == SpeculativeDecoder(target).generate("def function_1_2(value):", max_new_tokens=8).token_ids
+    )
     from transformers import AutoModelForCausalLM
 
     assert isinstance(AutoModelForCausalLM.from_pretrained(str(out / "draft")), torch.nn.Module)
@@ -68,10 +70,38 @@ def test_distil_a_draft_from_a_teachers_layers(tmp_path):
 
     corpus, out = tmp_path / "corpus", tmp_path / "run"
     write_corpus(corpus)
-    assert main(["train", "--teacher", str(teacher_dir), "--draft-from-layers", "0,-1", "--data", str(corpus),
-                 "--out", str(out), "--seq-len", "32", "--batch-size", "2", "--heldout-fraction", "0.25",
-                 "--eval-every", "3", "--checkpoint-every", "3", "--draft-steps", "3", "--save-dtype", "float32",
-                 "--draft-output-tokens", "24"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--teacher",
+                str(teacher_dir),
+                "--draft-from-layers",
+                "0,-1",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "2",
+                "--heldout-fraction",
+                "0.25",
+                "--eval-every",
+                "3",
+                "--checkpoint-every",
+                "3",
+                "--draft-steps",
+                "3",
+                "--save-dtype",
+                "float32",
+                "--draft-output-tokens",
+                "24",
+            ]
+        )
+        == 0
+    )
     saved = load_file(str(out / "draft" / LAYERS_FILE))
     assert "model.embed_tokens.weight" not in saved and "model.layers.1.mlp.up_proj.weight" in saved
     assert "model.layers.2.mlp.up_proj.weight" not in saved  # two layers: 0 and the last
@@ -81,8 +111,9 @@ def test_distil_a_draft_from_a_teachers_layers(tmp_path):
 
     from transformers import AutoTokenizer
 
-    assemble_draft(out / "draft", teacher.state_dict(), AutoTokenizer.from_pretrained(str(teacher_dir)),
-                   tmp_path / "assembled")
+    assemble_draft(
+        out / "draft", teacher.state_dict(), AutoTokenizer.from_pretrained(str(teacher_dir)), tmp_path / "assembled"
+    )
     target, draft = load(teacher_dir), load(tmp_path / "assembled")
     assert len(draft.network.layers) == 2
     output = json.loads((tmp_path / "assembled" / "output_tokens.json").read_text())

@@ -61,16 +61,33 @@ def bench_batch(target, draft, prompts: list[str], batch_sizes: list[int], max_n
                     progress(f"{name}, batch {batch}")
             ids = [o.token_ids for o in outputs]
             reference = reference or ids
-            mismatches += [f"{name}, batch {batch}, prompt {i}" for i, (a, b) in enumerate(zip(ids, reference)) if a != b]
+            mismatches += [
+                f"{name}, batch {batch}, prompt {i}" for i, (a, b) in enumerate(zip(ids, reference)) if a != b
+            ]
             tokens = sum(len(o.token_ids) for o in outputs)
-            rows.append({"method": name, "batch": batch, "tokens": tokens, "seconds": statistics.median(times),
-                         "tokens_per_second": tokens / statistics.median(times)})
+            rows.append(
+                {
+                    "method": name,
+                    "batch": batch,
+                    "tokens": tokens,
+                    "seconds": statistics.median(times),
+                    "tokens_per_second": tokens / statistics.median(times),
+                }
+            )
     for row in rows:
         single = next(r for r in rows if r["method"] == row["method"] and r["batch"] == batch_sizes[0])
         row["vs_batch_1"] = row["tokens_per_second"] / single["tokens_per_second"]
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
-            "target": target.name, "draft": draft.name if draft else None, "prompts": len(prompts),
-            "max_new_tokens": max_new_tokens, "repeats": repeats, "rows": rows, "mismatches": mismatches}
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "target": target.name,
+        "draft": draft.name if draft else None,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "rows": rows,
+        "mismatches": mismatches,
+    }
 
 
 def plot(result: dict, path: Path) -> None:
@@ -105,8 +122,16 @@ def run(args: argparse.Namespace, console, errors, load_models) -> int:
     suite = load_prompts(Path(args.prompts) if args.prompts else default_prompts())
     prompts = [suite[i % len(suite)].text for i in range(args.num_prompts)]
     with errors.status("bench-batch") as status:
-        result = bench_batch(target, draft, prompts, sorted(set(args.batch_sizes)), args.max_new_tokens, args.gamma,
-                             args.repeats, progress=lambda label: status.update(f"bench-batch: {label}"))
+        result = bench_batch(
+            target,
+            draft,
+            prompts,
+            sorted(set(args.batch_sizes)),
+            args.max_new_tokens,
+            args.gamma,
+            args.repeats,
+            progress=lambda label: status.update(f"bench-batch: {label}"),
+        )
     table = Table(title=f"throughput vs batch size: {result['target']}, {result['machine']}, {result['date']}")
     for column in ("method", "batch", "tokens/s", "vs batch 1"):
         table.add_column(column, justify="left" if column == "method" else "right")
@@ -119,7 +144,9 @@ def run(args: argparse.Namespace, console, errors, load_models) -> int:
     plot(result, out / "batch.png")
     errors.print(f"wrote {out / 'batch.json'} and {out / 'batch.png'}")
     if result["mismatches"]:
-        errors.print(f"[red]batched greedy output differs from batch {args.batch_sizes[0]}:[/] "
-                     + "; ".join(result["mismatches"][:5]))
+        errors.print(
+            f"[red]batched greedy output differs from batch {args.batch_sizes[0]}:[/] "
+            + "; ".join(result["mismatches"][:5])
+        )
         return 1
     return 0

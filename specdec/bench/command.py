@@ -19,19 +19,29 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
                     "target-only output, and writes results.json and results.md under --out.",
     )
     add_model_options(bench)
-    bench.add_argument("--methods", nargs="+", default=["model:fixed", "ngram:fixed", "ngram:cost", "staged:fixed"],
-                       help="target-only (always run), DRAFTER:POLICY such as model:cost, ngram:fixed or "
-                            "head-tree:fixed (--draft-head), all (every drafter but the heads with every policy), transformers-generate, transformers-assisted[:N|:heuristic], "
-                            "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N]")
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        default=["model:fixed", "ngram:fixed", "ngram:cost", "staged:fixed"],
+        help="target-only (always run), DRAFTER:POLICY such as model:cost, ngram:fixed or "
+        "head-tree:fixed (--draft-head), all (every drafter but the heads with every policy), "
+        "transformers-generate, transformers-assisted[:N|:heuristic], "
+        "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N]",
+    )
     llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
     llama.add_argument("--llama-cpp-bin", help="folder with llama-completion, llama-speculative, llama-lookup")
     llama.add_argument("--target-gguf", help="the target as a GGUF file for llama.cpp's tools")
     llama.add_argument("--draft-gguf", help="the draft as a GGUF file for llama-speculative")
-    bench.add_argument("--draft-head", metavar="DIR", help="EAGLE-3 head for the head:POLICY and head-tree:POLICY methods "
-                                                          "(default: the default pair's shipped head)")
+    bench.add_argument(
+        "--draft-head",
+        metavar="DIR",
+        help="EAGLE-3 head for the head:POLICY and head-tree:POLICY methods (default: the default pair's shipped head)",
+    )
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
-    bench.add_argument("--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)")
+    bench.add_argument(
+        "--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)"
+    )
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--gamma", type=int, default=4)
     bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
@@ -39,9 +49,11 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     bench.set_defaults(seed=0)  # a benchmark is repeatable by default
     bench.add_argument("--out", default="runs/bench", help="output folder")
     synthetic = bench.add_argument_group(
-        "--synthetic", "engine efficiency on big random-weight models: a drafter that proposes the target's own "
+        "--synthetic",
+        "engine efficiency on big random-weight models: a drafter that proposes the target's own "
         "next token, corrupted with probability 1 - alpha; measured speedup vs Leviathan's prediction, "
-        "time per token vs the memory-bandwidth bound")
+        "time per token vs the memory-bandwidth bound",
+    )
     synthetic.add_argument("--synthetic", action="store_true", help="run this instead of the prompt suite")
     synthetic.add_argument("--synthetic-target", default="1024x24", help="HIDDENxLAYERS (default ~300M parameters)")
     synthetic.add_argument("--synthetic-draft", default="512x5", help="HIDDENxLAYERS (default ~30M parameters)")
@@ -50,18 +62,29 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     synthetic.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     synthetic.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 8])
     synthetic.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
-    bench.add_argument("--repeats", type=int,
-                       help="each prompt timed this many times per method, the median kept (default 3; with "
-                            "--synthetic: forward timings, default 7)")
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        help="each prompt timed this many times per method, the median kept (default 3; with "
+        "--synthetic: forward timings, default 7)",
+    )
     forward = commands.add_parser("bench-forward", help="time per token: own forward vs transformers, and T(k)")
-    for name, default in [("hidden", 384), ("layers", 8), ("vocab", 8192), ("heads", 6), ("kv-heads", 2),
-                          ("intermediate", 1024), ("repeats", 50)]:
+    for name, default in [
+        ("hidden", 384),
+        ("layers", 8),
+        ("vocab", 8192),
+        ("heads", 6),
+        ("kv-heads", 2),
+        ("intermediate", 1024),
+        ("repeats", 50),
+    ]:
         forward.add_argument(f"--{name}", type=int, default=default)
     forward.add_argument("--out", default="runs/bench-forward.json")
 
 
-def run(args: argparse.Namespace, console: Console, errors: Console, resolve_models: Callable,
-        load_models: Callable) -> int:
+def run(
+    args: argparse.Namespace, console: Console, errors: Console, resolve_models: Callable, load_models: Callable
+) -> int:
     """The prompt suite (or --synthetic); resolve_models and load_models are cli.py's."""
     from pathlib import Path
 
@@ -80,8 +103,9 @@ def run(args: argparse.Namespace, console: Console, errors: Console, resolve_mod
     if args.llama_cpp_bin or args.target_gguf:
         if not (args.llama_cpp_bin and args.target_gguf):
             raise ValueError("llama.cpp methods need both --llama-cpp-bin DIR and --target-gguf FILE")
-        llama_tools = LlamaCppTools(Path(args.llama_cpp_bin), Path(args.target_gguf),
-                                    Path(args.draft_gguf) if args.draft_gguf else None)
+        llama_tools = LlamaCppTools(
+            Path(args.llama_cpp_bin), Path(args.target_gguf), Path(args.draft_gguf) if args.draft_gguf else None
+        )
         # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
         llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
     reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in args.methods)
@@ -99,27 +123,48 @@ def run(args: argparse.Namespace, console: Console, errors: Console, resolve_mod
             if not errors.is_terminal:  # a log file gets one line per measurement
                 errors.print(f"[{int(progress.tasks[0].completed)}/{len(prompts) * count}] {label}")
 
-        payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
-                        ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3,
-                        llama_tools=llama_tools, head=head)
+        payload = bench(
+            target,
+            draft,
+            args.methods,
+            prompts,
+            settings,
+            args.gamma,
+            Path(args.out),
+            progress=advance,
+            ngram_max=args.ngram_max,
+            ngram_min=args.ngram_min,
+            repeats=args.repeats or 3,
+            llama_tools=llama_tools,
+            head=head,
+        )
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)
     errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
     if payload["stalled"]:
-        errors.print(f"[yellow]{len(payload['stalled'])} measurements had a repeat over twice their median "
-                     f"(the machine was busy?):[/] {', '.join(payload['stalled'][:5])}")
+        errors.print(
+            f"[yellow]{len(payload['stalled'])} measurements had a repeat over twice their median "
+            f"(the machine was busy?):[/] {', '.join(payload['stalled'][:5])}"
+        )
     for warning in impossible_speedups(payload["summary_objects"]):
         errors.print(f"[yellow]{warning}[/]", highlight=False, soft_wrap=True)
     if payload["mismatches"]:
         errors.print(f"[red]identity check failed for {', '.join(payload['failed_methods'])}[/] (see results.md)")
         return 1
     if settings.greedy or settings.rule == "coupled":
-        errors.print(f"[green]identity check passed:[/] every lossless method's output equals its engine's target-alone "
-                     f"output on every prompt ({'greedy' if settings.greedy else 'sampled with the coupled rule'})",
-                     highlight=False, soft_wrap=True)
+        errors.print(
+            f"[green]identity check passed:[/] every lossless method's output equals its engine's target-alone "
+            f"output on every prompt ({'greedy' if settings.greedy else 'sampled with the coupled rule'})",
+            highlight=False,
+            soft_wrap=True,
+        )
     else:
-        errors.print("[dim]identity not checked: sampled with rejection sampling, whose draws differ from the target "
-                     "alone's (--sampling-rule coupled checks it)[/]", highlight=False, soft_wrap=True)
+        errors.print(
+            "[dim]identity not checked: sampled with rejection sampling, whose draws differ from the target "
+            "alone's (--sampling-rule coupled checks it)[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
     return 0
 
 
@@ -132,8 +177,10 @@ def impossible_speedups(summaries) -> list[str]:
     for summary in summaries:
         tau, speedup = summary.to_dict().get("tau"), summary.speedups.get(REFERENCE)
         if summary.category == "all" and tau and speedup and speedup > 1.1 * tau:
-            warnings.append(f"{summary.method}: {speedup:.2f}x at tau {tau:.2f} is impossible (a speedup cannot exceed "
-                            "tau): the timings are noise; rerun on an idle machine with --repeats 3 or more")
+            warnings.append(
+                f"{summary.method}: {speedup:.2f}x at tau {tau:.2f} is impossible (a speedup cannot exceed "
+                "tau): the timings are noise; rerun on an idle machine with --repeats 3 or more"
+            )
     return warnings
 
 
@@ -150,18 +197,25 @@ def run_synthetic_bench(args: argparse.Namespace, console: Console, errors: Cons
     config = SyntheticConfig(
         target=Shape.parse(args.synthetic_target, args.synthetic_vocab),
         draft=Shape.parse(args.synthetic_draft, args.synthetic_vocab),
-        precisions=tuple(dict.fromkeys(args.precisions)), alphas=tuple(args.alphas), gammas=tuple(args.gammas),
-        prompts=args.synthetic_prompts, max_new_tokens=args.max_new_tokens or 48, repeats=args.repeats or 7,
+        precisions=tuple(dict.fromkeys(args.precisions)),
+        alphas=tuple(args.alphas),
+        gammas=tuple(args.gammas),
+        prompts=args.synthetic_prompts,
+        max_new_tokens=args.max_new_tokens or 48,
+        repeats=args.repeats or 7,
         seed=args.seed,
     )
     if any(not 0.0 <= alpha <= 1.0 for alpha in config.alphas) or any(gamma < 1 for gamma in config.gammas):
         raise ValueError("--alphas must lie in [0, 1] and --gammas be >= 1")
-    errors.print(f"[dim]synthetic: target {config.target.parameters / 1e6:.0f}M, draft "
-                 f"{config.draft.parameters / 1e6:.1f}M parameters, random weights[/]")
+    errors.print(
+        f"[dim]synthetic: target {config.target.parameters / 1e6:.0f}M, draft "
+        f"{config.draft.parameters / 1e6:.1f}M parameters, random weights[/]"
+    )
     with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("synthetic", total=run_count(config))
-        payload = run_synthetic(config, Path(args.out),
-                                lambda label, advance: progress.update(task, advance=advance, description=label))
+        payload = run_synthetic(
+            config, Path(args.out), lambda label, advance: progress.update(task, advance=advance, description=label)
+        )
     console.print(Markdown(payload["markdown"]))
     errors.print(f"wrote {Path(args.out) / 'synthetic.json'}, synthetic.md and synthetic.png")
     return 0
@@ -175,12 +229,15 @@ def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
 
     from specdec.bench.forward import bench_forward
 
-    result = bench_forward(args.hidden, args.layers, args.vocab, args.heads, args.kv_heads, args.intermediate,
-                           args.repeats)
+    result = bench_forward(
+        args.hidden, args.layers, args.vocab, args.heads, args.kv_heads, args.intermediate, args.repeats
+    )
     seconds = result["seconds"]
     blocks = list(next(iter(seconds.values())))
-    table = Table(title=f"forward time, {result['config']['parameters'] / 1e6:.1f}M-parameter llama, "
-                        f"{result['machine']}, {result['date']}")
+    table = Table(
+        title=f"forward time, {result['config']['parameters'] / 1e6:.1f}M-parameter llama, "
+        f"{result['machine']}, {result['date']}"
+    )
     table.add_column("engine")
     for block in blocks:
         table.add_column(f"{block} token(s), ms", justify="right")

@@ -245,10 +245,14 @@ def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in rows:
         d = s.to_dict()
-        cells = [s.method, f"{s.tokens_per_second:.1f}", *[f"{s.speedups.get(b, float('nan')):.2f}x" for b in baselines],
-                 f"{d['alpha']:.3f}" if d["alpha"] is not None else "-",
-                 f"{d['tau']:.2f}" if d["tau"] is not None else "-",
-                 " ".join(f"{a:.2f}" for a in d["acceptance_by_position"] or []) or "-"]
+        cells = [
+            s.method,
+            f"{s.tokens_per_second:.1f}",
+            *[f"{s.speedups.get(b, float('nan')):.2f}x" for b in baselines],
+            f"{d['alpha']:.3f}" if d["alpha"] is not None else "-",
+            f"{d['tau']:.2f}" if d["tau"] is not None else "-",
+            " ".join(f"{a:.2f}" for a in d["acceptance_by_position"] or []) or "-",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -110,16 +110,31 @@ def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: ar
                 progress(f"concurrency {clients}, speculation {mode}, round {round_number + 1}/{args.repeats}")
                 scheduler = apps[mode].state.scheduler
                 before = dict(scheduler.steps)
-                load = clients_process.submit(load_test, urls[mode], model, prompts, clients, -(-args.requests // clients),
-                                              args.max_new_tokens, args.temperature).result()
+                load = clients_process.submit(
+                    load_test,
+                    urls[mode],
+                    model,
+                    prompts,
+                    clients,
+                    -(-args.requests // clients),
+                    args.max_new_tokens,
+                    args.temperature,
+                ).result()
                 texts[mode] = load.pop("texts")
                 rounds[mode].append({**load, **step_summary(before, dict(scheduler.steps))})
-                progress(f"concurrency {clients}, speculation {mode}: {load['tokens_per_second']:.1f} tokens/s",
-                         done=True)
+                progress(
+                    f"concurrency {clients}, speculation {mode}: {load['tokens_per_second']:.1f} tokens/s", done=True
+                )
         for mode in args.modes:  # the median round by throughput
             ordered = sorted(rounds[mode], key=lambda r: r["tokens_per_second"])
-            rows.append({"mode": mode, "concurrency": clients, **ordered[len(ordered) // 2],
-                         "rounds_tokens_per_second": [r["tokens_per_second"] for r in rounds[mode]]})
+            rows.append(
+                {
+                    "mode": mode,
+                    "concurrency": clients,
+                    **ordered[len(ordered) // 2],
+                    "rounds_tokens_per_second": [r["tokens_per_second"] for r in rounds[mode]],
+                }
+            )
         if args.temperature == 0:
             reference = args.modes[0]
             for mode in args.modes[1:]:
@@ -141,14 +156,15 @@ def plot(result: dict, path: Path) -> None:
         concurrency = [r["concurrency"] for r in rows]
         throughput.plot(concurrency, [r["tokens_per_second"] for r in rows], marker="o", label=f"speculation {mode}")
         latency.plot(concurrency, [1000 * r["tpot_median"] for r in rows], marker="o", label=f"speculation {mode}")
-    for axes, label in ((throughput, "generated tokens / s (all clients)"),
-                        (latency, "median time per output token (ms)")):
+    for axes, label in (
+        (throughput, "generated tokens / s (all clients)"),
+        (latency, "median time per output token (ms)"),
+    ):
         axes.set_xscale("log", base=2)
         axes.set_xlabel("concurrent clients")
         axes.set_ylabel(label)
         axes.legend()
-    figure.suptitle(f"{result['target']} + {result['drafter']}, {result['machine']}, {result['date'][:10]}",
-                    fontsize=9)
+    figure.suptitle(f"{result['target']} + {result['drafter']}, {result['machine']}, {result['date'][:10]}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -171,33 +187,63 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
     with errors.status("bench-serve") as status:
         costs = None
         if "auto" in args.modes:
-            costs = profile_verify_costs(target, *profile_grid(max_batch, args.gamma),
-                                         progress=lambda message: status.update(f"bench-serve: {message}"))
-        apps = {mode: build_app(target, drafter, "bench", gamma=args.gamma, speculation=mode, policy=args.policy,
-                                max_batch=max_batch, costs=costs) for mode in args.modes}
+            costs = profile_verify_costs(
+                target,
+                *profile_grid(max_batch, args.gamma),
+                progress=lambda message: status.update(f"bench-serve: {message}"),
+            )
+        apps = {
+            mode: build_app(
+                target,
+                drafter,
+                "bench",
+                gamma=args.gamma,
+                speculation=mode,
+                policy=args.policy,
+                max_batch=max_batch,
+                costs=costs,
+            )
+            for mode in args.modes
+        }
         with contextlib.ExitStack() as servers:
             urls = {mode: servers.enter_context(serve_in_thread(app)) for mode, app in apps.items()}
             clients = servers.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
             for mode in args.modes:  # warm up every server once
                 clients.submit(load_test, urls[mode], "bench", prompts, 1, 1, 8, args.temperature).result()
+
             def progress(label: str, done: bool = False) -> None:
                 # Finished measurements as lines (readable in a log that is not a terminal).
                 errors.print(label) if done else status.update(f"bench-serve: {label}")
 
             result = bench_serve(apps, urls, "bench", prompts, args, progress, clients)
-    result.update({"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_description(),
-                   "target": target.name, "drafter": f"{args.drafter} gamma {args.gamma}",
-                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                   "requests": args.requests, "repeats": args.repeats})
+    result.update(
+        {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "machine": machine_description(),
+            "target": target.name,
+            "drafter": f"{args.drafter} gamma {args.gamma}",
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "requests": args.requests,
+            "repeats": args.repeats,
+        }
+    )
     table = Table(title=f"bench-serve: {result['target']}, {result['machine']}, {result['date']}")
     for column in ("concurrency", "speculation", "tokens/s", "vs off", "TTFT ms", "TPOT ms", "batch", "draft len"):
         table.add_column(column, justify="right")
     for row in result["rows"]:
         off = next((r for r in result["rows"] if r["mode"] == "off" and r["concurrency"] == row["concurrency"]), None)
         row["vs_off"] = row["tokens_per_second"] / off["tokens_per_second"] if off else None
-        table.add_row(str(row["concurrency"]), row["mode"], f"{row['tokens_per_second']:.1f}",
-                      f"{row['vs_off']:.2f}x" if off else "-", f"{1000 * row['ttft_median']:.0f}",
-                      f"{1000 * row['tpot_median']:.1f}", f"{row['mean_batch']:.1f}", f"{row['mean_draft_length']:.1f}")
+        table.add_row(
+            str(row["concurrency"]),
+            row["mode"],
+            f"{row['tokens_per_second']:.1f}",
+            f"{row['vs_off']:.2f}x" if off else "-",
+            f"{1000 * row['ttft_median']:.0f}",
+            f"{1000 * row['tpot_median']:.1f}",
+            f"{row['mean_batch']:.1f}",
+            f"{row['mean_draft_length']:.1f}",
+        )
     console.print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

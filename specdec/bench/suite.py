@@ -278,10 +278,20 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
     from matplotlib.patches import Patch
 
     axis.set_ylim(0, 1.25 * max((s.tokens_per_second for s in rows), default=1))  # room for the labels
-    legend = [Patch(color="#888888", label=f"{REFERENCE} (reference)"), Patch(color="#4c72b0", label="specdec speculative"),
-              Patch(color="#dd8452", label="other engines")]
-    axis.legend(handles=[patch for patch in legend if patch.get_facecolor()[:3] in
-                         {matplotlib.colors.to_rgb(colour) for colour in colours}], fontsize=8, loc="upper left")
+    legend = [
+        Patch(color="#888888", label=f"{REFERENCE} (reference)"),
+        Patch(color="#4c72b0", label="specdec speculative"),
+        Patch(color="#dd8452", label="other engines"),
+    ]
+    axis.legend(
+        handles=[
+            patch
+            for patch in legend
+            if patch.get_facecolor()[:3] in {matplotlib.colors.to_rgb(colour) for colour in colours}
+        ],
+        fontsize=8,
+        loc="upper left",
+    )
     axis.set_ylabel("tokens per second")
     axis.set_title(f"specdec bench: {subtitle}", fontsize=10)
     axis.tick_params(axis="x", rotation=45)

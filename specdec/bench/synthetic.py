@@ -187,24 +187,36 @@ def measure_precision(config: SyntheticConfig, precision: str, progress: Progres
     c = draft_seconds / target_seconds[1]
 
     generator = torch.Generator().manual_seed(config.seed)
-    prompt_ids = {f"random-{i}": torch.randint(config.target.vocab, (config.prompt_tokens,), generator=generator).tolist()
-                  for i in range(config.prompts)}
+    prompt_ids = {
+        f"random-{i}": torch.randint(config.target.vocab, (config.prompt_tokens,), generator=generator).tolist()
+        for i in range(config.prompts)
+    }
     prompts = [Prompt("random", key, key) for key in prompt_ids]
     settings = SamplingParams(max_new_tokens=config.max_new_tokens)
 
     say(f"{precision}: target-only reference outputs", 0)  # untimed; also warms everything up
     reference_decoder = SpeculativeDecoder(target)
-    expected = {tuple(ids): ids + reference_decoder.generate(ids, max_new_tokens=config.max_new_tokens).token_ids
-                for ids in prompt_ids.values()}
+    expected = {
+        tuple(ids): ids + reference_decoder.generate(ids, max_new_tokens=config.max_new_tokens).token_ids
+        for ids in prompt_ids.values()
+    }
 
     methods = [synthetic_method(REFERENCE, reference_decoder, expected)]
     for alpha in config.alphas:
         for gamma in config.gammas:
             drafter = CorruptedOracleDrafter(draft, alpha, config.target.vocab, seed=config.seed)
-            methods.append(synthetic_method(f"alpha {alpha} gamma {gamma}", SpeculativeDecoder(target, drafter, gamma),
-                                            expected))
-    run = run_side_by_side(methods, prompts, prompt_ids.__getitem__, settings, REFERENCE,
-                           lambda label: say(f"{precision}: {label}", 1), warmup=False)
+            methods.append(
+                synthetic_method(f"alpha {alpha} gamma {gamma}", SpeculativeDecoder(target, drafter, gamma), expected)
+            )
+    run = run_side_by_side(
+        methods,
+        prompts,
+        prompt_ids.__getitem__,
+        settings,
+        REFERENCE,
+        lambda label: say(f"{precision}: {label}", 1),
+        warmup=False,
+    )
     run.raise_on_mismatch()
     measurements = run.measurements
 
@@ -227,15 +239,20 @@ def measure_precision(config: SyntheticConfig, precision: str, progress: Progres
             for row in by_method[name][1:]:
                 stats = stats.merge(row.stats)
             verify_ratio = target_seconds[gamma + 1] / target_seconds[1]
-            runs.append({
-                "alpha": alpha, "gamma": gamma, "tokens_per_second": rate(name),
-                "measured_speedup": rate(name) / baseline,
-                "predicted_speedup": predicted_speedup(alpha, gamma, c, verify_ratio),
-                # position 1's acceptance estimates alpha; stats.alpha (accepted / drafted) also counts
-                # the positions after a rejection: (alpha - alpha^(g+1)) / ((1 - alpha) g) in expectation
-                "first_position_acceptance": stats.acceptance_by_position[0], "accepted_per_drafted": stats.alpha,
-                "tau": stats.tau,
-            })
+            runs.append(
+                {
+                    "alpha": alpha,
+                    "gamma": gamma,
+                    "tokens_per_second": rate(name),
+                    "measured_speedup": rate(name) / baseline,
+                    "predicted_speedup": predicted_speedup(alpha, gamma, c, verify_ratio),
+                    # position 1's acceptance estimates alpha; stats.alpha (accepted / drafted) also counts
+                    # the positions after a rejection: (alpha - alpha^(g+1)) / ((1 - alpha) g) in expectation
+                    "first_position_acceptance": stats.acceptance_by_position[0],
+                    "accepted_per_drafted": stats.alpha,
+                    "tau": stats.tau,
+                }
+            )
     bandwidth = streaming_bandwidth()
     weight_bytes = streamed_weight_bytes(target.network)
     return {
@@ -279,17 +296,24 @@ def run_synthetic(config: SyntheticConfig, out: Path, progress: Progress | None 
 
 def synthetic_markdown(payload: dict) -> str:
     config = payload["config"]
-    lines = [f"# specdec bench --synthetic, {payload['date']}", "",
-             f"machine: {payload['machine']}; {config['prompts']} random prompts of {config['prompt_tokens']} tokens, "
-             f"{config['max_new_tokens']} new tokens each, greedy; speedups are decode time (prefill excluded) "
-             "against target-only decoding in the same run.", ""]
+    lines = [
+        f"# specdec bench --synthetic, {payload['date']}",
+        "",
+        f"machine: {payload['machine']}; {config['prompts']} random prompts of {config['prompt_tokens']} tokens, "
+        f"{config['max_new_tokens']} new tokens each, greedy; speedups are decode time (prefill excluded) "
+        "against target-only decoding in the same run.",
+        "",
+    ]
     for result in payload["precisions"]:
         forward = result["target_forward_ms"]
         lines += [
             f"## {result['precision']}: target {result['target_parameters'] / 1e6:.1f}M, "
-            f"draft {result['draft_parameters'] / 1e6:.1f}M parameters", "",
-            "- target forward T(k), ms: " + ", ".join(f"T({k}) {v:.1f}" for k, v in forward.items())
-            + "; T(k)/T(1): " + ", ".join(f"{v / forward['1']:.2f}" for v in forward.values()),
+            f"draft {result['draft_parameters'] / 1e6:.1f}M parameters",
+            "",
+            "- target forward T(k), ms: "
+            + ", ".join(f"T({k}) {v:.1f}" for k, v in forward.items())
+            + "; T(k)/T(1): "
+            + ", ".join(f"{v / forward['1']:.2f}" for v in forward.values()),
             f"- draft forward {result['draft_forward_ms']:.2f} ms, c = {result['c']:.3f}",
             f"- target-only: {result['target_only_ms_per_token']:.1f} ms/token "
             f"({result['target_only_tokens_per_second']:.1f} tok/s); bandwidth bound "
@@ -304,9 +328,11 @@ def synthetic_markdown(payload: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for run in result["runs"]:
-            lines.append(f"| {run['alpha']} | {run['gamma']} | {run['first_position_acceptance']:.3f} | {run['accepted_per_drafted']:.3f} | {run['tau']:.2f} | "
-                         f"{run['tokens_per_second']:.1f} | {run['measured_speedup']:.2f}x | "
-                         f"{run['predicted_speedup']:.2f}x | {run['measured_speedup'] / run['predicted_speedup']:.2f} |")
+            lines.append(
+                f"| {run['alpha']} | {run['gamma']} | {run['first_position_acceptance']:.3f} | {run['accepted_per_drafted']:.3f} | {run['tau']:.2f} | "
+                f"{run['tokens_per_second']:.1f} | {run['measured_speedup']:.2f}x | "
+                f"{run['predicted_speedup']:.2f}x | {run['measured_speedup'] / run['predicted_speedup']:.2f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -325,15 +351,27 @@ def plot_synthetic(payload: dict, path: Path) -> None:
         for index, gamma in enumerate(gammas):
             runs = [run for run in result["runs"] if run["gamma"] == gamma]
             colour = f"C{index}"
-            axis.plot([r["alpha"] for r in runs], [r["measured_speedup"] for r in runs], "o-", color=colour,
-                      label=f"gamma {gamma} measured")
-            axis.plot([r["alpha"] for r in runs], [r["predicted_speedup"] for r in runs], "x--", color=colour,
-                      label=f"gamma {gamma} predicted")
+            axis.plot(
+                [r["alpha"] for r in runs],
+                [r["measured_speedup"] for r in runs],
+                "o-",
+                color=colour,
+                label=f"gamma {gamma} measured",
+            )
+            axis.plot(
+                [r["alpha"] for r in runs],
+                [r["predicted_speedup"] for r in runs],
+                "x--",
+                color=colour,
+                label=f"gamma {gamma} predicted",
+            )
         axis.axhline(1.0, color="grey", linewidth=0.8)
         axis.set_xlabel("alpha (per-token acceptance)")
         axis.set_ylabel("speedup over target-only")
-        axis.set_title(f"{result['precision']}: {result['target_parameters'] / 1e6:.0f}M target, "
-                       f"c = {result['c']:.2f}", fontsize=10)
+        axis.set_title(
+            f"{result['precision']}: {result['target_parameters'] / 1e6:.0f}M target, c = {result['c']:.2f}",
+            fontsize=10,
+        )
         axis.legend(fontsize=7)
     figure.suptitle(f"specdec bench --synthetic, {payload['date'][:10]}", fontsize=10)
     figure.tight_layout()

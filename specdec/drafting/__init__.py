@@ -21,9 +21,17 @@ def reads_target(drafter: str) -> bool:
     return any(kind in ("head", "head-tree") for kind in drafter.split("+"))
 
 
-def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int = 4, min_n: int = 1, tree: bool = False,
-                 tree_budget: int = 16, target: LanguageModel | None = None, vocab_rule: str = "point-mass",
-                 head: DraftHead | str | Path | None = None) -> Drafter:
+def make_drafter(
+    kind: str,
+    draft_model: LanguageModel | None = None,
+    max_n: int = 4,
+    min_n: int = 1,
+    tree: bool = False,
+    tree_budget: int = 16,
+    target: LanguageModel | None = None,
+    vocab_rule: str = "point-mass",
+    head: DraftHead | str | Path | None = None,
+) -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
     continuations of several earlier occurrences as branches) need none; "A+B" merges the
@@ -36,8 +44,10 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
     folder, loaded for ``target``)."""
     kinds = kind.split("+")
     if len(kinds) > 1:
-        return MergedDrafter([make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule, head)
-                              for k in kinds], budget=tree_budget)
+        return MergedDrafter(
+            [make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule, head) for k in kinds],
+            budget=tree_budget,
+        )
     kind = TREE_KINDS.get(kind, kind) if tree else kind
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
@@ -58,8 +68,10 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
         if draft_model.tokenizer is None or target.tokenizer is None:
             raise ValueError(mismatch)
         if kind != "model":
-            raise ValueError(f"{mismatch}: only the 'model' drafter translates between tokenizers (the {kind!r} "
-                             "drafter works in the target's tokens); use --drafter model, or ngram (no draft model)")
+            raise ValueError(
+                f"{mismatch}: only the 'model' drafter translates between tokenizers (the {kind!r} "
+                "drafter works in the target's tokens); use --drafter model, or ngram (no draft model)"
+            )
         return TranslatingDrafter(draft_model, target, vocab_rule=vocab_rule)
     if target is not None:
         draft_model = fit_to_target(draft_model, target)
@@ -70,5 +82,24 @@ def make_drafter(kind: str, draft_model: LanguageModel | None = None, max_n: int
     return ModelDrafter(draft_model) if kind == "model" else StagedDrafter(draft_model, max_n, min_n)
 
 
-__all__ = ["DRAFTERS", "Draft", "DraftHead", "Drafter", "DraftRequest", "HeadDrafter", "HeadTreeDrafter", "load_head", "StepOutcome", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter", "NGramIndex", "StagedDrafter", "StagedTreeDrafter",
-           "TranslatingDrafter", "make_drafter", "reads_target"]
+__all__ = [
+    "DRAFTERS",
+    "Draft",
+    "DraftHead",
+    "Drafter",
+    "DraftRequest",
+    "HeadDrafter",
+    "HeadTreeDrafter",
+    "load_head",
+    "StepOutcome",
+    "MergedDrafter",
+    "ModelDrafter",
+    "ModelTreeDrafter",
+    "NGramDrafter",
+    "NGramIndex",
+    "StagedDrafter",
+    "StagedTreeDrafter",
+    "TranslatingDrafter",
+    "make_drafter",
+    "reads_target",
+]

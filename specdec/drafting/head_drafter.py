@@ -117,7 +117,11 @@ class HeadTreeDrafter(HeadDrafter):
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: HeadState = request.draft_state
         sampling, device = request.sampling, request.context.device
-        if gamma <= 0 or not state.feed_pending() or (budget := self.room(state, request.node_budget or self.budget)) == 0:
+        if (
+            gamma <= 0
+            or not state.feed_pending()
+            or (budget := self.room(state, request.node_budget or self.budget)) == 0
+        ):
             return Draft.empty(device)
         node_features: list[torch.Tensor] = []  # [hidden] per node: the head's output there
 
@@ -126,12 +130,14 @@ class HeadTreeDrafter(HeadDrafter):
             depths = tree_depths(parents)
             positions = torch.tensor([state.fed + depths[node] for node in new_nodes], device=device)
             block = torch.tensor(tokens[written:], dtype=torch.long, device=device)
-            features = torch.cat([state.root_features if parents[node] < 0 else node_features[parents[node]][None]
-                                  for node in new_nodes])
+            features = torch.cat(
+                [state.root_features if parents[node] < 0 else node_features[parents[node]][None] for node in new_nodes]
+            )
             segment = Segment(0, len(new_nodes), tuple(parents), written)
             draft_logits, out = self.head(block, features, positions, state.cache, Attention((segment,), False))
             node_features.extend(out)
             return draft_distribution(state.to_target(draft_logits), sampling)
 
-        return grow_tree(draft_distribution(state.root_logits, sampling), expand, gamma, budget, self.branching,
-                         request)
+        return grow_tree(
+            draft_distribution(state.root_logits, sampling), expand, gamma, budget, self.branching, request
+        )

@@ -46,7 +46,9 @@ class StagedDrafter(BaseDrafter):
         self.vocab_size = model.vocab_size
 
     def describe(self) -> str:
-        return f"staged: draft model {self.model.name} with an n-gram stage ({self.ngram.min_n}-{self.ngram.max_n}-grams)"
+        return (
+            f"staged: draft model {self.model.name} with an n-gram stage ({self.ngram.min_n}-{self.ngram.max_n}-grams)"
+        )
 
     def start(self, prompt_ids: torch.Tensor) -> StagedState:
         return StagedState(DraftModelState(self.model, prompt_ids), self.ngram.start(prompt_ids))
@@ -100,8 +102,9 @@ class StagedDrafter(BaseDrafter):
                 if row is not None:
                     probs.append(row)
                 if stop_early is not None and len(drafted) < gamma:
-                    chain_probability *= token_confidence(logits[position : position + 1], row,
-                                                          emitted[position : position + 1], sampling)
+                    chain_probability *= token_confidence(
+                        logits[position : position + 1], row, emitted[position : position + 1], sampling
+                    )
                     stop = stop_early(len(drafted), chain_probability)
                     if stop:
                         break
@@ -109,8 +112,11 @@ class StagedDrafter(BaseDrafter):
                 break
         drafted = drafted[:gamma]
         state.model.drafted = drafted  # the cache holds a prefix of these past the context
-        return Trunk(torch.tensor(drafted, dtype=torch.long, device=context.device),
-                     torch.cat(logit_rows)[:gamma], torch.cat(probs)[:gamma] if probs else None)
+        return Trunk(
+            torch.tensor(drafted, dtype=torch.long, device=context.device),
+            torch.cat(logit_rows)[:gamma],
+            torch.cat(probs)[:gamma] if probs else None,
+        )
 
 
 class StagedTreeDrafter(StagedDrafter):

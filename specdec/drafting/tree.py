@@ -136,7 +136,8 @@ class ModelTreeDrafter(DraftModelDrafter):
             positions = torch.tensor([length + depths[node] for node in new_nodes], device=context.device)
             block = torch.tensor(tokens[written:], dtype=torch.long, device=context.device)
             segment = Segment(0, len(new_nodes), tuple(parents), written)
-            logits = self.model.forward(block, positions, state.cache, Attention((segment,), batch_invariant=False)).logits
+            attention = Attention((segment,), batch_invariant=False)
+            logits = self.model.forward(block, positions, state.cache, attention).logits
             return draft_distribution(logits, sampling)
 
         return grow_tree(draft_distribution(root_logits, sampling), expand, gamma, budget, self.branching, request)

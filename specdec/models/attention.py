@@ -113,7 +113,8 @@ class PaddedChains:
         scatter = [r * width + i for r, n in enumerate(counts) for i in range(n)]
         token_rows = [row for row, n in zip(rows, counts) for _ in range(n)]
         token_slots = [c + i for c, n in zip(committed, counts) for i in range(n)]
-        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped)], device=device)  # [R, C]
+        # [R, C]
+        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped)], device=device)
         slots = torch.arange(key_length, device=device)  # [L]
         visible = slots[None, None, :] <= query_slots[:, :, None]  # [R, C, L]
         masks: dict[int | None, torch.Tensor | None] = {}
@@ -128,9 +129,16 @@ class PaddedChains:
             masks[window] = None if bool(mask.all()) else mask[:, None]
         as_tensor = lambda values: torch.tensor(values, device=device)  # noqa: E731
         uniform = all(n == width for n in counts)  # no padding (plain decoding, equal drafts): views suffice
-        return PaddedChains(as_tensor(rows), rows == list(range(len(rows))), as_tensor(token_rows),
-                            as_tensor(token_slots), None if uniform else as_tensor(gather),
-                            None if uniform else as_tensor(scatter), key_length, masks)
+        return PaddedChains(
+            as_tensor(rows),
+            rows == list(range(len(rows))),
+            as_tensor(token_rows),
+            as_tensor(token_slots),
+            None if uniform else as_tensor(gather),
+            None if uniform else as_tensor(scatter),
+            key_length,
+            masks,
+        )
 
     def attend(
         self,
@@ -201,8 +209,10 @@ class QueryGroup:
         # its work by batch size and thread count, so a query inside a batched call can differ in
         # the last bits from the same query alone (measured with 2 threads, torch 2.13 on AVX2:
         # up to 1e-7, enough to flip an int8 rounding and change greedy text 65 tokens later).
-        alone = [layer.attend(queries[i:i + 1], keys[i:i + 1], values[i:i + 1], self.mask[i:i + 1])
-                 for i in range(queries.shape[0])]  # each [1, heads, 1, d]
+        alone = [
+            layer.attend(queries[i : i + 1], keys[i : i + 1], values[i : i + 1], self.mask[i : i + 1])
+            for i in range(queries.shape[0])
+        ]  # each [1, heads, 1, d]
         out[:, self.tokens] = torch.cat(alone)[:, :, 0].transpose(0, 1)
 
 
@@ -223,8 +233,11 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
         for index, (_, _, query_slots) in enumerate(queries):
             mask[index, :, :, : query_slots.shape[0]] = True
         # Sorted distinct slots from 0 to count - 1 are exactly 0..count-1: a view suffices.
-        if length <= capacity and len(set(rows)) == 1 and all(
-                int(slots[0]) == 0 and int(slots[-1]) == slots.shape[0] - 1 for _, _, slots in queries):
+        if (
+            length <= capacity
+            and len(set(rows)) == 1
+            and all(int(slots[0]) == 0 and int(slots[-1]) == slots.shape[0] - 1 for _, _, slots in queries)
+        ):
             groups.append(QueryGroup(tokens, None, None, mask, (rows[0], length)))
             continue
         slots = torch.zeros(len(queries), length, dtype=torch.long, device=device)
@@ -242,15 +255,25 @@ class AttentionPlan:
 
 
 def plan_attention(
-    attention: Attention, positions: torch.Tensor, cache: Cache, windows: set[int | None], per_query: bool,
+    attention: Attention,
+    positions: torch.Tensor,
+    cache: Cache,
+    windows: set[int | None],
+    per_query: bool,
 ) -> AttentionPlan:
     """per_query: attend each query over exactly its keys (after each row's prefill)."""
     if len(attention.segments) > 1 and not attention.has_trees and not per_query:
         return AttentionPlan([], PaddedChains.build(attention, positions, cache, windows))
     offsets = attention.offsets
     plans = [
-        plan_segment(segment, start, cache.lengths[segment.row], positions[start:end], windows,
-                     per_query=per_query and cache.lengths[segment.row] > 0)
+        plan_segment(
+            segment,
+            start,
+            cache.lengths[segment.row],
+            positions[start:end],
+            windows,
+            per_query=per_query and cache.lengths[segment.row] > 0,
+        )
         for segment, start, end in zip(attention.segments, offsets, offsets[1:])
     ]
     if not any(plan.per_query is not None for plan in plans):

@@ -2,10 +2,12 @@
 
 No fixed rule picks a backend: which is faster depends on the instruction set (on an AVX2-only
 CPU oneDNN's u8 x s8 path is compute-bound and llama.cpp's kernels win by several times;
-docs/design.md, "The CPU table"), and nothing says the order is the same on another CPU. Each candidate is loaded, checked (a
-verify block must score every token exactly as alone: lossless against an inexact block is not
-lossless) and timed on a one-token and a five-token forward; the fastest exact one wins. The result is kept in ``$SPECDEC_CACHE/backend-choice.json`` under the machine key (CPU,
-flags, torch, ISA caps) and the caller's key, so only the first use pays for the measurement.
+docs/design.md, "The CPU table"), and nothing says the order is the same on another CPU. Each
+candidate is loaded, checked (a verify block must score every token exactly as alone: lossless
+against an inexact block is not lossless) and timed on a one-token and a five-token forward; the
+fastest exact one wins. The result is kept in ``$SPECDEC_CACHE/backend-choice.json`` under the
+machine key (CPU, flags, torch, ISA caps) and the caller's key, so only the first use pays for the
+measurement.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ class Choice:
         others = [f"{name} {ms:.0f} ms" for name, ms in self.milliseconds.items() if name != self.name]
         others += [f"{name}: {reason}" for name, reason in self.refused.items()]
         mine = self.milliseconds.get(self.name)
-        return f"{self.name}" + (f" ({mine:.0f} ms for a 1- plus a {BLOCK}-token forward" if mine else " (") + \
-            (f"; {', '.join(others)}" if others else "") + "; measured once on this machine)"
+        return (
+            f"{self.name}"
+            + (f" ({mine:.0f} ms for a 1- plus a {BLOCK}-token forward" if mine else " (")
+            + (f"; {', '.join(others)}" if others else "")
+            + "; measured once on this machine)"
+        )
 
 
 def block_is_exact(model: LanguageModel, count: int = BLOCK) -> bool:
@@ -45,7 +51,7 @@ def block_is_exact(model: LanguageModel, count: int = BLOCK) -> bool:
     model.extend(tokens[:CONTEXT], block_cache)
     model.extend(tokens[:CONTEXT], alone_cache)
     block = model.extend(tokens[CONTEXT:], block_cache)
-    alone = torch.cat([model.extend(tokens[i:i + 1], alone_cache) for i in range(CONTEXT, CONTEXT + count)])
+    alone = torch.cat([model.extend(tokens[i : i + 1], alone_cache) for i in range(CONTEXT, CONTEXT + count)])
     return torch.equal(block, alone)
 
 
@@ -83,8 +89,11 @@ def choose_fastest_exact(
             gc.collect()
         if not milliseconds:
             raise RuntimeError(f"no exact way to run {key} here: {refused}")
-        return {"name": min(milliseconds, key=milliseconds.__getitem__), "milliseconds": milliseconds,
-                "refused": refused}
+        return {
+            "name": min(milliseconds, key=milliseconds.__getitem__),
+            "milliseconds": milliseconds,
+            "refused": refused,
+        }
 
     path = cache_file or cache_root() / "backend-choice.json"
     return Choice(**cached_measurement(path, [torch.get_num_threads(), key, sorted(candidates)], measure))

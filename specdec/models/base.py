@@ -145,7 +145,8 @@ def check_hidden_layers(hidden_layers: Sequence[int], num_layers: int) -> None:
 def check_forward(tokens: torch.Tensor, positions: torch.Tensor, cache: Cache, attention: Attention) -> None:
     """The checks every Network makes before writing anything."""
     if tokens.shape != positions.shape or tokens.dim() != 1:
-        raise ValueError(f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must be equal 1-D shapes")
+        raise ValueError(
+            f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must be equal 1-D shapes")
     if attention.num_tokens != tokens.shape[0]:
         raise ValueError(f"attention covers {attention.num_tokens} tokens, the block has {tokens.shape[0]}")
     for segment in attention.segments:

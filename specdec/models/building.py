@@ -45,7 +45,9 @@ def fused_state_dict(raw: dict[str, torch.Tensor], config: TransformerConfig) ->
     return state
 
 
-def build_lean(raw: dict[str, torch.Tensor], hf_config, dtype: torch.dtype, device: str, source: str) -> LlamaFamilyModel:
+def build_lean(
+    raw: dict[str, torch.Tensor], hf_config, dtype: torch.dtype, device: str, source: str
+) -> LlamaFamilyModel:
     """The own forward from transformers-named weights (``source`` names where they came from)."""
     config = TransformerConfig.from_hf(hf_config)
     inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)

@@ -8,12 +8,13 @@ tokens, each token with its explicit position and its row's sequence id, and log
 token. As with the other caches, a forward commits nothing: the entries past a row's committed
 length are removed (``llama_memory_seq_rm``) before that row's next forward or on rollback.
 
-While two or more sequences are leased, removed entries are parked, not freed: their cells move
-to a parking sequence that is never attended, and are freed when no leased sequence holds a cell. llama.cpp's slot search restarts at the
-first freed cell (``llama_kv_cache::seq_rm`` moves its head back) and takes cells one by one, so a
-freed hole lets a row's next token land before that row's older cells; attention then sums the
-keys in another order than a chain does (measured: 0.56 off in a logit on SmolLM2 Q4_1). With one
-sequence, the freed cells are its own suffix, which its next tokens refill in order: freed at once.
+While two or more sequences are leased, removed entries are parked, not freed: their cells move to a
+parking sequence that is never attended, and are freed when no leased sequence holds a cell.
+llama.cpp's slot search restarts at the first freed cell (``llama_kv_cache::seq_rm`` moves its head
+back) and takes cells one by one, so a freed hole lets a row's next token land before that row's
+older cells; attention then sums the keys in another order than a chain does (measured: 0.56 off in
+a logit on SmolLM2 Q4_1). With one sequence, the freed cells are its own suffix, which its next
+tokens refill in order: freed at once.
 
 Token trees (one forward, written = 0): every branch is a sequence (the row's own for the first,
 leased ones for the rest, each given the row's context by ``llama_memory_seq_cp``), and a node is
@@ -41,8 +42,10 @@ def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError as error:
-        raise ValueError('the llama.cpp backend needs llama-cpp-python: pip install "specdec[llama-cpp]" '
-                         "(it builds llama.cpp from source, 5-10 minutes on 2 cores)") from error
+        raise ValueError(
+            'the llama.cpp backend needs llama-cpp-python: pip install "specdec[llama-cpp]" '
+            "(it builds llama.cpp from source, 5-10 minutes on 2 cores)"
+        ) from error
     return llama_cpp
 
 
@@ -71,8 +74,9 @@ class LlamaCppTokenizer:
         texts = (self.lib.llama_vocab_get_text(self.vocab, token) for token in range(count))
         return {text.decode("utf-8", errors="replace"): token for token, text in enumerate(texts)}
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
-               clean_up_tokenization_spaces: bool = False) -> str:  # llama.cpp never cleans up spaces
+    def decode(
+        self, ids: Sequence[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False
+    ) -> str:  # llama.cpp never cleans up spaces
         if not ids:
             return ""
         tokens = (self.lib.llama_token * len(ids))(*ids)
@@ -180,8 +184,9 @@ EXACT_ROWS = 7
 
 
 class LlamaCppNetwork:
-    def __init__(self, lib, model, context_size: int, max_sequences: int, batch_size: int, threads: int,
-                 flash_attention: bool) -> None:
+    def __init__(
+        self, lib, model, context_size: int, max_sequences: int, batch_size: int, threads: int, flash_attention: bool
+    ) -> None:
         self.lib, self.model = lib, model
         params = lib.llama_context_default_params()
         # Explicit, not llama.cpp's "auto": the choice changes the logits' last bits, and greedy
@@ -210,8 +215,9 @@ class LlamaCppNetwork:
 
     def lease(self, rows: int) -> list[int]:
         if rows > len(self.free_ids):
-            raise RuntimeError(f"{rows} llama.cpp sequences needed, {len(self.free_ids)} free; "
-                               "load the model with more max_sequences")
+            raise RuntimeError(
+                f"{rows} llama.cpp sequences needed, {len(self.free_ids)} free; load the model with more max_sequences"
+            )
         leased, self.free_ids = self.free_ids[:rows], self.free_ids[rows:]
         for seq_id in leased:
             self.remove(seq_id, 0)
@@ -255,10 +261,14 @@ class LlamaCppNetwork:
     ) -> ForwardOutput:  # logits [n, vocab] float32
         check_forward(tokens, positions, cache, attention)
         if hidden_layers:
-            raise ValueError("the llama.cpp backend gives no hidden states (drafters that need them run on specdec's forward)")
+            raise ValueError(
+                "the llama.cpp backend gives no hidden states (drafters that need them run on specdec's forward)"
+            )
         if any(segment.written for segment in attention.segments):
-            raise ValueError("the llama.cpp backend scores a token tree in one forward; a tree grown over several "
-                             "(the tree drafter's draft model) runs with --backend specdec")
+            raise ValueError(
+                "the llama.cpp backend scores a token tree in one forward; a tree grown over several "
+                "(the tree drafter's draft model) runs with --backend specdec"
+            )
         seq_ids = []
         for segment in attention.segments:
             cache.crop(segment.row)
@@ -275,15 +285,17 @@ class LlamaCppNetwork:
         try:
             for start in range(0, len(token_list), step):
                 end = min(start + step, len(token_list))
-                logits.append(self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end],
-                                          want_logits))
+                logits.append(
+                    self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end], want_logits)
+                )
         finally:  # on an error too: what was written is uncommitted, and crop (or the next forward) drops it
             for segment in attention.segments:
                 cache.stored[segment.row] = cache.lengths[segment.row] + segment.count
         return ForwardOutput(torch.cat(logits) if want_logits else None)
 
-    def decode(self, tokens: list[int], positions: list[int], seq_ids: list[list[int]],
-               want_logits: bool) -> torch.Tensor | None:
+    def decode(
+        self, tokens: list[int], positions: list[int], seq_ids: list[list[int]], want_logits: bool
+    ) -> torch.Tensor | None:
         """One llama_decode; seq_ids: each token's sequences (a tree node is in every branch below it)."""
         count, batch = len(tokens), self.batch
         batch.n_tokens = count
@@ -297,19 +309,30 @@ class LlamaCppNetwork:
         status = self.lib.llama_decode(self.context, batch)
         if status == 1 and self.lib.llama_memory_seq_pos_max(self.memory, self.parking) >= 0:
             # Freeing the parked cells now would make holes before live cells (not exact).
-            raise RuntimeError("the llama.cpp KV pool is full, partly of rejected drafts kept until the batch "
-                               "ends (for exactness): load with a larger context_size or run fewer rows")
+            raise RuntimeError(
+                "the llama.cpp KV pool is full, partly of rejected drafts kept until the batch "
+                "ends (for exactness): load with a larger context_size or run fewer rows"
+            )
         if status != 0:
-            raise RuntimeError(f"llama_decode failed (status {status})" +
-                               ("; the KV pool is full: load with a larger context_size" if status == 1 else ""))
+            raise RuntimeError(
+                f"llama_decode failed (status {status})"
+                + ("; the KV pool is full: load with a larger context_size" if status == 1 else "")
+            )
         if not want_logits:
             return None
-        return torch.from_numpy(np.ctypeslib.as_array(self.lib.llama_get_logits(self.context),
-                                                      shape=(count, self.vocab_size)).copy())
+        return torch.from_numpy(
+            np.ctypeslib.as_array(self.lib.llama_get_logits(self.context), shape=(count, self.vocab_size)).copy()
+        )
 
 
-def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 64, batch_size: int = 512,
-              threads: int | None = None, flash_attention: bool = True) -> LanguageModel:
+def load_gguf(
+    path: str | Path,
+    context_size: int = 8192,
+    max_sequences: int = 64,
+    batch_size: int = 512,
+    threads: int | None = None,
+    flash_attention: bool = True,
+) -> LanguageModel:
     """A GGUF file on llama.cpp's kernels. context_size is the KV pool shared by every sequence."""
     lib = import_llama_cpp()
     path = Path(path)
@@ -332,9 +355,17 @@ def load_gguf(path: str | Path, context_size: int = 8192, max_sequences: int = 6
     vocab = lib.llama_model_get_vocab(model)
     eos = tuple(token for token in range(network.vocab_size) if lib.llama_vocab_is_eog(vocab, token))
     max_context = min(lib.llama_model_n_ctx_train(model), context_size)
-    return LanguageModel(network=network, tokenizer=LlamaCppTokenizer(lib, vocab), name=path.stem,
-                         vocab_size=network.vocab_size, max_context=max_context, eos_token_ids=eos,
-                         backend="llama.cpp", dtype=torch.float32, path=str(path))
+    return LanguageModel(
+        network=network,
+        tokenizer=LlamaCppTokenizer(lib, vocab),
+        name=path.stem,
+        vocab_size=network.vocab_size,
+        max_context=max_context,
+        eos_token_ids=eos,
+        backend="llama.cpp",
+        dtype=torch.float32,
+        path=str(path),
+    )
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)

@@ -82,7 +82,9 @@ def kernel_notice() -> str | None:
         for name, reason in choice.refused.items():
             if name not in used_names and not refused.get(name, "").startswith("wrong"):
                 refused[name] = reason  # a wrong result outranks "slower" as the reason shown
-    chosen = ", ".join(f"{description} ({count} of {len(choices)} weight shapes)" for description, count in used.items())
+    chosen = ", ".join(
+        f"{description} ({count} of {len(choices)} weight shapes)" for description, count in used.items()
+    )
     others = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
     return f"int8 kernel on this CPU ({isa_summary()}): {chosen}" + (f"; not used: {others}" if others else "")
 

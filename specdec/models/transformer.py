@@ -258,7 +258,8 @@ class LlamaFamilyModel(nn.Module):
             raise ValueError("restrict the output before quantizing")
         if token_ids.unique().shape[0] != token_ids.shape[0] or not (0 <= token_ids).all() or \
                 not (token_ids < self.config.vocab_size).all():
-            raise ValueError(f"output token ids must be distinct ids below the vocabulary size {self.config.vocab_size}")
+            raise ValueError(
+                f"output token ids must be distinct ids below the vocabulary size {self.config.vocab_size}")
         self.lm_head = SubsetHead(self.lm_head.weight.detach(), token_ids.to(self.device), self.config.vocab_size)
         return self
 
@@ -300,8 +301,15 @@ class LlamaFamilyModel(nn.Module):
 
     def new_cache(self, max_length: int | None = None, rows: int = 1) -> KVCache:
         c = self.config
-        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_length or c.max_position_embeddings,
-                       self.dtype, self.device, rows)
+        return KVCache(
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            max_length or c.max_position_embeddings,
+            self.dtype,
+            self.device,
+            rows,
+        )
 
     @torch.inference_mode()
     def forward(

@@ -33,9 +33,19 @@ class SpecdecReplica:
         target_model = load(target, dtype=dtype)
         draft_model = load(draft, dtype=dtype) if draft else None
         needs_model = any(kind not in ("ngram", "ngram-tree") for kind in drafter.split("+"))
-        chosen = make_drafter(drafter, draft_model, target=target_model) if draft_model is not None or not needs_model else None
-        self.asgi_app = build_app(target_model, chosen, model_name or target_model.name, gamma=gamma,
-                                  speculation=speculation, max_batch=max_batch)
+        chosen = (
+            make_drafter(drafter, draft_model, target=target_model)
+            if draft_model is not None or not needs_model
+            else None
+        )
+        self.asgi_app = build_app(
+            target_model,
+            chosen,
+            model_name or target_model.name,
+            gamma=gamma,
+            speculation=speculation,
+            max_batch=max_batch,
+        )
 
     def __serve_build_asgi_app__(self):
         return self.asgi_app
@@ -43,8 +53,9 @@ class SpecdecReplica:
 
 def deployment(num_replicas: int = 2, num_cpus: float = 1.0, **options: Any) -> serve.Application:
     """A Ray Serve application of ``num_replicas`` specdec servers; options go to SpecdecReplica."""
-    return serve.deployment(SpecdecReplica, num_replicas=num_replicas,
-                            ray_actor_options={"num_cpus": num_cpus}).bind(**options)
+    return serve.deployment(SpecdecReplica, num_replicas=num_replicas, ray_actor_options={"num_cpus": num_cpus}).bind(
+        **options
+    )
 
 
 def app_builder(args: dict[str, Any]) -> serve.Application:

@@ -19,10 +19,23 @@ def add_parser(commands, add_model_options) -> None:
                     "for --drafter head|head-tree --draft-head DIR. Resumes from --out/checkpoint.pt.")
     add_model_options(parser)  # the target as it will be drafted for (its precision decides its features)
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--data", nargs="+", default=(), help="files or folders of code (default: Python's standard library)")
+    parser.add_argument(
+        "--data", nargs="+", default=(), help="files or folders of code (default: Python's standard library)"
+    )
     defaults = HeadTraining(out="")
-    for name in ("draft_vocab", "steps", "ttt_steps", "sequence_length", "corpus_sequences", "continuation_sequences",
-                 "heldout_sequences", "batch_size", "eval_every", "checkpoint_every", "seed"):
+    for name in (
+        "draft_vocab",
+        "steps",
+        "ttt_steps",
+        "sequence_length",
+        "corpus_sequences",
+        "continuation_sequences",
+        "heldout_sequences",
+        "batch_size",
+        "eval_every",
+        "checkpoint_every",
+        "seed",
+    ):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--intermediate-size", type=int, help="the head's MLP width (default: the target's)")
@@ -32,11 +45,21 @@ def run(args: argparse.Namespace, errors: Console, load_target) -> int:
     import shlex
 
     settings = HeadTraining(
-        out=args.out, data=tuple(args.data), draft_vocab=args.draft_vocab, steps=args.steps, ttt_steps=args.ttt_steps,
-        sequence_length=args.sequence_length, corpus_sequences=args.corpus_sequences,
-        continuation_sequences=args.continuation_sequences, heldout_sequences=args.heldout_sequences,
-        batch_size=args.batch_size, learning_rate=args.learning_rate, intermediate_size=args.intermediate_size,
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        out=args.out,
+        data=tuple(args.data),
+        draft_vocab=args.draft_vocab,
+        steps=args.steps,
+        ttt_steps=args.ttt_steps,
+        sequence_length=args.sequence_length,
+        corpus_sequences=args.corpus_sequences,
+        continuation_sequences=args.continuation_sequences,
+        heldout_sequences=args.heldout_sequences,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        intermediate_size=args.intermediate_size,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
         command=shlex.join(["specdec", *args.argv]),
     )
     from specdec.training.head_train import train_head

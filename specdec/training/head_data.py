@@ -156,7 +156,8 @@ class DataPlan:
 
 
 def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callable[[str], None],
-            progress_bar: Callable[[str, int], Callable[[int], None]]) -> tuple[HeadFeatures, HeadFeatures, torch.Tensor]:
+            progress_bar: Callable[[str, int], Callable[[int], None]],
+            ) -> tuple[HeadFeatures, HeadFeatures, torch.Tensor]:
     """(train features, held-out features, draft vocabulary), from the cache when present."""
     folder = cache_dir / plan.key()
     paths = [folder / name for name in ("train.safetensors", "heldout.safetensors", "draft_vocab.json")]
@@ -169,12 +170,19 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     length = plan.sequence_length
     windows = corpus_windows(target.tokenizer, train_files, length, plan.corpus_sequences)
     if plan.continuation_sequences:
-        windows += continuation_windows(target, train_files, length, plan.continuation_sequences,
-                                        progress_bar("target continuations", plan.continuation_sequences))
+        windows += continuation_windows(
+            target,
+            train_files,
+            length,
+            plan.continuation_sequences,
+            progress_bar("target continuations", plan.continuation_sequences),
+        )
     heldout = corpus_windows(target.tokenizer, heldout_files, length, plan.heldout_sequences)
     if not windows or not heldout:
-        raise ValueError(f"the data gives no {length}-token sequences to train on (or none held out): "
-                         "give more files with --data, or a shorter --sequence-length")
+        raise ValueError(
+            f"the data gives no {length}-token sequences to train on (or none held out): "
+            "give more files with --data, or a shorter --sequence-length"
+        )
     vocabulary = draft_vocabulary(windows, plan.draft_vocab, target.vocab_size)
     train = extract_features(target, windows, plan.feature_layers, progress_bar("target features", len(windows)))
     held = extract_features(target, heldout, plan.feature_layers, progress_bar("held-out features", len(heldout)))

@@ -19,8 +19,16 @@ from specdec.training.head_settings import HeadTraining
 
 
 def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def train_head(target, settings: HeadTraining, console: Console | None = None) -> Path:
@@ -32,10 +40,19 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     out = Path(settings.out)
     shape = target_shape(target)
     layers = default_feature_layers(shape.num_layers)
-    plan = DataPlan(settings.data, settings.sequence_length, settings.corpus_sequences, settings.continuation_sequences,
-                    settings.heldout_sequences, settings.draft_vocab, layers, f"{target.name}:{target.dtype}:{target.path}")
+    plan = DataPlan(
+        settings.data,
+        settings.sequence_length,
+        settings.corpus_sequences,
+        settings.continuation_sequences,
+        settings.heldout_sequences,
+        settings.draft_vocab,
+        layers,
+        f"{target.name}:{target.dtype}:{target.path}",
+    )
     started = time.perf_counter()
     with progress_bar(console) as progress:
+
         def bar(label: str, total: int):
             task = progress.add_task(label, total=total, info="")
 
@@ -44,6 +61,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                 progress.advance(task, count)
                 if not console.is_terminal and int(10 * (before + count) / total) > int(10 * before / total):
                     console.print(f"{label}: {int(before + count)}/{total}")  # a log gets a line per tenth
+
             return advance
 
         train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar)
@@ -60,8 +78,9 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         while step < settings.steps:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, settings.steps, settings.learning_rate)
-            result = unrolled_loss(head, sample_batch(train, settings.batch_size, generator), output_rows,
-                                   settings.ttt_steps)
+            result = unrolled_loss(
+                head, sample_batch(train, settings.batch_size, generator), output_rows, settings.ttt_steps
+            )
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 0.5)
@@ -70,8 +89,13 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
             info = f"loss {float(result.loss.detach()):.3f} top-1 " + " ".join(f"{a:.2f}" for a in result.agreement)
             if step % settings.eval_every == 0 or step == settings.steps:
                 held = evaluate(head, heldout, output_rows, settings.ttt_steps)
-                history.append({"step": step, "heldout_loss": round(float(held.loss), 4),
-                                "heldout_top1": [round(a, 4) for a in held.agreement]})
+                history.append(
+                    {
+                        "step": step,
+                        "heldout_loss": round(float(held.loss), 4),
+                        "heldout_top1": [round(a, 4) for a in held.agreement],
+                    }
+                )
                 info += " | held-out " + " ".join(f"{a:.2f}" for a in held.agreement)
                 progress.console.print(f"step {step}: {info}", highlight=False)
             progress.update(task, completed=step, info=info)
@@ -94,15 +118,27 @@ def target_output_rows(target) -> torch.Tensor:  # [vocab, hidden] float32
 def save_checkpoint(out: Path, head, optimizer, generator, step: int, history: list, settings: HeadTraining) -> None:
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "checkpoint.partial"
-    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                "step": step, "history": history, "settings": training_identity(settings)}, partial)
+    torch.save(
+        {
+            "head": head.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "generator": generator.get_state(),
+            "step": step,
+            "history": history,
+            "settings": training_identity(settings),
+        },
+        partial,
+    )
     partial.replace(out / "checkpoint.pt")  # a crash mid-write leaves the last whole checkpoint
 
 
 def training_identity(settings: HeadTraining) -> dict:
     """What must match for a checkpoint to be resumed (not the step budget or the command)."""
-    return {key: value for key, value in asdict(settings).items() if key not in ("steps", "command", "eval_every",
-                                                                                  "checkpoint_every")}
+    return {
+        key: value
+        for key, value in asdict(settings).items()
+        if key not in ("steps", "command", "eval_every", "checkpoint_every")
+    }
 
 
 def resume(out: Path, head, optimizer, generator, settings: HeadTraining, console: Console) -> tuple[int, list]:
@@ -111,8 +147,9 @@ def resume(out: Path, head, optimizer, generator, settings: HeadTraining, consol
         return 0, []
     state = torch.load(path, map_location="cpu", weights_only=False)
     if state["settings"] != training_identity(settings):
-        raise ValueError(f"{path} was trained with other settings ({state['settings']}); "
-                         "use another --out or the same settings")
+        raise ValueError(
+            f"{path} was trained with other settings ({state['settings']}); use another --out or the same settings"
+        )
     head.load_state_dict(state["head"])
     optimizer.load_state_dict(state["optimizer"])
     generator.set_state(state["generator"])
@@ -124,22 +161,26 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
     last = history[-1] if history else {}
     agreement = ", ".join(f"depth {i + 1}: {a:.3f}" for i, a in enumerate(last.get("heldout_top1", [])))
     data = ", ".join(settings.data) or "Python's standard library (this machine's)"
-    return "\n".join([
-        f"# EAGLE-3 draft head for {target.name}",
-        "",
-        "Trained with specdec's `train-head`; loads with `--drafter head-tree --draft-head DIR`.",
-        "",
-        f"- command: `{settings.command}`",
-        f"- target: {target.name} ({target.precision}, {target.path}); feature layers {plan.feature_layers}",
-        f"- data: {data}; {sequences} training sequences of {settings.sequence_length} tokens "
-        f"({settings.corpus_sequences} corpus windows requested, {settings.continuation_sequences} target continuations)",
-        f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
-        f"{settings.intermediate_size or 'the target’s'}",
-        f"- steps: {settings.steps} x {settings.batch_size} sequences, training-time test {settings.ttt_steps} steps, "
-        f"peak learning rate {settings.learning_rate}",
-        f"- time: {hours:.2f} h (this run; a resumed run counts from its resume) on {platform.machine()}, "
-        f"{isa_summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
-        f"- held-out top-1 agreement with the target's greedy token: {agreement or 'not evaluated'}"
-        f" (loss {last.get('heldout_loss', 'n/a')})",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# EAGLE-3 draft head for {target.name}",
+            "",
+            "Trained with specdec's `train-head`; loads with `--drafter head-tree --draft-head DIR`.",
+            "",
+            f"- command: `{settings.command}`",
+            f"- target: {target.name} ({target.precision}, {target.path}); feature layers {plan.feature_layers}",
+            f"- data: {data}; {sequences} training sequences of {settings.sequence_length} tokens "
+            f"({settings.corpus_sequences} corpus windows requested, "
+            f"{settings.continuation_sequences} target continuations)",
+            f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
+            f"{settings.intermediate_size or 'the target’s'}",
+            f"- steps: {settings.steps} x {settings.batch_size} sequences, "
+            f"training-time test {settings.ttt_steps} steps, "
+            f"peak learning rate {settings.learning_rate}",
+            f"- time: {hours:.2f} h (this run; a resumed run counts from its resume) on {platform.machine()}, "
+            f"{isa_summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+            f"- held-out top-1 agreement with the target's greedy token: {agreement or 'not evaluated'}"
+            f" (loss {last.get('heldout_loss', 'n/a')})",
+            "",
+        ]
+    )

@@ -89,7 +89,9 @@ def unrolled_loss(head: DraftHead, batch: HeadFeatures, output_rows: torch.Tenso
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead, data: HeadFeatures, output_rows: torch.Tensor, steps: int, batch_size: int = 8) -> HeadLoss:
+def evaluate(
+    head: DraftHead, data: HeadFeatures, output_rows: torch.Tensor, steps: int, batch_size: int = 8
+) -> HeadLoss:
     """Loss and per-step top-1 agreement over every held-out sequence."""
     losses, agreements, count = [], [], 0
     for first in range(0, len(data), batch_size):

@@ -32,7 +32,9 @@ def main() -> None:
     for name, make in ways.items():
         model = make()
         for drafter in ("target-only", "ngram:cost"):
-            decoder = SpeculativeDecoder(model, None if drafter == "target-only" else make_drafter("ngram"), policy="cost")
+            decoder = SpeculativeDecoder(
+                model, None if drafter == "target-only" else make_drafter("ngram"), policy="cost"
+            )
             decoder.generate(PROMPT, SamplingParams(max_new_tokens=8))  # warm-up
             rates = []
             for _ in range(2):

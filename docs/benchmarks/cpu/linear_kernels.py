@@ -48,8 +48,13 @@ def main() -> None:
                 entry["per shape"][f"{out}x{inn}"] = round(ms, 3)
                 entry["per token"] = round(entry["per token"] + ms * count, 1)
     for name, by_rows in result.items():
-        print(f"{name:22s} " + "  ".join(f"{rows}: {v['per token']:7.1f} ms/token "
-                                          f"(17920x1536 {v['per shape']['17920x1536']:.2f} ms)" for rows, v in by_rows.items()))
+        print(
+            f"{name:22s} "
+            + "  ".join(
+                f"{rows}: {v['per token']:7.1f} ms/token (17920x1536 {v['per shape']['17920x1536']:.2f} ms)"
+                for rows, v in by_rows.items()
+            )
+        )
     write_measurement(args.out, {"ms": result})
 
 

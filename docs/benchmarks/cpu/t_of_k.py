@@ -54,7 +54,9 @@ def main() -> None:
               + f"  T({blocks[-1]})/T(1)={times[blocks[-1]] / times[blocks[0]]:.2f}", flush=True)
         del model, cache
         gc.collect()
-    write_measurement(args.out, {"machine": machine_description(), "model": args.model, "gguf": args.gguf, "rows": rows})
+    write_measurement(
+        args.out, {"machine": machine_description(), "model": args.model, "gguf": args.gguf, "rows": rows}
+    )
     print(f"-> {args.out}")
 
 

@@ -12,11 +12,23 @@ targets = {"exact": load(default_model("target")), "plain": load(default_model("
 draft = load(default_model("draft"))
 methods = []
 for kind, target in targets.items():
-    methods += [speculative_method(f"{kind} target-only", SpeculativeDecoder(target)),
-                speculative_method(f"{kind} model:fixed", SpeculativeDecoder(target, make_drafter("model", draft), gamma=4)),
-                speculative_method(f"{kind} ngram:threshold", SpeculativeDecoder(target, make_drafter("ngram", None), gamma=4, policy="threshold"))]
+    methods += [
+        speculative_method(f"{kind} target-only", SpeculativeDecoder(target)),
+        speculative_method(f"{kind} model:fixed", SpeculativeDecoder(target, make_drafter("model", draft), gamma=4)),
+        speculative_method(
+            f"{kind} ngram:threshold",
+            SpeculativeDecoder(target, make_drafter("ngram", None), gamma=4, policy="threshold"),
+        ),
+    ]
 prompts = load_prompts(default_prompts(), int(sys.argv[1]))
-run = run_side_by_side(methods, prompts, targets["exact"].tokenizer.encode, SamplingParams(max_new_tokens=64),
-                       "exact target-only", repeats=3, references={"specdec": "exact target-only"})
+run = run_side_by_side(
+    methods,
+    prompts,
+    targets["exact"].tokenizer.encode,
+    SamplingParams(max_new_tokens=64),
+    "exact target-only",
+    repeats=3,
+    references={"specdec": "exact target-only"},
+)
 print(markdown_table(summarize(run.measurements, ["exact target-only", "plain target-only"])))
 print("mismatches:", [str(m) for m in run.mismatches])

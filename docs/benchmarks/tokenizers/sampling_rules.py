@@ -26,7 +26,15 @@ for rule in ("intersection", "point-mass"):
             totals["accepted"] += stats.accepted
             totals["generated"] += stats.generated_tokens
             totals["forwards"] += stats.target_forwards
-    rows[rule] = {**totals, "alpha": totals["accepted"] / totals["drafted"], "tau": totals["generated"] / totals["forwards"]}
+    rows[rule] = {
+        **totals,
+        "alpha": totals["accepted"] / totals["drafted"],
+        "tau": totals["generated"] / totals["forwards"],
+    }
     print(rule, rows[rule], flush=True)
-out.write_text(json.dumps({"prompts": len(prompts), "seeds": 3, "temperature": 0.8, "max_new_tokens": 48, "gamma": 5,
-                           "rules": rows}, indent=1))
+out.write_text(
+    json.dumps(
+        {"prompts": len(prompts), "seeds": 3, "temperature": 0.8, "max_new_tokens": 48, "gamma": 5, "rules": rows},
+        indent=1,
+    )
+)

@@ -20,12 +20,22 @@ def spy(self):
     return p
 type(policy).for_request = spy
 dec = SpeculativeDecoder(target, make_drafter("staged", draft), gamma=4, policy=policy)
-prompt = "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
+prompt = (
+    "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
+)
 for i in range(2):
     r = dec.generate(prompt, max_new_tokens=64)
     p = spy.last
-    print("gammas", sorted(chosen.items())); chosen.clear()
-    print("T(k) ms", {k: round(m.mean * 1000, 1) for k, m in sorted(p.verify_cost.by_block.items())}, "counts", {k: round(m.count, 1) for k, m in sorted(p.verify_cost.by_block.items())})
+    print("gammas", sorted(chosen.items()))
+    chosen.clear()
+    print(
+        "T(k) ms",
+        {k: round(m.mean * 1000, 1) for k, m in sorted(p.verify_cost.by_block.items())},
+        "counts",
+        {k: round(m.count, 1) for k, m in sorted(p.verify_cost.by_block.items())},
+    )
     print("fit ms", {k: round(p.verify_cost.seconds(k) * 1000, 1) for k in range(1, 14)})
-    print("draft ms/token", round(p.draft_cost.mean * 1000, 1), "acceptance", [round(a, 2) for a in p.acceptance.alphas()])
+    print(
+        "draft ms/token", round(p.draft_cost.mean * 1000, 1), "acceptance", [round(a, 2) for a in p.acceptance.alphas()]
+    )
     print("rates", {g: round(p.expected_rate(g) or 0, 2) for g in range(0, 13)})

@@ -16,6 +16,9 @@ out = {}
 for k in (1, 5):
     ts = []
     for _ in range(5):
-        s = time.perf_counter(); t.forward(torch.arange(2000, 2000 + k), torch.arange(64, 64 + k), c, Attention.chain(k)); ts.append(time.perf_counter() - s); c.crop(0)
+        s = time.perf_counter()
+        t.forward(torch.arange(2000, 2000 + k), torch.arange(64, 64 + k), c, Attention.chain(k))
+        ts.append(time.perf_counter() - s)
+        c.crop(0)
     out[k] = round(statistics.median(ts) * 1000, 1)
 print(os.environ.get("OMP_WAIT_POLICY", "default"), sys.argv[1:], out)

@@ -15,8 +15,12 @@ prompts = [p.text for p in load_prompts(default_prompts(), 1)]
 tokens = 64
 decoders = {"target-only": SpeculativeDecoder(target)}
 for kind in ("model", "staged"):
-    decoders[f"{kind} torch-int8 draft"] = SpeculativeDecoder(target, make_drafter(kind, draft_torch, target=target), gamma=4)
-    decoders[f"{kind} llama.cpp draft"] = SpeculativeDecoder(target, make_drafter(kind, draft_gguf, target=target), gamma=4)
+    decoders[f"{kind} torch-int8 draft"] = SpeculativeDecoder(
+        target, make_drafter(kind, draft_torch, target=target), gamma=4
+    )
+    decoders[f"{kind} llama.cpp draft"] = SpeculativeDecoder(
+        target, make_drafter(kind, draft_gguf, target=target), gamma=4
+    )
 for d in decoders.values():
     d.generate(prompts[0], max_new_tokens=8)  # warm-up
 results = {name: {"tokens": 0, "seconds": 0.0, "ids": []} for name in decoders}
@@ -35,6 +39,8 @@ for prompt in prompts:
 base = results["target-only"]
 for name, r in results.items():
     rate = r["tokens"] / r["seconds"]
-    print(f"{name:28s} {rate:6.2f} tok/s  {rate / (base['tokens'] / base['seconds']):.2f}x  "
-          f"draft {r['draft_s']:.1f}s verify {r['verify_s']:.1f}s tau {sum(r['tau'])/len(r['tau']):.2f} "
-          f"same={r['ids'] == base['ids']}")
+    print(
+        f"{name:28s} {rate:6.2f} tok/s  {rate / (base['tokens'] / base['seconds']):.2f}x  "
+        f"draft {r['draft_s']:.1f}s verify {r['verify_s']:.1f}s tau {sum(r['tau']) / len(r['tau']):.2f} "
+        f"same={r['ids'] == base['ids']}"
+    )

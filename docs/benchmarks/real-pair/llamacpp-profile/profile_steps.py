@@ -68,7 +68,9 @@ def alternation(target: backend.LlamaCppNetwork, draft: backend.LlamaCppNetwork)
     for _ in range(6):
         for i in range(4):
             began = time.perf_counter()
-            draft(torch.tensor([2000 + i]), torch.tensor([64 + i]), caches[1], Attention.chain(1, batch_invariant=False))
+            draft(
+                torch.tensor([2000 + i]), torch.tensor([64 + i]), caches[1], Attention.chain(1, batch_invariant=False)
+            )
             caches[1].commit(0, 1)
             draft_times.append(time.perf_counter() - began)
         caches[1].rollback(0, 64)
@@ -81,16 +83,21 @@ def alternation(target: backend.LlamaCppNetwork, draft: backend.LlamaCppNetwork)
 
 def python_costs(net: backend.LlamaCppNetwork) -> dict[str, float]:
     """ms per 5-position verify block of what happens outside llama_decode."""
+
     def per_call(work) -> float:
         began = time.perf_counter()
         for _ in range(20):
             work()
         return round((time.perf_counter() - began) / 20 * 1000, 2)
+
     raw = np.ctypeslib.as_array(net.lib.llama_get_logits(net.context), shape=(5, net.vocab_size))
     logits = torch.from_numpy(raw.copy())
     sampling = SamplingParams(temperature=0.8)
-    return {"copy logits": per_call(lambda: torch.from_numpy(raw.copy())), "argmax": per_call(lambda: logits.argmax(-1)),
-            "probabilities at t=0.8": per_call(lambda: logits_to_probs(logits, sampling))}
+    return {
+        "copy logits": per_call(lambda: torch.from_numpy(raw.copy())),
+        "argmax": per_call(lambda: logits.argmax(-1)),
+        "probabilities at t=0.8": per_call(lambda: logits_to_probs(logits, sampling)),
+    }
 
 
 def decode_share(target_path: str, draft_path: str) -> dict[str, float]:
@@ -107,6 +114,7 @@ def decode_share(target_path: str, draft_path: str) -> dict[str, float]:
             return decode(self, *args)
         finally:
             inside[0] += time.perf_counter() - began
+
     backend.LlamaCppNetwork.decode = timed
     shares = {}
     for name, drafter in (("target-only", None), ("model:fixed", draft)):
