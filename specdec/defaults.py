@@ -59,7 +59,7 @@ def installed_smollm2_gguf() -> Path | None:
     from importlib import metadata
 
     try:
-        path = Path(metadata.distribution(SMOLLM2_DISTRIBUTION).locate_file(SMOLLM2_GGUF))
+        path = Path(str(metadata.distribution(SMOLLM2_DISTRIBUTION).locate_file(SMOLLM2_GGUF)))
     except metadata.PackageNotFoundError:
         return None
     return path if path.is_file() else None

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 from collections.abc import Callable
+from typing import Any, TypeVar
 from pathlib import Path
 
 import torch
@@ -71,11 +72,15 @@ def isa_summary() -> str:
     return ", ".join(words)
 
 
-def cached_measurement(path: Path, key: object, measure: Callable[[], object]) -> object:
+Measured = TypeVar("Measured")
+
+
+def cached_measurement(path: Path, key: object, measure: Callable[[], Measured]) -> Measured:
     """``measure()``'s JSON-able result, kept in ``path`` under this machine and ``key``:
-    measured on the first call here, read back on every later one."""
+    measured on the first call here, read back on every later one (as JSON gives it back: the
+    caller's result type must survive a JSON round trip)."""
     full_key = json.dumps([machine_key(), key])
-    stored = read_json_cache(path)
+    stored: dict[str, Any] = read_json_cache(path)
     if full_key not in stored:
         stored[full_key] = measure()
         write_json_cache(path, stored)

@@ -36,7 +36,7 @@ def bench_forward(hidden: int = 384, layers: int = 8, vocab: int = 8192, heads: 
             "transformers fp32": load(folder, backend="transformers"),
             "specdec int8": load(folder, backend="specdec", quantize="int8"),
         }
-        results = {name: {} for name in engines}
+        results: dict[str, dict[int, float]] = {name: {} for name in engines}
         for block in blocks:  # engines interleaved per block size: they share the machine's noise
             for name, engine in engines.items():
                 results[name][block] = time_forward(engine, block, repeats)

@@ -216,7 +216,7 @@ def summarize(measurements: Sequence[Measurement], baselines: Sequence[str]) -> 
     and speedup over each baseline (ratio of tokens/s on the same prompts)."""
     categories = sorted({m.prompt.category for m in measurements})
     methods = list(dict.fromkeys(m.method for m in measurements))
-    summaries = []
+    summaries: list[Summary] = []
     for category in [*categories, "all"]:
         selected = [m for m in measurements if category in ("all", m.prompt.category)]
         by_method: dict[str, Summary] = {}

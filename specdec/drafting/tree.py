@@ -138,6 +138,7 @@ class ModelTreeDrafter(DraftModelDrafter):
             segment = Segment(0, len(new_nodes), tuple(parents), written)
             attention = Attention((segment,), batch_invariant=False)
             logits = self.model.forward(block, positions, state.cache, attention).logits
+            assert logits is not None  # want_logits defaults to True
             return draft_distribution(logits, sampling)
 
         return grow_tree(draft_distribution(root_logits, sampling), expand, gamma, budget, self.branching, request)

@@ -78,11 +78,11 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16  # OpenAI's default for completions
 
     def single_prompt(self) -> str | list[int]:
-        prompt = self.prompt
+        prompt: Any = self.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
                 raise ApiError(400, f"one prompt per request, got {len(prompt)}", "prompt")
-            prompt = prompt[0]
+            prompt = prompt[0]  # a list of one prompt is that prompt (a string or a list of ids)
         if not prompt:
             raise ApiError(400, "prompt is empty", "prompt")
         return prompt

@@ -110,7 +110,7 @@ def code_prompts(files: Sequence[Path], count: int, context_lines: int = 8, seed
             if stripped.startswith("def ") and stripped.endswith(":") and number >= 2:
                 candidates.append((file, number, lines))
     random.Random(seed).shuffle(candidates)
-    prompts, per_file = [], {}
+    prompts, per_file = [], dict[Path, int]()
     for file, number, lines in candidates:
         if per_file.get(file, 0) >= 2:
             continue
