@@ -73,8 +73,9 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter",
         metavar="|".join(DRAFTERS),
-        help="model: the draft model; ngram: prompt lookup (no model); staged: draft model + n-gram "
-        "stage; tree / ngram-tree / staged-tree: token trees; A+B: both, merged into one tree (default: "
+        help="model: the draft model; ngram: prompt lookup (no model); suffix: suffix decoding (no model: "
+        "this request's text and a cache of earlier outputs); staged: draft model + n-gram "
+        "stage; tree / ngram-tree / staged-tree / suffix-tree: token trees; A+B: both, merged into one tree (default: "
         "model; for the default pair, the drafter measured fastest with it)",
     )
     parser.add_argument(
@@ -214,8 +215,10 @@ def build_drafter(args: argparse.Namespace, errors: Console):
         args.policy = pair.policy if pair else "fixed"
         if args.policy == "cost" and (args.tree or drafts_trees(args.drafter)):
             args.policy = "tree-cost"
+    from specdec.names import TEXT_DRAFTERS
+
     needs_model = not args.no_draft and any(
-        kind not in ("ngram", "ngram-tree", "head", "head-tree") for kind in args.drafter.split("+")
+        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in args.drafter.split("+")
     )
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:

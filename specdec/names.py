@@ -3,9 +3,13 @@ parser is built from these, so `specdec --help` and argument errors answer at on
 that implement each name import them from here."""
 
 SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules
-DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree")  # specdec.drafting
+DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
+            "suffix-tree")  # specdec.drafting
 # what --tree turns a chain drafter into
-TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree"}
+TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree",
+              "suffix": "suffix-tree"}
+# drafters that copy from text seen before: no draft model, no target features
+TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree")
 POLICIES = ("fixed", "heuristic", "threshold", "cost")  # specdec.policy
 TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate

@@ -7,6 +7,7 @@ from specdec.drafting.head_format import load_head
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
+from specdec.drafting.suffix import SuffixCache, SuffixDrafter
 from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
 from specdec.drafting.translate import TranslatingDrafter
 from specdec.drafting.tree import ModelTreeDrafter
@@ -53,6 +54,8 @@ def make_drafter(
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if kind in ("ngram", "ngram-tree"):
         return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
+    if kind in ("suffix", "suffix-tree"):  # each such drafter keeps its own cache of earlier outputs
+        return SuffixDrafter(tree=kind == "suffix-tree", budget=tree_budget)
     if kind in ("head", "head-tree"):
         if target is None or head is None:
             raise ValueError(f"the {kind!r} drafter needs a draft head (--draft-head DIR) and the target it reads")
@@ -102,4 +105,6 @@ __all__ = [
     "TranslatingDrafter",
     "make_drafter",
     "reads_target",
+    "SuffixCache",
+    "SuffixDrafter",
 ]

@@ -1,0 +1,183 @@
+"""Suffix decoding (Oliaro et al. 2024, "SuffixDecoding"): guesses copied from text seen before, in
+this request (its prompt and output) and in earlier requests' outputs, kept in a bounded cache that
+every request of one drafter shares.
+
+The longest suffix of the context (up to ``max_n`` tokens) that occurred before is looked up; the
+continuations of its most recent occurrences are merged into a trie with a count per node; the
+draft is the most frequent path (``suffix``) or the most frequent nodes under a node budget
+(``suffix-tree``), as deep as the match is long times ``depth_per_match`` (a long match is a
+confident one). Guesses are deterministic: verified as point masses, lossless when sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+
+
+class SuffixIndex:
+    """Token sequences, and for every n-gram (min_n <= n <= max_n) of them where its continuation
+    starts: (sequence id, position), the ``max_occurrences`` most recent. Sequences grow at their
+    end (``extend``) and leave whole (``drop``)."""
+
+    def __init__(self, max_n: int, min_n: int = 1, max_occurrences: int = 32) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n, self.max_occurrences = max_n, min_n, max_occurrences
+        self.sequences: dict[int, list[int]] = {}
+        self.occurrences: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self._indexed: dict[int, int] = {}  # sequence -> n-grams ending before this position are indexed
+        self.total_tokens = 0
+
+    def extend(self, sequence: int, tokens: list[int]) -> None:
+        stored = self.sequences.setdefault(sequence, [])
+        stored.extend(tokens)
+        self.total_tokens += len(tokens)
+        start = self._indexed.get(sequence, 0)
+        # An n-gram ending at the last token has no continuation yet: indexed when the next arrives.
+        for end in range(start, len(stored) - 1):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                places = self.occurrences.setdefault(tuple(stored[end - n + 1 : end + 1]), [])
+                places.append((sequence, end + 1))
+                if len(places) > self.max_occurrences:
+                    del places[0]
+        self._indexed[sequence] = max(start, len(stored) - 1)
+
+    def drop(self, sequence: int) -> None:
+        stored = self.sequences.pop(sequence, [])
+        self.total_tokens -= len(stored)
+        for end in range(self._indexed.pop(sequence, 0)):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                key = tuple(stored[end - n + 1 : end + 1])
+                places = [place for place in self.occurrences.get(key, []) if place[0] != sequence]
+                if places:
+                    self.occurrences[key] = places
+                else:
+                    self.occurrences.pop(key, None)
+
+    def match(self, context: list[int], limit: int, exclude: int | None = None) -> tuple[int, list[list[int]]]:
+        """The length of the longest suffix of ``context`` seen here (0: none), and the
+        continuations (up to ``limit`` tokens each) of its occurrences, newest first; occurrences
+        in sequence ``exclude`` do not count."""
+        for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
+            places = [place for place in self.occurrences.get(tuple(context[-n:]), ()) if place[0] != exclude]
+            if places:
+                return n, [self.sequences[sequence][start : start + limit] for sequence, start in reversed(places)]
+        return 0, []
+
+
+class SuffixCache:
+    """Earlier requests' outputs (each with the last prompt tokens before it, so a request's first
+    tokens can match), at most ``max_tokens`` tokens: the oldest sequences leave first. Shared by
+    every request of a drafter; ``max_tokens=0`` turns it off."""
+
+    def __init__(self, max_tokens: int = 100_000, max_n: int = 6, min_n: int = 1) -> None:
+        self.max_tokens = max_tokens
+        self.index = SuffixIndex(max_n, min_n)
+        self._order: OrderedDict[int, None] = OrderedDict()  # sequences, oldest first
+        self._next_id = 0
+
+    @property
+    def size_tokens(self) -> int:
+        return self.index.total_tokens
+
+    def new_sequence(self, prompt_tail: list[int]) -> int | None:
+        if self.max_tokens <= 0:
+            return None
+        sequence, self._next_id = self._next_id, self._next_id + 1
+        self._order[sequence] = None
+        self.append(sequence, prompt_tail)
+        return sequence
+
+    def append(self, sequence: int | None, tokens: list[int]) -> None:
+        if sequence is None or sequence not in self._order:  # off, or evicted
+            return
+        self.index.extend(sequence, tokens)
+        while self.index.total_tokens > self.max_tokens and self._order:
+            oldest, _ = self._order.popitem(last=False)
+            self.index.drop(oldest)
+
+
+@dataclass
+class SuffixState:
+    own: SuffixIndex  # this request's context, as sequence 0
+    shared: int | None  # this request's sequence in the drafter's cache (None: cache off or full)
+
+    @property
+    def context(self) -> list[int]:
+        return self.own.sequences[0]
+
+
+def trie_draft(continuations: list[list[int]], budget: int, chain: bool) -> tuple[list[int], list[int]]:
+    """Continuations merged into a trie; (tokens, parents) of the most frequent path (chain) or of
+    the ``budget`` most frequent nodes (parents before children: a node is never more frequent
+    than its parent, and ties go to the shallower)."""
+    counts: dict[tuple[int, ...], int] = {}
+    for continuation in continuations:
+        for end in range(1, len(continuation) + 1):
+            prefix = tuple(continuation[:end])
+            counts[prefix] = counts.get(prefix, 0) + 1
+    if chain:
+        path: tuple[int, ...] = ()
+        while len(path) < budget:
+            children = [(count, child) for child, count in counts.items() if len(child) == len(path) + 1
+                        and child[:-1] == path]
+            if not children:
+                break
+            path = max(children)[1]
+        return list(path), list(range(-1, len(path) - 1))
+    chosen = sorted(counts, key=lambda node: (-counts[node], len(node), node))[:budget]
+    node_of = {path: index for index, path in enumerate(chosen)}
+    return [path[-1] for path in chosen], [node_of.get(path[:-1], -1) for path in chosen]
+
+
+class SuffixDrafter(BaseDrafter):
+    """``suffix`` (a chain) or ``suffix-tree`` (``tree=True``): see the module docstring."""
+
+    def __init__(self, cache: SuffixCache | None = None, tree: bool = False, budget: int = 16, max_n: int = 6,
+                 depth_per_match: float = 2.0) -> None:
+        self.cache = cache if cache is not None else SuffixCache(max_n=max_n)
+        self.tree, self.budget, self.max_n, self.depth_per_match = tree, budget, max_n, depth_per_match
+
+    def describe(self) -> str:
+        kind = f"suffix tree (up to {self.budget} nodes)" if self.tree else "suffix decoding"
+        return f"{kind}, its own context and a cache of earlier outputs ({self.cache.max_tokens} tokens at most)"
+
+    def start(self, prompt_ids: torch.Tensor) -> SuffixState:
+        prompt = prompt_ids.tolist()
+        own = SuffixIndex(self.max_n)
+        own.extend(0, prompt)
+        return SuffixState(own, self.cache.new_sequence(prompt[-self.max_n :]))
+
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        state: SuffixState = request.draft_state
+        emitted = outcome.emitted.tolist()
+        state.own.extend(0, emitted)
+        self.cache.append(state.shared, emitted)
+
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        state: SuffixState = request.draft_state
+        device = request.context.device
+        if gamma <= 0:
+            return Draft.empty(device)
+        context = state.context
+        own_length, own = state.own.match(context, gamma)
+        shared_length, shared = self.cache.index.match(context, gamma, exclude=state.shared)
+        length = max(own_length, shared_length)
+        if length == 0:
+            return Draft.empty(device)
+        # The longest match wins; a tie pools both sources' continuations.
+        continuations = (own if own_length == length else []) + (shared if shared_length == length else [])
+        depth = min(gamma, math.ceil(self.depth_per_match * length))
+        continuations = [continuation[:depth] for continuation in continuations]
+        budget = (request.node_budget or self.budget) if self.tree else depth
+        tokens, parents = trie_draft(continuations, budget, chain=not self.tree)
+        if not tokens:
+            return Draft.empty(device)
+        as_tensor = torch.tensor(tokens, dtype=torch.long, device=device)
+        return Draft(as_tensor, None, tuple(parents)) if self.tree else Draft(as_tensor)

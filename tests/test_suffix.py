@@ -1,0 +1,87 @@
+"""Suffix decoding: guesses copied from this request's text and from a bounded cache of earlier
+outputs are verified as point masses, so greedy output equals target-only output and sampled
+output keeps the target's law, whatever the cache holds."""
+
+import random
+
+import pytest
+
+from specdec import SamplingParams, SpeculativeDecoder, make_drafter
+from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixIndex, trie_draft
+from law import assert_matches_law, sample_sequences
+from table_lm import table_model
+from test_distribution import PROMPT, exact_sequence_law
+from test_greedy_equality import check_equality, lean_models  # noqa: F401 (fixture)
+
+
+def test_trie_draft_worked_example():
+    continuations = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]]
+    # counts: 1 -> 4, (1, 2) -> 3, (1, 2, 3) -> 2, (1, 5) -> 1, (1, 2, 4) -> 1
+    assert trie_draft(continuations, 3, chain=True) == ([1, 2, 3], [-1, 0, 1])
+    tokens, parents = trie_draft(continuations, 4, chain=False)
+    assert tokens == [1, 2, 3, 5] and parents == [-1, 0, 1, 0]  # the 4 most frequent nodes
+    assert trie_draft([], 4, chain=False) == ([], [])
+
+
+def test_the_index_finds_the_longest_earlier_suffix_and_forgets_dropped_sequences():
+    index = SuffixIndex(max_n=3)
+    index.extend(0, [7, 1, 2, 3, 9])
+    index.extend(1, [5, 2, 3, 8])
+    assert index.match([4, 1, 2, 3], limit=2) == (3, [[9]])  # "1 2 3" only in sequence 0
+    assert index.match([4, 2, 3], limit=2) == (2, [[8], [9]])  # newest occurrence first
+    assert index.match([4, 2, 3], limit=2, exclude=1) == (2, [[9]])
+    index.drop(0)
+    assert index.match([4, 1, 2, 3], limit=2) == (2, [[8]]) and index.total_tokens == 4
+    assert index.match([6], limit=2) == (0, [])
+
+
+def test_the_cache_stays_under_its_cap_under_a_stream_of_distinct_requests():
+    target = table_model(6, seed=100)
+    drafter = SuffixDrafter(SuffixCache(max_tokens=60))
+    decoder = SpeculativeDecoder(target, drafter, gamma=4)
+    rng = random.Random(0)
+    for _ in range(30):
+        decoder.generate([rng.randrange(6) for _ in range(5)], max_new_tokens=20)
+        assert 0 < drafter.cache.size_tokens <= 60
+    assert len(drafter.cache._order) < 30  # the oldest left
+    assert SuffixCache(max_tokens=0).new_sequence([1, 2]) is None  # off
+
+
+def test_a_second_identical_request_is_drafted_from_the_cache():
+    """The first request's output is in the cache: the second drafts it whole (tau near gamma + 1),
+    where a cold drafter on the same prompt guesses from the prompt alone."""
+    target = table_model(12, seed=3, max_context=128)
+    prompt, gamma = [0, 1, 2, 3, 4, 5, 6], 4
+    warm = SpeculativeDecoder(target, make_drafter("suffix"), gamma=gamma)
+    first = warm.generate(prompt, max_new_tokens=60)
+    second = warm.generate(prompt, max_new_tokens=60)
+    cold = SpeculativeDecoder(target, make_drafter("suffix"), gamma=gamma).generate(prompt, max_new_tokens=60)
+    assert second.token_ids == first.token_ids == cold.token_ids
+    assert second.stats.tau >= gamma and second.stats.tau > cold.stats.tau + 1
+
+
+@pytest.mark.slow
+def test_suffix_drafters_equal_target_only(lean_models):  # noqa: F811
+    """200 random prompts (half with repeats) through one drafter each, so every prompt after the
+    first drafts with a warm cache of the earlier ones' outputs; and with the cache off."""
+    target, _ = lean_models
+    drafters = {"suffix": make_drafter("suffix"), "suffix-tree": make_drafter("suffix-tree"),
+                "no cache": SuffixDrafter(SuffixCache(max_tokens=0)), "suffix+ngram": make_drafter("suffix+ngram")}
+    counts = check_equality(target, drafters, "fixed")
+    assert all(accepted > 0 for accepted, _ in counts.values())
+    assert counts["suffix"][0] > counts["no cache"][0]  # the cache found more
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["suffix", "suffix-tree"])
+def test_suffix_law_of_three_tokens(kind):
+    """10k seeded 3-token samples from one decoder (its cache fills with the earlier samples, so
+    the drafts depend on them) against the enumerated target law."""
+    vocab, length, samples = 6, 3, 10000
+    sampling = SamplingParams(temperature=0.9)
+    target = table_model(vocab, seed=100)
+    decoder = SpeculativeDecoder(target, make_drafter(kind, tree_budget=6), gamma=3)
+    law = exact_sequence_law(target, PROMPT, length, sampling)
+    counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)
+    assert 0 < accepted < drafted
+    assert_matches_law(counts, law)
