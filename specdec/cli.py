@@ -87,6 +87,12 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
     parser.add_argument(
+        "--suffix-cache-tokens",
+        type=int,
+        default=100_000,
+        help="suffix drafters: most tokens of earlier outputs kept for later requests (0: none)",
+    )
+    parser.add_argument(
         "--draft-head",
         metavar="DIR",
         help="an EAGLE-3 draft head folder for --drafter head|head-tree (specdec train-head; "
@@ -235,6 +241,7 @@ def build_drafter(args: argparse.Namespace, errors: Console):
             target=target,
             vocab_rule=args.vocab_rule,
             head=args.draft_head or (pair.head if pair else None),
+            suffix_cache_tokens=args.suffix_cache_tokens,
         )
     errors.print(
         f"[dim]{running_banner(target, drafter, args.policy, args.gamma)}{chosen if drafter else ''}[/]",
@@ -269,7 +276,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     (a real pair takes a minute), one line each."""
     from specdec.names import DRAFTERS
 
-    for flag, least in (("gamma", 0), ("tree_budget", 1)):
+    for flag, least in (("gamma", 0), ("tree_budget", 1), ("suffix_cache_tokens", 0)):
         value = getattr(args, flag, None)
         if value is not None and value < least:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}, got {value}")

@@ -129,6 +129,7 @@ def no_model_loads(monkeypatch):
     (["--top-p", "2"], "top_p must be in (0, 1]"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
     (["--tree-budget", "0"], "--tree-budget must be >= 1"),
+    (["--suffix-cache-tokens", "-1"], "--suffix-cache-tokens must be >= 0"),
     (["--ngram-min", "3", "--ngram-max", "2"], "1 <= min <= max"),
     (["--drafter", "model+nope"], "unknown --drafter 'nope'"),
     (["--system", "be brief"], "--system needs --chat"),

@@ -85,3 +85,13 @@ def test_suffix_law_of_three_tokens(kind):
     counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)
     assert 0 < accepted < drafted
     assert_matches_law(counts, law)
+
+
+def test_the_cache_size_is_an_option_and_zero_turns_it_off():
+    drafter = make_drafter("suffix+ngram", suffix_cache_tokens=0)
+    suffix = next(d for d in drafter.drafters if isinstance(d, SuffixDrafter))
+    assert suffix.cache.max_tokens == 0
+    target = table_model(12, seed=3, max_context=128)
+    decoder = SpeculativeDecoder(target, suffix, gamma=4)
+    decoder.generate([0, 1, 2, 3], max_new_tokens=30)
+    assert suffix.cache.size_tokens == 0

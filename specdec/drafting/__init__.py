@@ -32,6 +32,7 @@ def make_drafter(
     target: LanguageModel | None = None,
     vocab_rule: str = "point-mass",
     head: DraftHead | str | Path | None = None,
+    suffix_cache_tokens: int = 100_000,
 ) -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
@@ -42,11 +43,13 @@ def make_drafter(
     the target's rows); another tokenizer is translated (TranslatingDrafter, "model" only), its sampled drafts verified
     by vocab_rule ("point-mass" or "intersection", docs/tokenizers.md). "head" and "head-tree" draft
     with a draft head that reads the target's hidden states (``head``: a DraftHead or an EAGLE-3
-    folder, loaded for ``target``)."""
+    folder, loaded for ``target``). "suffix" and "suffix-tree" copy from this request's text and from
+    a cache of earlier outputs of at most ``suffix_cache_tokens`` tokens (0: no cache)."""
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter(
-            [make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule, head) for k in kinds],
+            [make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule, head,
+                          suffix_cache_tokens) for k in kinds],
             budget=tree_budget,
         )
     kind = TREE_KINDS.get(kind, kind) if tree else kind
@@ -55,7 +58,8 @@ def make_drafter(
     if kind in ("ngram", "ngram-tree"):
         return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
     if kind in ("suffix", "suffix-tree"):  # each such drafter keeps its own cache of earlier outputs
-        return SuffixDrafter(tree=kind == "suffix-tree", budget=tree_budget)
+        cache = SuffixCache(max_tokens=suffix_cache_tokens)
+        return SuffixDrafter(cache, tree=kind == "suffix-tree", budget=tree_budget)
     if kind in ("head", "head-tree"):
         if target is None or head is None:
             raise ValueError(f"the {kind!r} drafter needs a draft head (--draft-head DIR) and the target it reads")
