@@ -42,11 +42,10 @@ class TokenSource(str, enum.Enum):
 def token_sources(outcome: StepOutcome) -> list[TokenSource]:
     """How each emitted token of a step came about."""
     parents, path = outcome.parents, outcome.path
-    if parents is None or path is None:  # a chain (or nothing drafted)
-        if outcome.num_drafted == 0:
-            last = TokenSource.TARGET
-        else:
-            last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
+    if outcome.num_drafted == 0:
+        return [TokenSource.TARGET]
+    if parents is None or path is None:  # a chain
+        last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
         return [TokenSource.DRAFT] * outcome.num_accepted + [last]
     # A tree: the bonus comes after a leaf, a correction after a node with children left.
     end = int(path[-1]) if outcome.num_accepted else -1

@@ -122,14 +122,21 @@ class CostModelPolicy:
     decay: float = 0.98  # forget old steps slowly: text difficulty drifts
     name: str = "cost"
     stop_early = None  # decides the length up front; never cuts a draft short
-    acceptance: AcceptanceByPosition = field(default_factory=AcceptanceByPosition)
+    # None: built in __post_init__ from this policy's max_gamma and decay (the ignores: never None after it).
+    acceptance: AcceptanceByPosition = None  # type: ignore[assignment]
     draft_cost: RunningMean = field(default_factory=RunningMean)
-    verify_cost: VerifyCost = field(default_factory=VerifyCost)
+    verify_cost: VerifyCost = None  # type: ignore[assignment]
     # Where no draft length beats plain decoding (measured: the llama.cpp backend on 2 cores, whose
     # verify blocks cost nearly their length in forwards): plain steps, with a one-token probe this
     # often so that acceptance keeps being measured.
     probe_every: int = 8
     plain_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.acceptance is None:
+            self.acceptance = AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay)
+        if self.verify_cost is None:
+            self.verify_cost = VerifyCost(self.decay)
 
     def expected_rate(self, gamma: int) -> float | None:
         """Expected tokens per second when drafting gamma tokens."""

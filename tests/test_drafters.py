@@ -222,3 +222,11 @@ def test_tree_cost_policy_stays_shallow_when_drafts_are_rarely_accepted():
     """alpha 0.1 per node and a draft depth costing 30% of a verify: one level is the most that pays."""
     late = settle_tree_shape(lambda width: 0.1 * width, lambda block: 1.0 + 0.01 * block, 0.3)
     assert sum(depth == 1 for depth, _ in late) >= 90
+
+
+def test_the_cost_policy_builds_its_estimators_from_its_own_settings():
+    """Mutation note: estimators built with their own defaults (decay 0.98, 12 positions) fail it."""
+    policy = CostModelPolicy(max_gamma=16, decay=0.9)
+    for estimators in (policy, policy.for_request()):
+        assert estimators.acceptance.max_gamma == 16 and estimators.acceptance.decay == 0.9
+        assert estimators.verify_cost.decay == 0.9

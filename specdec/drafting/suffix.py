@@ -137,7 +137,10 @@ def trie_draft(continuations: list[list[int]], budget: int, chain: bool) -> tupl
 
 
 class SuffixDrafter(BaseDrafter):
-    """``suffix`` (a chain) or ``suffix-tree`` (``tree=True``): see the module docstring."""
+    """``suffix`` (a chain) or ``suffix-tree`` (``tree=True``): see the module docstring. Its cache is
+    not locked: one engine's thread uses it (the server's scheduler thread does). A request's output
+    enters the cache as it is verified, before EOS or a stop string ends it: a few tokens past the
+    end may stay there, which only costs a rejected guess."""
 
     def __init__(self, cache: SuffixCache | None = None, tree: bool = False, budget: int = 16, max_n: int = 6,
                  depth_per_match: float = 2.0) -> None:
