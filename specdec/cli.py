@@ -75,7 +75,8 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
         metavar="|".join(DRAFTERS),
         help="model: the draft model; ngram: prompt lookup (no model); suffix: suffix decoding (no model: "
         "this request's text and a cache of earlier outputs); staged: draft model + n-gram "
-        "stage; tree / ngram-tree / staged-tree / suffix-tree: token trees; A+B: both, merged into one tree (default: "
+        "stage; tree / ngram-tree / staged-tree / suffix-tree: token trees; A+B: both, merged into one tree; "
+        "suffix-or-X: suffix decoding where the text repeats 4+ tokens, drafter X elsewhere (default: "
         "model; for the default pair, the drafter measured fastest with it)",
     )
     parser.add_argument(
@@ -221,10 +222,10 @@ def build_drafter(args: argparse.Namespace, errors: Console):
         args.policy = pair.policy if pair else "fixed"
         if args.policy == "cost" and (args.tree or drafts_trees(args.drafter)):
             args.policy = "tree-cost"
-    from specdec.names import TEXT_DRAFTERS
+    from specdec.names import TEXT_DRAFTERS, base_kinds
 
     needs_model = not args.no_draft and any(
-        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in args.drafter.split("+")
+        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(args.drafter)
     )
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
@@ -274,7 +275,7 @@ def load_own_target(args: argparse.Namespace, errors: Console):
 def check_arguments(args: argparse.Namespace) -> None:
     """The sampling and drafting options' errors, right after parsing: before any model loads
     (a real pair takes a minute), one line each."""
-    from specdec.names import DRAFTERS
+    from specdec.names import DRAFTERS, base_kinds
 
     for flag, least in (("gamma", 0), ("tree_budget", 1), ("suffix_cache_tokens", 0)):
         value = getattr(args, flag, None)
@@ -282,7 +283,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}, got {value}")
     if hasattr(args, "ngram_max") and not 1 <= args.ngram_min <= args.ngram_max:
         raise ValueError(f"--ngram-min and --ngram-max need 1 <= min <= max, got {args.ngram_min} and {args.ngram_max}")
-    unknown = [kind for kind in (getattr(args, "drafter", None) or "").split("+") if kind and kind not in DRAFTERS]
+    unknown = [kind for kind in base_kinds(getattr(args, "drafter", None) or "") if kind and kind not in DRAFTERS]
     if unknown:
         raise ValueError(f"unknown --drafter {unknown[0]!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens <= 0:

@@ -10,6 +10,19 @@ TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "
               "suffix": "suffix-tree"}
 # drafters that copy from text seen before: no draft model, no target features
 TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree")
+# "suffix-or-X": the suffix draft where the match is long, drafter X's elsewhere
+SUFFIX_FIRST = "suffix-or-"
+
+
+def base_kinds(spec: str) -> list[str]:
+    """The drafter names a --drafter spec is built from: "A+B" and "suffix-or-X" taken apart."""
+    kinds = []
+    for kind in spec.split("+"):
+        if kind.startswith(SUFFIX_FIRST):
+            kinds += ["suffix", kind[len(SUFFIX_FIRST):]]
+        else:
+            kinds.append(kind)
+    return kinds
 POLICIES = ("fixed", "heuristic", "threshold", "cost")  # specdec.policy
 TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate

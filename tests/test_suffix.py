@@ -5,6 +5,7 @@ output keeps the target's law, whatever the cache holds."""
 import random
 
 import pytest
+import torch
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixIndex, trie_draft
@@ -64,23 +65,26 @@ def test_a_second_identical_request_is_drafted_from_the_cache():
 def test_suffix_drafters_equal_target_only(lean_models):  # noqa: F811
     """200 random prompts (half with repeats) through one drafter each, so every prompt after the
     first drafts with a warm cache of the earlier ones' outputs; and with the cache off."""
-    target, _ = lean_models
+    target, drafts = lean_models
     drafters = {"suffix": make_drafter("suffix"), "suffix-tree": make_drafter("suffix-tree"),
-                "no cache": SuffixDrafter(SuffixCache(max_tokens=0)), "suffix+ngram": make_drafter("suffix+ngram")}
+                "no cache": SuffixDrafter(SuffixCache(max_tokens=0)), "suffix+ngram": make_drafter("suffix+ngram"),
+                "suffix-or-staged": make_drafter("suffix-or-staged", drafts["perturbed"], max_n=2)}
     counts = check_equality(target, drafters, "fixed")
     assert all(accepted > 0 for accepted, _ in counts.values())
     assert counts["suffix"][0] > counts["no cache"][0]  # the cache found more
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["suffix", "suffix-tree"])
+@pytest.mark.parametrize("kind", ["suffix", "suffix-tree", "suffix-or-model"])
 def test_suffix_law_of_three_tokens(kind):
     """10k seeded 3-token samples from one decoder (its cache fills with the earlier samples, so
-    the drafts depend on them) against the enumerated target law."""
+    the drafts depend on them) against the enumerated target law; suffix-or-model switches between
+    point-mass guesses and the draft model's q by the match, step by step."""
     vocab, length, samples = 6, 3, 10000
     sampling = SamplingParams(temperature=0.9)
     target = table_model(vocab, seed=100)
-    decoder = SpeculativeDecoder(target, make_drafter(kind, tree_budget=6), gamma=3)
+    draft = table_model(vocab, seed=101, sharpness=1.0)
+    decoder = SpeculativeDecoder(target, make_drafter(kind, draft, tree_budget=6), gamma=3)
     law = exact_sequence_law(target, PROMPT, length, sampling)
     counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)
     assert 0 < accepted < drafted
@@ -95,3 +99,19 @@ def test_the_cache_size_is_an_option_and_zero_turns_it_off():
     decoder = SpeculativeDecoder(target, suffix, gamma=4)
     decoder.generate([0, 1, 2, 3], max_new_tokens=30)
     assert suffix.cache.size_tokens == 0
+
+
+def test_suffix_or_model_takes_the_suffix_draft_only_where_the_match_is_long():
+    from specdec.drafting.base import ContextRequest
+    from specdec.drafting.suffix import SuffixFirstDrafter
+
+    draft = table_model(12, seed=4)
+    drafter = make_drafter("suffix-or-model", draft)
+    assert isinstance(drafter, SuffixFirstDrafter) and drafter.min_match == 4
+    copying = torch.tensor([1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5])  # "1 2 3 4 5" seen before, then 9
+    proposal = drafter.propose(ContextRequest.started(drafter, copying), 3)
+    assert proposal.tokens.tolist() == [9, 1, 2] and proposal.probs is None  # copied: point masses
+    fresh = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 10, 11])  # no repeat: the draft model's q
+    sampled = SamplingParams(temperature=1.0)
+    proposal = drafter.propose(ContextRequest.started(drafter, fresh, sampling=sampled), 3)
+    assert proposal.probs is not None and proposal.num_nodes == 3

@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import cast
 
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.head import DraftHead
@@ -7,19 +8,19 @@ from specdec.drafting.head_format import load_head
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
-from specdec.drafting.suffix import SuffixCache, SuffixDrafter
+from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixFirstDrafter
 from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
 from specdec.drafting.translate import TranslatingDrafter
 from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 from specdec.models.base import LanguageModel
 
-from specdec.names import DRAFTERS, TREE_KINDS
+from specdec.names import DRAFTERS, SUFFIX_FIRST, TREE_KINDS, base_kinds
 
 
 def reads_target(drafter: str) -> bool:
     """Whether a drafter spec ("head", "tree+head-tree", ...) reads the target's hidden states."""
-    return any(kind in ("head", "head-tree") for kind in drafter.split("+"))
+    return any(kind in ("head", "head-tree") for kind in base_kinds(drafter))
 
 
 def make_drafter(
@@ -53,6 +54,12 @@ def make_drafter(
             budget=tree_budget,
         )
     kind = TREE_KINDS.get(kind, kind) if tree else kind
+    if kind.startswith(SUFFIX_FIRST):
+        fallback = make_drafter(kind[len(SUFFIX_FIRST):], draft_model, max_n, min_n, tree, tree_budget, target,
+                                vocab_rule, head, suffix_cache_tokens)
+        suffix_kind = "suffix-tree" if kind.endswith("tree") else "suffix"
+        suffix = make_drafter(suffix_kind, tree_budget=tree_budget, suffix_cache_tokens=suffix_cache_tokens)
+        return SuffixFirstDrafter(cast(SuffixDrafter, suffix), fallback)
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if kind in ("ngram", "ngram-tree"):

@@ -79,11 +79,15 @@ class StepOutcome:
 class DraftRequest(Protocol):
     """What a drafter may read of a request (the engine's Request satisfies it)."""
 
-    sampling: SamplingParams
-    # How to draw when sampling: rule.draw(q, positions), rule.draw_distinct(q, position, count),
-    # with the output positions of the drawn tokens (the first drafted token's is len(context)).
-    rule: SamplingRule
     draft_state: Any  # what this drafter's start() returned for the request
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+    @property
+    def rule(self) -> SamplingRule:
+        """How to draw when sampling: rule.draw(q, positions), rule.draw_distinct(q, position, count),
+        with the output positions of the drawn tokens (the first drafted token's is len(context))."""
 
     @property
     def context(self) -> torch.Tensor: ...  # [n] int64: the prompt and every token emitted so far

@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.drafting.base import BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, describe_drafter
+from specdec.drafting.merge import SubRequest
 
 
 class SuffixIndex:
@@ -163,19 +165,22 @@ class SuffixDrafter(BaseDrafter):
         state.own.extend(0, emitted)
         self.cache.append(state.shared, emitted)
 
+    def matches(self, state: SuffixState, limit: int) -> tuple[int, list[list[int]]]:
+        """The longest match of the context's suffix (own text or cache) and its continuations."""
+        context = state.context
+        own_length, own = state.own.match(context, limit)
+        shared_length, shared = self.cache.index.match(context, limit, exclude=state.shared)
+        length = max(own_length, shared_length)
+        # The longest match wins; a tie pools both sources' continuations.
+        return length, (own if own_length == length else []) + (shared if shared_length == length else [])
+
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
-        state: SuffixState = request.draft_state
         device = request.context.device
         if gamma <= 0:
             return Draft.empty(device)
-        context = state.context
-        own_length, own = state.own.match(context, gamma)
-        shared_length, shared = self.cache.index.match(context, gamma, exclude=state.shared)
-        length = max(own_length, shared_length)
+        length, continuations = self.matches(request.draft_state, gamma)
         if length == 0:
             return Draft.empty(device)
-        # The longest match wins; a tie pools both sources' continuations.
-        continuations = (own if own_length == length else []) + (shared if shared_length == length else [])
         depth = min(gamma, math.ceil(self.depth_per_match * length))
         continuations = [continuation[:depth] for continuation in continuations]
         budget = (request.node_budget or self.budget) if self.tree else depth
@@ -184,3 +189,38 @@ class SuffixDrafter(BaseDrafter):
             return Draft.empty(device)
         as_tensor = torch.tensor(tokens, dtype=torch.long, device=device)
         return Draft(as_tensor, None, tuple(parents)) if self.tree else Draft(as_tensor)
+
+
+class SuffixFirstDrafter(BaseDrafter):
+    """``suffix-or-X``: the suffix draft where the context's suffix matches earlier text for at least
+    ``min_match`` tokens (copying: a long match is a confident guess and costs no forward), the
+    other drafter's elsewhere (SAM-decoding's rule, Hu et al. 2024). The choice reads only the
+    context, never the target's draws, so either draft is verified as usual: lossless."""
+
+    def __init__(self, suffix: SuffixDrafter, fallback: Drafter, min_match: int = 4) -> None:
+        self.suffix, self.fallback, self.min_match = suffix, fallback, min_match
+        self.vocab_size = fallback.vocab_size
+        self.hidden_layers = fallback.hidden_layers
+
+    def describe(self) -> str:
+        return (f"{self.suffix.describe()} where it matches {self.min_match}+ tokens, "
+                f"else {describe_drafter(self.fallback)}")
+
+    def start(self, prompt_ids: torch.Tensor) -> tuple[SuffixState, Any]:
+        return self.suffix.start(prompt_ids), self.fallback.start(prompt_ids)
+
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        suffix_state, fallback_state = request.draft_state
+        if gamma > 0 and self.suffix.matches(suffix_state, 1)[0] >= self.min_match:
+            draft = self.suffix.propose(SubRequest(request, suffix_state), gamma)
+            if draft.num_nodes:
+                return draft
+        return self.fallback.propose(SubRequest(request, fallback_state), gamma)
+
+    def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
+        cast(ReadsHidden, self.fallback).prefilled(SubRequest(request, request.draft_state[1]), hidden)
+
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        suffix_state, fallback_state = request.draft_state
+        self.suffix.observe(SubRequest(request, suffix_state), outcome)
+        self.fallback.observe(SubRequest(request, fallback_state), outcome)

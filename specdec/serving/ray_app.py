@@ -26,14 +26,14 @@ class SpecdecReplica:
         from specdec.defaults import default_model
         from specdec.drafting import make_drafter
         from specdec.models.loading import load
-        from specdec.names import TEXT_DRAFTERS
+        from specdec.names import TEXT_DRAFTERS, base_kinds
         from specdec.serving.server import build_app
 
         if target is None:  # the bundled pair
             target, draft = str(default_model("target")), str(default_model("draft"))
         target_model = load(target, dtype=dtype)
         draft_model = load(draft, dtype=dtype) if draft else None
-        needs_model = any(kind not in TEXT_DRAFTERS for kind in drafter.split("+"))
+        needs_model = any(kind not in TEXT_DRAFTERS for kind in base_kinds(drafter))
         chosen = (
             make_drafter(drafter, draft_model, target=target_model)
             if draft_model is not None or not needs_model
