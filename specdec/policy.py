@@ -157,15 +157,8 @@ class CostModelPolicy:
         # After probe_every - 1 plain steps, a probe.
         return DraftShape(1 if self.plain_steps >= self.probe_every - 1 else 0)
 
-    def update(
-        self,
-        asked: DraftShape,
-        num_drafted: int,
-        num_accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        widths: list[int] | None = None,
-    ) -> None:
+    def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
+               verify_seconds: float, widths: list[int] | None = None) -> None:
         self.draft_cost.forget(self.decay)
         self.acceptance.update(num_drafted, num_accepted)
         if num_drafted:
@@ -233,15 +226,8 @@ class TreeCostPolicy(FixedPolicy):
         depth, width = max(known, key=lambda shape: known[shape])
         return DraftShape(depth, depth * width)
 
-    def update(
-        self,
-        asked: DraftShape,
-        num_drafted: int,
-        num_accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        widths: list[int] | None = None,
-    ) -> None:
+    def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
+               verify_seconds: float, widths: list[int] | None = None) -> None:
         if num_drafted == 0:
             return
         # What is learned is what asking for a width gives: a drafter may deliver fewer nodes (a

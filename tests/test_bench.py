@@ -121,29 +121,10 @@ def test_identity_check_fails_on_a_wrong_method(tiny_pair):
 @pytest.mark.slow
 def test_bench_runs_transformers_methods(tiny_pair, prompt_file, tmp_path):
     out = tmp_path / "bench-hf"
-    code = main(
-        [
-            "bench",
-            "--target",
-            str(tiny_pair["target"]),
-            "--draft",
-            str(tiny_pair["perturbed"]),
-            "--prompts",
-            str(prompt_file),
-            "--methods",
-            "model:fixed",
-            "transformers-generate",
-            "transformers-assisted",
-            "transformers-assisted:3",
-            "transformers-assisted:heuristic",
-            "transformers-prompt-lookup",
-            "transformers-prompt-lookup:3",
-            "--max-new-tokens",
-            "10",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]), "--prompts",
+                 str(prompt_file), "--methods", "model:fixed", "transformers-generate", "transformers-assisted",
+                 "transformers-assisted:3", "transformers-assisted:heuristic", "transformers-prompt-lookup",
+                 "transformers-prompt-lookup:3", "--max-new-tokens", "10", "--out", str(out)])
     assert code == 0  # the identity check passed for transformers' methods too
     overall = {
         s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"] if s["category"] == "all"
@@ -207,23 +188,8 @@ def test_a_failing_method_fails_the_command_after_every_result_is_written(
 
     monkeypatch.setattr(suite, "build_methods", with_a_wrong_method)
     out = tmp_path / "bench-fail"
-    code = main(
-        [
-            "bench",
-            "--target",
-            str(tiny_pair["target"]),
-            "--draft",
-            str(tiny_pair["perturbed"]),
-            "--prompts",
-            str(prompt_file),
-            "--methods",
-            "model:fixed",
-            "--max-new-tokens",
-            "6",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]), "--prompts",
+                 str(prompt_file), "--methods", "model:fixed", "--max-new-tokens", "6", "--out", str(out)])
     results = json.loads((out / "results.json").read_text())
     assert code == 1 and results["complete"] and results["failed_methods"] == ["wrong"]
     assert {m["method"] for m in results["measurements"]} == {"target-only", "model:fixed", "wrong"}

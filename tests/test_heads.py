@@ -256,64 +256,13 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
     from specdec.defaults import default_model
 
     target = str(default_model("target"))
-    code = main(
-        [
-            "train-head",
-            "--target",
-            target,
-            "--out",
-            str(tmp_path),
-            "--data",
-            str(Path(specdec.__file__).parent),
-            "--steps",
-            "20",
-            "--sequence-length",
-            "48",
-            "--corpus-sequences",
-            "24",
-            "--continuation-sequences",
-            "4",
-            "--heldout-sequences",
-            "2",
-            "--draft-vocab",
-            "256",
-            "--batch-size",
-            "4",
-            "--eval-every",
-            "10",
-        ]
-    )
-    assert code == 0
+    train = ["train-head", "--target", target, "--out", str(tmp_path), "--data", str(Path(specdec.__file__).parent),
+             "--steps", "20", "--sequence-length", "48", "--corpus-sequences", "24", "--continuation-sequences", "4",
+             "--heldout-sequences", "2", "--draft-vocab", "256", "--batch-size", "4"]
+    assert main([*train, "--eval-every", "10"]) == 0
     card = (tmp_path / "head" / "README.md").read_text()
     assert "specdec train-head --target" in card and "depth 1:" in card
-    assert (
-        main(
-            [
-                "train-head",
-                "--target",
-                target,
-                "--out",
-                str(tmp_path),
-                "--data",
-                str(Path(specdec.__file__).parent),
-                "--steps",
-                "20",
-                "--sequence-length",
-                "48",
-                "--corpus-sequences",
-                "24",
-                "--continuation-sequences",
-                "4",
-                "--heldout-sequences",
-                "2",
-                "--draft-vocab",
-                "256",
-                "--batch-size",
-                "4",
-            ]
-        )
-        == 0
-    )
+    assert main(train) == 0
     assert "resumed from" in capsys.readouterr().err  # the finished run is resumed, not redone
     capsys.readouterr()
     outputs = []

@@ -84,34 +84,10 @@ def test_bench_runs_llama_cpp_tools_against_their_own_target(tiny_pair, tmp_path
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"category": "code", "prompt": "def f(x): return", "id": "a"}]))
     out = tmp_path / "bench"
-    code = main(
-        [
-            "bench",
-            "--target",
-            str(tiny_pair["target"]),
-            "--draft",
-            str(tiny_pair["same"]),
-            "--prompts",
-            str(prompts),
-            "--methods",
-            "model:fixed",
-            "llama-target",
-            "llama-speculative:4",
-            "llama-lookup",
-            "--llama-cpp-bin",
-            str(tools),
-            "--target-gguf",
-            str(tools / "t.gguf"),
-            "--draft-gguf",
-            str(tools / "d.gguf"),
-            "--max-new-tokens",
-            "6",
-            "--out",
-            str(out),
-            "--repeats",
-            "1",
-        ]
-    )
+    code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["same"]), "--prompts",
+                 str(prompts), "--methods", "model:fixed", "llama-target", "llama-speculative:4", "llama-lookup",
+                 "--llama-cpp-bin", str(tools), "--target-gguf", str(tools / "t.gguf"), "--draft-gguf", str(tools /
+                 "d.gguf"), "--max-new-tokens", "6", "--out", str(out), "--repeats", "1"])
     payload = json.loads((out / "results.json").read_text())
     assert payload["identity_references"] == {"specdec": "target-only", "llama.cpp": "llama-target"}
     rows = {row["method"]: row for row in payload["measurements"]}
