@@ -351,20 +351,9 @@ def plot_synthetic(payload: dict, path: Path) -> None:
         for index, gamma in enumerate(gammas):
             runs = [run for run in result["runs"] if run["gamma"] == gamma]
             colour = f"C{index}"
-            axis.plot(
-                [r["alpha"] for r in runs],
-                [r["measured_speedup"] for r in runs],
-                "o-",
-                color=colour,
-                label=f"gamma {gamma} measured",
-            )
-            axis.plot(
-                [r["alpha"] for r in runs],
-                [r["predicted_speedup"] for r in runs],
-                "x--",
-                color=colour,
-                label=f"gamma {gamma} predicted",
-            )
+            for kind, style in (("measured", "o-"), ("predicted", "x--")):
+                axis.plot([r["alpha"] for r in runs], [r[f"{kind}_speedup"] for r in runs], style, color=colour,
+                          label=f"gamma {gamma} {kind}")
         axis.axhline(1.0, color="grey", linewidth=0.8)
         axis.set_xlabel("alpha (per-token acceptance)")
         axis.set_ylabel("speedup over target-only")

@@ -175,10 +175,13 @@ class SuffixDrafter(BaseDrafter):
         return length, (own if own_length == length else []) + (shared if shared_length == length else [])
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
-        device = request.context.device
         if gamma <= 0:
-            return Draft.empty(device)
-        length, continuations = self.matches(request.draft_state, gamma)
+            return Draft.empty(request.context.device)
+        return self.draft(request, gamma, *self.matches(request.draft_state, gamma))
+
+    def draft(self, request: DraftRequest, gamma: int, length: int, continuations: list[list[int]]) -> Draft:
+        """The draft from a match of ``length`` tokens and its continuations (``matches``)."""
+        device = request.context.device
         if length == 0:
             return Draft.empty(device)
         depth = min(gamma, math.ceil(self.depth_per_match * length))
@@ -211,10 +214,12 @@ class SuffixFirstDrafter(BaseDrafter):
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         suffix_state, fallback_state = request.draft_state
-        if gamma > 0 and self.suffix.matches(suffix_state, 1)[0] >= self.min_match:
-            draft = self.suffix.propose(SubRequest(request, suffix_state), gamma)
-            if draft.num_nodes:
-                return draft
+        if gamma > 0:
+            length, continuations = self.suffix.matches(suffix_state, gamma)
+            if length >= self.min_match:
+                draft = self.suffix.draft(SubRequest(request, suffix_state), gamma, length, continuations)
+                if draft.num_nodes:
+                    return draft
         return self.fallback.propose(SubRequest(request, fallback_state), gamma)
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]

@@ -44,24 +44,12 @@ def add_parser(commands, add_model_options) -> None:
 def run(args: argparse.Namespace, errors: Console, load_target) -> int:
     import shlex
 
-    settings = HeadTraining(
-        out=args.out,
-        data=tuple(args.data),
-        draft_vocab=args.draft_vocab,
-        steps=args.steps,
-        ttt_steps=args.ttt_steps,
-        sequence_length=args.sequence_length,
-        corpus_sequences=args.corpus_sequences,
-        continuation_sequences=args.continuation_sequences,
-        heldout_sequences=args.heldout_sequences,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        intermediate_size=args.intermediate_size,
-        eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every,
-        seed=args.seed,
-        command=shlex.join(["specdec", *args.argv]),
-    )
+    import dataclasses
+
+    # Every setting but these two is the option of the same name.
+    options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HeadTraining)
+               if field.name not in ("data", "command")}
+    settings = HeadTraining(**options, data=tuple(args.data), command=shlex.join(["specdec", *args.argv]))
     from specdec.training.head_train import train_head
 
     target = load_target(args, errors)
