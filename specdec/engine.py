@@ -34,6 +34,7 @@ class TokenSource(str, enum.Enum):
 
     DRAFT = "draft"  # proposed by the drafter, accepted by the target
     BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
+    CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
     TARGET = "target"  # plain decoding: nothing was drafted this step
@@ -46,13 +47,16 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
         return [TokenSource.TARGET]
     if parents is None or path is None:  # a chain
         last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
-        return [TokenSource.DRAFT] * outcome.num_accepted + [last]
-    # A tree: the bonus comes after a leaf, a correction after a node with children left.
-    end = int(path[-1]) if outcome.num_accepted else -1
-    last = TokenSource.CORRECTION if end in set(parents) else TokenSource.BONUS
-    first_children = {parent: parents.index(parent) for parent in set(parents)}
-    accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
-                for node in path.tolist()]
+        accepted = [TokenSource.DRAFT] * outcome.num_accepted
+    else:  # a tree: the bonus comes after a leaf, a correction after a node with children left
+        end = int(path[-1]) if outcome.num_accepted else -1
+        last = TokenSource.CORRECTION if end in set(parents) else TokenSource.BONUS
+        first_children = {parent: parents.index(parent) for parent in set(parents)}
+        accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
+                    for node in path.tolist()]
+    if outcome.from_cache is not None:
+        accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
+                    for node, source in zip(outcome.accepted_nodes, accepted)]
     return accepted + [last]
 
 
@@ -271,7 +275,7 @@ class Engine:
                 kept = [0, *(node + 1 for node in path.tolist())]
                 cache.compact(request.row, kept)
             hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
-            outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents))
+            outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.advance(request, outcome, seconds, verify_seconds)
@@ -308,6 +312,8 @@ class Engine:
                 request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
             )
         request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
+        if outcome.from_cache is not None:
+            request.stats.observe_cache(sum(outcome.from_cache), outcome.accepted_from_cache)
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 SOURCE_STYLES = {
     "draft": "green",
     "branch": "cyan",
+    "cache": "magenta",
     "correction": "bold red",
     "bonus": "bold blue",
     "target": "",
@@ -45,7 +46,8 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
     generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
-                               "red = target's correction, blue = bonus")
+                               "magenta = accepted draft copied from an earlier request's output (suffix drafters' "
+                               "cache), red = target's correction, blue = bonus")
     generate.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                           help="then run the target alone on the same prompt: measured speedup, and whether the text "
                                "is the same (default: on for the default pair, off with --target)")
@@ -121,6 +123,12 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
         *(
             [("translated draft tokens", f"{stats.source_kept} of {stats.source_drafted} (draft's tokenizer)")]
             if stats.source_drafted
+            else []
+        ),
+        *(
+            [("from earlier requests (cache)", f"{stats.accepted_from_cache} accepted of {stats.drafted_from_cache} "
+                                               "drafted")]
+            if stats.drafted_from_cache
             else []
         ),
         *(

@@ -23,6 +23,9 @@ class SpecStats:
     # text reached the target tokens it proposed (`drafted` counts target tokens).
     source_drafted: int = 0
     source_kept: int = 0
+    # Suffix drafters: drafted / accepted tokens guessed from earlier requests' outputs (not this request's text).
+    drafted_from_cache: int = 0
+    accepted_from_cache: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification
@@ -50,6 +53,10 @@ class SpecStats:
     def observe_translation(self, proposed: int, kept: int) -> None:
         self.source_drafted += proposed
         self.source_kept += kept
+
+    def observe_cache(self, drafted: int, accepted: int) -> None:
+        self.drafted_from_cache += drafted
+        self.accepted_from_cache += accepted
 
     @property
     def alpha(self) -> float:

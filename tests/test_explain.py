@@ -175,3 +175,23 @@ def test_a_step_that_drafted_nothing_is_shown_and_rerun(pair):
     Console(record=True, width=200).print(step_renderable(step_view(plain), pair[0].tokenizer, len(run.records)))
     check = check_lossless(plain, seeds=1500)
     assert check.p_value > 1e-3 and int(check.counts.sum()) == 1500
+
+
+def test_steps_mark_drafts_copied_from_earlier_requests(pair):
+    """A suffix drafter warmed by one generation: explaining the same prompt again shows which
+    drafted tokens came from the cross-request cache, in the terminal and in the HTML."""
+    from specdec.drafting import make_drafter
+
+    drafter = make_drafter("suffix")
+    sampling = SamplingParams(max_new_tokens=16)
+    record_generation(pair[0], drafter, PROMPT, sampling)
+    run = record_generation(pair[0], drafter, PROMPT, sampling)
+    cached = [record for record in run.records if record.from_cache and any(record.from_cache)]
+    assert cached and sum(run.records[0].from_cache or ()) <= run.records[0].gamma
+    view = step_view(cached[0])
+    assert sum(row.from_cache for row in view.rows) == sum(cached[0].from_cache)
+    console = Console(record=True, width=200)
+    console.print(step_renderable(view, pair[0].tokenizer, len(run.records)))
+    assert "(cache)" in console.export_text()
+    assert "(cache)" in report_html(run, pair[0].tokenizer, None, 4, PROMPT, step=cached[0].index)
+    assert run.result.stats.accepted_from_cache > 0

@@ -187,14 +187,33 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, reference, 
     assert good.choices[0].text == reference("def f(x):", 8)
 
 
+def metric_values(url: str) -> dict[str, float]:
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in httpx.get(f"{url}/metrics").text.splitlines()
+            if line and not line.startswith("#")}
+
+
+@pytest.mark.parametrize("cache_tokens", [20_000, 0])
+def test_the_suffix_cache_is_shared_by_requests_and_reported(pair, reference, cache_tokens):
+    """One deployment's requests share its suffix cache: a second client's identical request copies
+    the first one's answer (counted in /metrics), with the same text; a cap of 0 turns it off."""
+    app = build_app(pair[0], make_drafter("suffix", suffix_cache_tokens=cache_tokens), MODEL, gamma=6,
+                    speculation="on")
+    with serve_in_thread(app) as url:
+        texts = [client(url).completions.create(model=MODEL, prompt="def parse(line):", max_tokens=40,
+                                                temperature=0).choices[0].text for _ in range(2)]
+        values = metric_values(url)
+    assert texts[0] == texts[1] == reference("def parse(line):", 40)
+    assert values["specdec:suffix_cache_max_tokens"] == cache_tokens
+    assert (values["specdec:suffix_cache_tokens"] > 0) == (cache_tokens > 0)
+    assert (values["specdec:spec_decode_num_accepted_tokens_from_cache_total"] > 20) == (cache_tokens > 0)
+
+
 def test_models_health_and_metrics(server):
     url, _ = server
     assert [m.id for m in client(url).models.list().data] == [MODEL]
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
     client(url).completions.create(model=MODEL, prompt="class Stack:", max_tokens=16, temperature=0)
-    metrics = httpx.get(f"{url}/metrics").text
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
-              if line and not line.startswith("#")}
+    values = metric_values(url)
     assert values["specdec:spec_decode_num_draft_tokens_total"] > 0
     per_position = "specdec:spec_decode_num_accepted_tokens_per_pos_total"
     assert values["specdec:spec_decode_num_accepted_tokens_total"] == sum(

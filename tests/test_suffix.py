@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
-from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixIndex, trie_draft
+from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixIndex, tree_of, trie_draft
 from law import assert_matches_law, sample_sequences
 from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
@@ -18,10 +18,10 @@ from test_greedy_equality import check_equality, lean_models  # noqa: F401 (fixt
 def test_trie_draft_worked_example():
     continuations = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]]
     # counts: 1 -> 4, (1, 2) -> 3, (1, 2, 3) -> 2, (1, 5) -> 1, (1, 2, 4) -> 1
-    assert trie_draft(continuations, 3, chain=True) == ([1, 2, 3], [-1, 0, 1])
-    tokens, parents = trie_draft(continuations, 4, chain=False)
+    assert tree_of(trie_draft(continuations, 3, chain=True)) == ([1, 2, 3], [-1, 0, 1])
+    tokens, parents = tree_of(trie_draft(continuations, 4, chain=False))
     assert tokens == [1, 2, 3, 5] and parents == [-1, 0, 1, 0]  # the 4 most frequent nodes
-    assert trie_draft([], 4, chain=False) == ([], [])
+    assert trie_draft([], 4, chain=False) == []
 
 
 def test_the_index_finds_the_longest_earlier_suffix_and_forgets_dropped_sequences():
@@ -59,6 +59,40 @@ def test_a_second_identical_request_is_drafted_from_the_cache():
     cold = SpeculativeDecoder(target, make_drafter("suffix"), gamma=gamma).generate(prompt, max_new_tokens=60)
     assert second.token_ids == first.token_ids == cold.token_ids
     assert second.stats.tau >= gamma and second.stats.tau > cold.stats.tau + 1
+
+
+@pytest.mark.parametrize("kind", ["suffix", "suffix-tree", "suffix+ngram", "suffix-or-ngram"])
+def test_tokens_from_the_cache_are_counted_and_marked(kind):
+    """What --show and the stats call "cache": accepted guesses that only earlier requests' outputs
+    supplied. The first request has none; the second, identical one copies from the cache, and
+    its stream marks exactly the tokens its stats count."""
+    from specdec.engine import TokenSource
+
+    target = table_model(12, seed=3, max_context=128)
+    prompt = [0, 1, 2, 3, 4, 5, 6]
+    decoder = SpeculativeDecoder(target, make_drafter(kind, tree_budget=6), gamma=4)
+    first = decoder.generate(prompt, max_new_tokens=60)
+    assert first.stats.drafted_from_cache == first.stats.accepted_from_cache == 0
+    chunks = list(decoder.stream(prompt, SamplingParams(max_new_tokens=60)))
+    second = chunks[-1].result
+    assert second is not None and second.token_ids == first.token_ids
+    marked = sum(source == TokenSource.CACHE for chunk in chunks for source in chunk.sources)
+    assert 0 < marked == second.stats.accepted_from_cache <= second.stats.drafted_from_cache
+    assert second.stats.accepted_from_cache <= second.stats.accepted
+
+
+def test_a_guess_the_request_s_own_text_also_makes_is_not_owed_to_the_cache():
+    from specdec.drafting.base import ContextRequest
+
+    drafter = make_drafter("suffix")
+    drafter.cache.append(drafter.cache.new_sequence([]), [1, 2, 3, 7, 8])  # an earlier output
+    own_repeat = torch.tensor([5, 1, 2, 3, 7, 9, 1, 2, 3])  # "1 2 3 7" also in this request's own text
+    draft = drafter.propose(ContextRequest.started(drafter, own_repeat), 3)
+    assert draft.tokens.tolist()[:1] == [7] and draft.from_cache is not None and not draft.from_cache[0]
+    only_cache = torch.tensor([5, 1, 2, 3])
+    draft = drafter.propose(ContextRequest.started(drafter, only_cache), 3)
+    assert draft.tokens.tolist() == [7, 8] and draft.from_cache == (True, True)
+    assert draft.truncated(1).from_cache == (True,)
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -39,6 +39,9 @@ class Draft:
     probs: torch.Tensor | None = None  # chain: [gamma, vocab]; tree: [gamma + 1, vocab]
     parents: tuple[int, ...] | None = None
     translation: Translation | None = None  # set by a drafter that translates from another tokenizer
+    # [num_nodes]: the node was guessed from the cross-request cache (earlier requests' outputs) and
+    # not from this request's own text; None: no node was (what users see marked in --show and explain)
+    from_cache: tuple[bool, ...] | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -49,10 +52,12 @@ class Draft:
         """The first ``count`` nodes (parents come before children, so a tree stays a tree)."""
         if count >= self.num_nodes:
             return self
+        from_cache = None if self.from_cache is None else self.from_cache[:count]
         if self.parents is None:
-            return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[:count])
+            return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[:count],
+                           from_cache=from_cache)
         return replace(self, tokens=self.tokens[:count], probs=None if self.probs is None else self.probs[: count + 1],
-                       parents=self.parents[:count])
+                       parents=self.parents[:count], from_cache=from_cache)
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> Draft:
@@ -70,10 +75,23 @@ class StepOutcome:
     hidden: torch.Tensor | None = None
     path: torch.Tensor | None = None  # [n_accepted]: tree indices of the accepted nodes (None for a chain)
     parents: tuple[int, ...] | None = None  # the drafted tree the path indexes (None for a chain)
+    from_cache: tuple[bool, ...] | None = None  # the draft's (Draft.from_cache)
 
     @property
     def num_accepted(self) -> int:
         return int(self.emitted.shape[0]) - 1
+
+    @property
+    def accepted_nodes(self) -> list[int]:
+        """The draft nodes behind the accepted tokens, in order."""
+        return list(range(self.num_accepted)) if self.path is None else self.path.tolist()
+
+    @property
+    def accepted_from_cache(self) -> int:
+        """Accepted tokens that were guessed from the cross-request cache."""
+        if self.from_cache is None:
+            return 0
+        return sum(self.from_cache[node] for node in self.accepted_nodes)
 
 
 class DraftRequest(Protocol):
@@ -142,6 +160,21 @@ class BaseDrafter:
 
     def describe(self) -> str:
         return type(self).__name__
+
+
+def node_paths(tokens: list[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each node's tokens from the root down to it (parents come before children)."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tokens, parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return paths
+
+
+def suffix_caches(drafter: object) -> list[Any]:
+    """The cross-request caches a drafter keeps (suffix drafters, alone or inside others): the
+    server reports their size."""
+    caches = getattr(drafter, "suffix_caches", None)
+    return caches() if callable(caches) else []
 
 
 def describe_drafter(drafter: Drafter | None) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter,
+                                   node_paths, suffix_caches)
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
@@ -56,15 +57,23 @@ def root_paths(draft: Draft) -> list[list[int]]:
     """A draft as the token paths from the root to each leaf, in node order."""
     tokens = draft.tokens.tolist()
     parents = list(draft.parents) if draft.parents is not None else list(range(-1, len(tokens) - 1))
-    has_child = {parent for parent in parents}
-    paths = []
-    for leaf in (node for node in range(len(tokens)) if node not in has_child):
-        path, node = [], leaf
-        while node >= 0:
-            path.append(tokens[node])
-            node = parents[node]
-        paths.append(path[::-1])
-    return paths
+    has_child = set(parents)
+    return [list(path) for node, path in enumerate(node_paths(tokens, parents)) if node not in has_child]
+
+
+def cache_flags(drafts: Sequence[Draft], tokens: list[int], parents: list[int]) -> tuple[bool, ...] | None:
+    """Draft.from_cache of the merged tree: a node is owed to the cache when some drafter's
+    cache-guessed node has its root path and no other drafter's node has it too."""
+    if all(draft.from_cache is None for draft in drafts):
+        return None
+    cached, plain = set(), set()
+    for draft in drafts:
+        chain = list(range(-1, draft.num_nodes - 1))
+        paths = node_paths(draft.tokens.tolist(), chain if draft.parents is None else draft.parents)
+        flags = draft.from_cache or (False,) * len(paths)
+        for path, flag in zip(paths, flags):
+            (cached if flag else plain).add(path)
+    return tuple(path in cached and path not in plain for path in node_paths(tokens, parents))
 
 
 class MergedDrafter(BaseDrafter):
@@ -92,14 +101,19 @@ class MergedDrafter(BaseDrafter):
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         device = request.context.device
-        proposals = [root_paths(drafter.propose(SubRequest(request, state), gamma))
-                     for drafter, state in zip(self.drafters, request.draft_state)]
+        drafts = [drafter.propose(SubRequest(request, state), gamma)
+                  for drafter, state in zip(self.drafters, request.draft_state)]
+        proposals = [root_paths(draft) for draft in drafts]
         # Paths taken in turns from each drafter, so that one big tree cannot use up the budget.
         paths = [path for turn in itertools.zip_longest(*proposals) for path in turn if path is not None]
         tokens, parents = merge_branches(paths, request.node_budget or self.budget)
         if not tokens:
             return Draft.empty(device)
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None, tuple(parents))
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None, tuple(parents),
+                     from_cache=cache_flags(drafts, tokens, parents))
+
+    def suffix_caches(self) -> list[Any]:
+        return [cache for drafter in self.drafters for cache in suffix_caches(drafter)]
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
         for drafter, state in zip(self.drafters, request.draft_state):

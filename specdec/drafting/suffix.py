@@ -18,7 +18,8 @@ from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, describe_drafter
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome,
+                                   describe_drafter, suffix_caches)
 from specdec.drafting.merge import SubRequest
 
 
@@ -115,10 +116,10 @@ class SuffixState:
         return self.own.sequences[0]
 
 
-def trie_draft(continuations: list[list[int]], budget: int, chain: bool) -> tuple[list[int], list[int]]:
-    """Continuations merged into a trie; (tokens, parents) of the most frequent path (chain) or of
-    the ``budget`` most frequent nodes (parents before children: a node is never more frequent
-    than its parent, and ties go to the shallower)."""
+def trie_draft(continuations: list[list[int]], budget: int, chain: bool) -> list[tuple[int, ...]]:
+    """Continuations merged into a trie; the root paths of the nodes of the most frequent path
+    (chain) or of the ``budget`` most frequent nodes (parents before children: a node is never
+    more frequent than its parent, and ties go to the shallower)."""
     counts: dict[tuple[int, ...], int] = {}
     for continuation in continuations:
         for end in range(1, len(continuation) + 1):
@@ -132,10 +133,23 @@ def trie_draft(continuations: list[list[int]], budget: int, chain: bool) -> tupl
             if not children:
                 break
             path = max(children)[1]
-        return list(path), list(range(-1, len(path) - 1))
-    chosen = sorted(counts, key=lambda node: (-counts[node], len(node), node))[:budget]
-    node_of = {path: index for index, path in enumerate(chosen)}
-    return [path[-1] for path in chosen], [node_of.get(path[:-1], -1) for path in chosen]
+        return [path[:end] for end in range(1, len(path) + 1)]
+    return sorted(counts, key=lambda node: (-counts[node], len(node), node))[:budget]
+
+
+def tree_of(paths: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of nodes given by their root paths, parents listed before children."""
+    node_of = {path: index for index, path in enumerate(paths)}
+    return [path[-1] for path in paths], [node_of.get(path[:-1], -1) for path in paths]
+
+
+@dataclass(frozen=True)
+class SuffixMatch:
+    """The longest suffix of a context seen before, and what followed it there (newest first)."""
+
+    length: int  # 0: no match
+    own: list[list[int]]  # continuations in this request's own text
+    shared: list[list[int]]  # continuations in the cross-request cache
 
 
 class SuffixDrafter(BaseDrafter):
@@ -165,33 +179,41 @@ class SuffixDrafter(BaseDrafter):
         state.own.extend(0, emitted)
         self.cache.append(state.shared, emitted)
 
-    def matches(self, state: SuffixState, limit: int) -> tuple[int, list[list[int]]]:
+    def suffix_caches(self) -> list[SuffixCache]:
+        return [self.cache]
+
+    def matches(self, state: SuffixState, limit: int) -> SuffixMatch:
         """The longest match of the context's suffix (own text or cache) and its continuations."""
         context = state.context
         own_length, own = state.own.match(context, limit)
         shared_length, shared = self.cache.index.match(context, limit, exclude=state.shared)
         length = max(own_length, shared_length)
         # The longest match wins; a tie pools both sources' continuations.
-        return length, (own if own_length == length else []) + (shared if shared_length == length else [])
+        return SuffixMatch(length, own if own_length == length else [], shared if shared_length == length else [])
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         if gamma <= 0:
             return Draft.empty(request.context.device)
-        return self.draft(request, gamma, *self.matches(request.draft_state, gamma))
+        return self.draft(request, gamma, self.matches(request.draft_state, gamma))
 
-    def draft(self, request: DraftRequest, gamma: int, length: int, continuations: list[list[int]]) -> Draft:
-        """The draft from a match of ``length`` tokens and its continuations (``matches``)."""
+    def draft(self, request: DraftRequest, gamma: int, match: SuffixMatch) -> Draft:
+        """The draft from a match (``matches``)."""
         device = request.context.device
-        if length == 0:
+        if match.length == 0:
             return Draft.empty(device)
-        depth = min(gamma, math.ceil(self.depth_per_match * length))
-        continuations = [continuation[:depth] for continuation in continuations]
+        depth = min(gamma, math.ceil(self.depth_per_match * match.length))
+        own = [continuation[:depth] for continuation in match.own]
+        shared = [continuation[:depth] for continuation in match.shared]
         budget = (request.node_budget or self.budget) if self.tree else depth
-        tokens, parents = trie_draft(continuations, budget, chain=not self.tree)
-        if not tokens:
+        paths = trie_draft(own + shared, budget, chain=not self.tree)
+        if not paths:
             return Draft.empty(device)
+        tokens, parents = tree_of(paths)
+        # A node the request's own text also proposes is not owed to the cache.
+        own_prefixes = {tuple(continuation[:end]) for continuation in own for end in range(1, len(continuation) + 1)}
+        from_cache = tuple(path not in own_prefixes for path in paths) if shared else None
         as_tensor = torch.tensor(tokens, dtype=torch.long, device=device)
-        return Draft(as_tensor, None, tuple(parents)) if self.tree else Draft(as_tensor)
+        return Draft(as_tensor, None, tuple(parents) if self.tree else None, from_cache=from_cache)
 
 
 class SuffixFirstDrafter(BaseDrafter):
@@ -215,12 +237,15 @@ class SuffixFirstDrafter(BaseDrafter):
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         suffix_state, fallback_state = request.draft_state
         if gamma > 0:
-            length, continuations = self.suffix.matches(suffix_state, gamma)
-            if length >= self.min_match:
-                draft = self.suffix.draft(SubRequest(request, suffix_state), gamma, length, continuations)
+            match = self.suffix.matches(suffix_state, gamma)
+            if match.length >= self.min_match:
+                draft = self.suffix.draft(SubRequest(request, suffix_state), gamma, match)
                 if draft.num_nodes:
                     return draft
         return self.fallback.propose(SubRequest(request, fallback_state), gamma)
+
+    def suffix_caches(self) -> list[SuffixCache]:
+        return self.suffix.suffix_caches() + suffix_caches(self.fallback)
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
         cast(ReadsHidden, self.fallback).prefilled(SubRequest(request, request.draft_state[1]), hidden)

@@ -136,7 +136,7 @@ def step_html(view: StepView, tokenizer: Any, expanded: bool = False) -> str:
         f"</td></tr>" for row, token in enumerate(record.block_tokens))
     drafts = "".join(
         f"<tr class='{row.decision.split()[0]}'><td class=n>{row.node}</td><td class=n>{row.parent}</td><td>"
-        f"{html.escape(token_text(tokenizer, row.token))}</td><td class=n>{row.q:.4f}</td><td class=n>{row.p:.4f}</td>"
+        f"{html.escape(row.token_text(tokenizer))}</td><td class=n>{row.q:.4f}</td><td class=n>{row.p:.4f}</td>"
         f"<td class=n>{'-' if row.acceptance is None else f'{row.acceptance:.4f}'}</td>"
         f"<td class=n>{'-' if row.uniform is None else f'{row.uniform:.4f}'}</td><td>{row.decision}</td></tr>"
         for row in view.rows)

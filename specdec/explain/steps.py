@@ -29,6 +29,10 @@ class DraftRow:
     acceptance: float | None  # min(1, p/q) (a tree's later siblings are judged against updated p, q: None)
     uniform: float | None  # the draw u (None: greedy, or a tree)
     decision: str  # "accepted", "rejected", "not reached" (a chain); "on the path" / "off the path" (a tree)
+    from_cache: bool = False  # guessed from earlier requests' outputs (a suffix drafter's cache)
+
+    def token_text(self, tokenizer: Any) -> str:
+        return token_text(tokenizer, self.token) + (" (cache)" if self.from_cache else "")
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,8 @@ def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
         reached = i <= decision.num_accepted
         rows.append(DraftRow(i, i - 1, token, float(q[i, token]), float(record.p[i, token]),
                              decision.acceptance[i] if reached and not record.greedy else None,
-                             decision.uniforms[i] if reached and decision.uniforms else None, state))
+                             decision.uniforms[i] if reached and decision.uniforms else None, state,
+                             bool(record.from_cache and record.from_cache[i])))
     return rows
 
 
@@ -73,7 +78,8 @@ def tree_rows(record: StepRecord) -> list[DraftRow]:
         p = float(record.p[parent + 1, token])
         first_sibling = record.parents.index(parent) == node
         rows.append(DraftRow(node, parent, token, q, p, min(1.0, p / q) if first_sibling and q > 0 else None, None,
-                             "on the path" if node in path else "off the path"))
+                             "on the path" if node in path else "off the path",
+                             bool(record.from_cache and record.from_cache[node])))
     return rows
 
 

@@ -55,7 +55,7 @@ def drafts_table(view: StepView, tokenizer: Any) -> Table:
     for name in ("node", "parent", "token", "q(x)", "p(x)", "min(1, p/q)", "u", "decision"):
         table.add_column(name, justify="right" if name not in ("token", "decision") else "left")
     for row in view.rows:
-        table.add_row(str(row.node), str(row.parent), token_text(tokenizer, row.token), f"{row.q:.4f}", f"{row.p:.4f}",
+        table.add_row(str(row.node), str(row.parent), Text(row.token_text(tokenizer)), f"{row.q:.4f}", f"{row.p:.4f}",
                       "-" if row.acceptance is None else f"{row.acceptance:.4f}",
                       "-" if row.uniform is None else f"{row.uniform:.4f}",
                       Text(row.decision, style=DECISION_STYLES[row.decision]))

@@ -6,7 +6,7 @@ Each server has its own registry, so several servers (or tests) in one process n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -20,7 +20,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    """``suffix_caches``: the drafter's cross-request caches (SuffixCache), whose size is reported."""
+
+    def __init__(self, suffix_caches: Sequence[Any] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.running = Gauge("specdec:num_requests_running", "Requests in the running batch", registry=r)
@@ -39,6 +41,14 @@ class ServerMetrics:
                                      "Accepted / drafted tokens since start", registry=r)
         self.mean_acceptance_length = Gauge("specdec:spec_decode_mean_acceptance_length",
                                             "Tokens emitted per drafting step (accepted + 1) since start", registry=r)
+        self.accepted_from_cache = Counter("specdec:spec_decode_num_accepted_tokens_from_cache",
+                                           "Accepted draft tokens copied from earlier requests' outputs", registry=r)
+        if suffix_caches:
+            caches = list(suffix_caches)
+            Gauge("specdec:suffix_cache_tokens", "Tokens held in the cross-request suffix cache(s)",
+                  registry=r).set_function(lambda: sum(cache.size_tokens for cache in caches))
+            Gauge("specdec:suffix_cache_max_tokens", "The cross-request suffix cache's cap (0: off)",
+                  registry=r).set_function(lambda: sum(cache.max_tokens for cache in caches))
         self.generation_tokens = Counter("specdec:generation_tokens", "Generated tokens", registry=r)
         self.ttft = Histogram("specdec:time_to_first_token_seconds", "Time to first token", registry=r,
                               buckets=LATENCY_BUCKETS)
@@ -61,6 +71,7 @@ class ServerMetrics:
             self.drafts.inc()
             self.draft_tokens.inc(outcome.num_drafted)
             self.accepted_tokens.inc(outcome.num_accepted)
+            self.accepted_from_cache.inc(outcome.accepted_from_cache)
             for position in range(outcome.num_accepted):
                 self.accepted_per_pos.labels(position=str(position)).inc()
             self.totals["drafted"] += outcome.num_drafted

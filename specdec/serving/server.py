@@ -50,6 +50,7 @@ def build_app(
     from specdec.serving.metrics import ServerMetrics
     from specdec.serving.scheduler import Scheduler
 
+    from specdec.drafting.base import suffix_caches
     from specdec.engine import Engine
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
@@ -61,7 +62,7 @@ def build_app(
         costs = cached_verify_costs(target, batches, blocks, progress=progress)
     draft_cost = profile_draft_cost(engine, gamma) if speculation == "auto" else None
     controller = SpeculationController(speculation, gamma, costs, draft_cost=draft_cost)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(suffix_caches(drafter))
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics)
     return create_app(scheduler, model_name, limits, metrics)
 
