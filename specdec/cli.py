@@ -208,6 +208,15 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
 
 def build_drafter(args: argparse.Namespace, errors: Console):
     """The target and the drafter that --drafter, --tree and --no-draft ask for."""
+    target, make = load_drafting(args, errors)
+    return target, make()
+
+
+def load_drafting(args: argparse.Namespace, errors: Console):
+    """The target, and a function that makes a new drafter as --drafter, --tree and --no-draft ask
+    (None: the target alone) on the models loaded once; its keywords override the options'
+    (``suffix_cache_tokens=0``). Each drafter has its own state shared across requests (a suffix
+    cache), so servers compared side by side each get one."""
     from specdec.drafting import make_drafter, reads_target
 
     resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter or ""))
@@ -230,26 +239,24 @@ def build_drafter(args: argparse.Namespace, errors: Console):
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
-    drafter = None
-    if not args.no_draft and (draft is not None or not needs_model):
-        drafter = make_drafter(
-            args.drafter,
-            draft,
-            max_n=args.ngram_max,
-            min_n=args.ngram_min,
-            tree=args.tree,
-            tree_budget=args.tree_budget,
-            target=target,
-            vocab_rule=args.vocab_rule,
-            head=args.draft_head or (pair.head if pair else None),
-            suffix_cache_tokens=args.suffix_cache_tokens,
-        )
-    errors.print(
-        f"[dim]{running_banner(target, drafter, args.policy, args.gamma)}{chosen if drafter else ''}[/]",
-        highlight=False,
-        soft_wrap=True,
-    )
-    return target, drafter
+    made: list[object] = []
+
+    def make(**overrides):
+        if args.no_draft or (draft is None and needs_model):
+            drafter = None
+        else:
+            head = args.draft_head or (pair.head if pair else None)
+            options = dict(max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree, tree_budget=args.tree_budget,
+                           target=target, vocab_rule=args.vocab_rule, head=head,
+                           suffix_cache_tokens=args.suffix_cache_tokens)
+            drafter = make_drafter(args.drafter, draft, **{**options, **overrides})
+        if not made:  # what runs, said once
+            banner = running_banner(target, drafter, args.policy, args.gamma)
+            errors.print(f"[dim]{banner}{chosen if drafter else ''}[/]", highlight=False, soft_wrap=True)
+        made.append(drafter)
+        return drafter
+
+    return target, make
 
 
 def drafts_trees(drafter: str) -> bool:
@@ -288,10 +295,12 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"unknown --drafter {unknown[0]!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    if hasattr(args, "temperature"):
+    if hasattr(args, "top_k"):  # the commands with add_sampling_options
         from specdec.sampling import sampling_from_args
 
         sampling_from_args(args)  # temperature, top-k, top-p, min-p and the sampling rule
+    elif getattr(args, "temperature", 0.0) < 0:  # bench-serve's one sampling option
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench-serve":
             from specdec.bench import serve as bench_serve
 
-            return bench_serve.run(args, console, errors, build_drafter)
+            return bench_serve.run(args, console, errors, load_drafting)
         if args.command == "bench-batch":
             from specdec.bench import batch
 

@@ -164,6 +164,12 @@ def default_prompts() -> Path:
     return ASSETS / "bench_prompts.json"
 
 
+def editing_prompts() -> Path:
+    """The editing suite (scripts/make_editing_suite.py): standard-library functions to return with
+    one change, where the answer mostly copies the prompt."""
+    return ASSETS / "bench_editing.json"
+
+
 def heldout_prompts() -> Path:
     """Code-completion prompts cut from files the bundled pair never trained on."""
     return DEFAULT_PAIR / "heldout_prompts.json"

@@ -195,3 +195,20 @@ def test_a_failing_method_fails_the_command_after_every_result_is_written(
     assert {m["method"] for m in results["measurements"]} == {"target-only", "model:fixed", "wrong"}
     assert results["mismatches"][0]["margin"] is not None  # the target's top-2 margin at the divergence
     assert "greedy identity failures" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_serve_replays_conversations_with_the_cache_on_and_off(tmp_path):
+    """`specdec bench-serve --workload replay --compare-cache` on the default pair: each server has
+    its own suffix cache; the second round replays the first, so the cached server's drafts come
+    from the cache there, the other's never; greedy texts agree across servers (else exit 1)."""
+    out = tmp_path / "serve"
+    assert main(["bench-serve", "--drafter", "suffix", "--workload", "replay", "--turns", "2", "--concurrency", "1",
+                 "--requests", "1", "--repeats", "2", "--max-new-tokens", "16", "--modes", "on", "--compare-cache",
+                 "--policy", "fixed", "--out", str(out)]) == 0
+    result = json.loads((out / "serve.json").read_text())
+    rows = {row["mode"]: row for row in result["rows"]}
+    assert set(rows) == {"on", "on, no cache"} and result["turns"] == 2 and not result["mismatches"]
+    assert rows["on, no cache"]["rounds_accepted_from_cache"] == [0.0, 0.0]
+    first_round, replay = rows["on"]["rounds_accepted_from_cache"]
+    assert replay > max(0.2, first_round)

@@ -91,7 +91,10 @@ def test_greedy_speculation_equals_target_only_on_llama_cpp(target, target_only,
 def test_target_only_equals_llama_cpps_own_greedy(target):
     import llama_cpp
 
-    own = llama_cpp.Llama(str(GGUF), n_ctx=512, verbose=False, flash_attn=True)  # as the backend runs it
+    from specdec.models.llama_cpp import KV_TYPE
+
+    # as the backend runs it: flash attention, a bf16 KV cache
+    own = llama_cpp.Llama(str(GGUF), n_ctx=512, verbose=False, flash_attn=True, type_k=KV_TYPE, type_v=KV_TYPE)
     for prompt in PROMPTS[:2]:
         ids = target.tokenizer.encode(prompt)
         ours = SpeculativeDecoder(target, make_drafter("ngram"), gamma=4).generate(ids, max_new_tokens=16).token_ids
@@ -144,6 +147,61 @@ def test_a_long_verify_block_scores_each_token_as_alone(target):
     verify_block = target.extend(ids[4:], verify_cache)
     alone = torch.cat([target.extend(ids[i : i + 1], alone_cache) for i in range(4, len(ids))])
     assert torch.equal(verify_block, alone)
+
+
+def test_after_512_cells_a_token_scores_alone_as_in_a_block_and_among_other_rows(target):
+    """With llama.cpp's default float16 KV cache, a one-token call over 512+ cells split the keys
+    across threads (and the reduction summed in another order): target-only decoding past ~256
+    tokens differed from a verify block, and from a row whose cells straddle another row's (1.88
+    off in a logit). The backend keeps bf16 keys and values (llama_cpp.KV_TYPE), which take ggml's
+    plain attention path whatever the call. Mutation checked: KV_TYPE = 1 (f16) fails it."""
+    ids = torch.randint(0, 2000, (560,), generator=torch.Generator().manual_seed(0))
+    block_cache, alone_cache = target.new_cache(), target.new_cache()
+    for cache in (block_cache, alone_cache):
+        target.extend(ids[:550], cache)
+    block = target.extend(ids[550:555], block_cache)
+    alone = torch.cat([target.extend(ids[i : i + 1], alone_cache) for i in range(550, 555)])
+    assert torch.equal(block, alone)
+    # A row whose later tokens sit after 300 cells of another row (its keys on both sides of cell 256).
+    shared, fresh = target.new_cache(rows=2), target.new_cache()
+    target.extend(ids[:10], shared, row=0)
+    target.extend(ids[100:400], shared, row=1)
+    target.extend(ids[:10], fresh)
+    straddling = torch.cat([target.extend(ids[i : i + 1], shared, row=0) for i in range(10, 14)])
+    assert torch.equal(straddling, torch.cat([target.extend(ids[i : i + 1], fresh) for i in range(10, 14)]))
+
+
+def test_batched_requests_equal_each_alone(target):
+    """Eight prompts of 2-40 tokens decoded together (target alone, and with n-gram drafts) give
+    each one's output alone: the rows' decode tokens share calls of at most EXACT_ROWS, where a
+    one-token call took the f16 cache's split attention (see above: 5 of 8 differed)."""
+    import json
+
+    from specdec.defaults import default_prompts
+
+    prompts = [item["prompt"] for item in json.loads(default_prompts().read_text())][:6] + ["x =", "def f("]
+    alone = [SpeculativeDecoder(target).generate(prompt, max_new_tokens=24).token_ids for prompt in prompts]
+    for drafter in (None, make_drafter("ngram")):
+        batched = SpeculativeDecoder(target, drafter, gamma=4).generate(prompts, max_new_tokens=24)
+        assert [result.token_ids for result in batched] == alone
+
+
+def test_a_prompt_prefilled_beside_another_scores_as_alone(target):
+    """Prompts are prefilled in calls of their own (llama_cpp.exact_calls): packed into one call
+    with a longer prompt, a 6-token prefill takes the 8+ row matmul kernels instead of its own.
+    Mutation checked: packing them fails this with SPECDEC_TEST_GGUF = Qwen2.5-Coder-1.5B's Q4_K_M
+    (0.32 off) and passes on SmolLM2's Q4_1, whose kernels agree."""
+    short = torch.tensor(target.tokenizer.encode("x = [1, 2"))
+    longer = torch.tensor(target.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return"))
+    count = len(short) - 1
+    packed, alone = target.new_cache(rows=2), target.new_cache(rows=2)
+    tokens, positions = torch.cat([short[:count], longer]), torch.cat([torch.arange(count), torch.arange(len(longer))])
+    target.forward(tokens, positions, packed, Attention((Segment(0, count), Segment(1, len(longer)))))
+    packed.commit(0, count)
+    packed.commit(1, len(longer))
+    target.extend(short[:count], alone, row=0)
+    target.extend(longer, alone, row=1)
+    assert torch.equal(target.extend(short[count:], packed, row=0), target.extend(short[count:], alone, row=0))
 
 
 def test_a_token_after_another_rows_rollback_scores_as_in_a_chain(target):

@@ -5,8 +5,15 @@ One server per mode runs at once on the same loaded models (idle servers use no 
 concurrency C, for every mode in turn (interleaved, so drift hits every mode alike): C clients
 send --requests streaming requests between them, each client one after another (a closed loop). Recorded:
 generated tokens per second over the wall time, time to first token and time per output token
-after it (medians over requests), and the draft length the server chose (auto). Greedy texts are
-compared across modes per prompt: lossless speculation must not change them.
+after it (medians over requests), the draft length the server chose (auto) and the acceptance.
+Greedy texts are compared across modes per prompt: lossless speculation must not change them.
+
+``--workload replay`` sends conversations instead of single requests: each turn's prompt is the
+previous prompt, its answer and a follow-up asking for the code again (an agent loop resending
+earlier answers), over the editing suite; every round replays the same traffic. With
+``--compare-cache`` each speculating mode also runs with its suffix cache off, so the cache's worth
+is measured side by side; caches are emptied before each concurrency, so a measurement's first
+round starts cold and later rounds find the earlier rounds' answers.
 """
 
 from __future__ import annotations
@@ -39,23 +46,35 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds per measurement; the median round is kept")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--prompts", help="JSON prompt file (default: the bundled suite)")
+    parser.add_argument("--prompts", help="JSON prompt file (default: the bundled suite; the editing suite for "
+                                          "--workload replay)")
+    parser.add_argument("--workload", choices=["suite", "replay"], default="suite",
+                        help="suite: one request per prompt; replay: conversations of --turns requests, each resending "
+                             "the earlier answers with a follow-up")
+    parser.add_argument("--turns", type=int, default=3, help="requests per conversation (--workload replay)")
+    parser.add_argument("--compare-cache", action="store_true",
+                        help="also run each speculating mode with the suffix drafter's cross-request cache off")
     parser.add_argument("--out", default="runs/bench-serve")
 
 
+#: What a replayed conversation's next turn adds after the previous answer.
+FOLLOW_UP = "\n\n# Once more, the whole code above, unchanged:\n"
+
+
 async def closed_loop(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
-                      temperature: float) -> dict:
-    """``clients`` concurrent clients, each sending ``per_client`` streaming requests in turn."""
+                      temperature: float, turns: int = 1) -> dict:
+    """``clients`` concurrent clients, each sending ``per_client`` conversations of ``turns``
+    streaming requests in turn (a turn's prompt: the previous prompt, its answer, FOLLOW_UP)."""
     import openai
 
     api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
     records = []
 
-    async def one(index: int) -> None:
+    async def one(key: str, prompt: str, seed: int) -> str:
         sent = time.perf_counter()
         arrivals, pieces = [], []
-        stream = await api.completions.create(model=model, prompt=prompts[index % len(prompts)], max_tokens=max_tokens,
-                                              temperature=temperature, seed=index, stream=True,
+        stream = await api.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                              temperature=temperature, seed=seed, stream=True,
                                               stream_options={"include_usage": True})
         tokens = 0
         async for chunk in stream:
@@ -66,12 +85,19 @@ async def closed_loop(url: str, model: str, prompts: list[str], clients: int, pe
                 tokens = chunk.usage.completion_tokens
         first = arrivals[0] if arrivals else time.perf_counter()
         per_token = (arrivals[-1] - first) / (tokens - 1) if tokens > 1 and arrivals else 0.0
-        records.append({"index": index, "ttft": first - sent, "tpot": per_token, "tokens": tokens,
-                        "text": "".join(pieces)})
+        text = "".join(pieces)
+        records.append({"key": key, "ttft": first - sent, "tpot": per_token, "tokens": tokens, "text": text})
+        return text
+
+    async def conversation(index: int) -> None:
+        prompt = prompts[index % len(prompts)]
+        for turn in range(turns):
+            answer = await one(f"{index}.{turn}" if turns > 1 else str(index), prompt, index * turns + turn)
+            prompt = prompt + answer + FOLLOW_UP
 
     async def client(number: int) -> None:
         for turn in range(per_client):
-            await one(number * per_client + turn)
+            await conversation(number * per_client + turn)
 
     started = time.perf_counter()
     await asyncio.gather(*(client(number) for number in range(clients)))
@@ -81,7 +107,7 @@ async def closed_loop(url: str, model: str, prompts: list[str], clients: int, pe
     return {"seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
             "ttft_median": statistics.median(r["ttft"] for r in records),
             "tpot_median": statistics.median(r["tpot"] for r in records),
-            "texts": {r["index"]: r["text"] for r in records}}
+            "texts": {r["key"]: r["text"] for r in records}}
 
 
 def load_test(*args) -> dict:
@@ -98,49 +124,53 @@ def step_summary(before: dict, after: dict) -> dict:
             "mean_draft_length": sum(g * n for (_, g), n in steps.items()) / total}
 
 
+def acceptance_summary(before: dict, after: dict) -> dict:
+    """Acceptance between two snapshots of ServerMetrics.totals: alpha (accepted / drafted), tokens
+    per drafting step (accepted + 1), and the share of accepted tokens copied from the cache."""
+    drafted, accepted, steps, cached = (after[key] - before[key]
+                                        for key in ("drafted", "accepted", "drafting_steps", "from_cache"))
+    return {"alpha": accepted / drafted if drafted else 0.0, "tokens_per_draft_step": 1 + accepted / steps if steps
+            else 1.0, "accepted_from_cache": cached / accepted if accepted else 0.0}
+
+
 def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: argparse.Namespace, progress,
                 clients_process) -> dict:
-    """Every concurrency, every mode in turn; the clients run in ``clients_process`` (another
-    process, so that they never hold the server's interpreter lock)."""
+    """Every concurrency, every server (a speculation mode, or one with its cache off) in turn; the
+    clients run in ``clients_process`` (another process, so that they never hold the server's
+    interpreter lock)."""
+    from specdec.drafting.base import suffix_caches
+
     rows, mismatches = [], []
+    turns = args.turns if args.workload == "replay" else 1
     for clients in sorted(set(args.concurrency)):
-        texts, rounds = {}, {mode: [] for mode in args.modes}
+        for app in apps.values():  # every measurement's first round starts with an empty cache
+            for cache in suffix_caches(app.state.scheduler.engine.drafter):
+                cache.clear()
+        texts, rounds = {}, {label: [] for label in apps}
         for round_number in range(args.repeats):
-            for mode in args.modes:
-                progress(f"concurrency {clients}, speculation {mode}, round {round_number + 1}/{args.repeats}")
-                scheduler = apps[mode].state.scheduler
-                before = dict(scheduler.steps)
-                load = clients_process.submit(
-                    load_test,
-                    urls[mode],
-                    model,
-                    prompts,
-                    clients,
-                    -(-args.requests // clients),
-                    args.max_new_tokens,
-                    args.temperature,
-                ).result()
-                texts[mode] = load.pop("texts")
-                rounds[mode].append({**load, **step_summary(before, dict(scheduler.steps))})
-                progress(
-                    f"concurrency {clients}, speculation {mode}: {load['tokens_per_second']:.1f} tokens/s", done=True
-                )
-        for mode in args.modes:  # the median round by throughput
-            ordered = sorted(rounds[mode], key=lambda r: r["tokens_per_second"])
-            rows.append(
-                {
-                    "mode": mode,
-                    "concurrency": clients,
-                    **ordered[len(ordered) // 2],
-                    "rounds_tokens_per_second": [r["tokens_per_second"] for r in rounds[mode]],
-                }
-            )
+            for label, app in apps.items():
+                progress(f"concurrency {clients}, speculation {label}, round {round_number + 1}/{args.repeats}")
+                scheduler = app.state.scheduler
+                before, totals = dict(scheduler.steps), dict(scheduler.metrics.totals)
+                load = clients_process.submit(load_test, urls[label], model, prompts, clients,
+                                              -(-args.requests // clients), args.max_new_tokens, args.temperature,
+                                              turns).result()
+                texts[label] = load.pop("texts")
+                rounds[label].append({**load, **step_summary(before, dict(scheduler.steps)),
+                                      **acceptance_summary(totals, scheduler.metrics.totals)})
+                progress(f"concurrency {clients}, speculation {label}: {load['tokens_per_second']:.1f} tokens/s",
+                         done=True)
+        for label in apps:  # the median round by throughput
+            ordered = sorted(rounds[label], key=lambda r: r["tokens_per_second"])
+            rows.append({"mode": label, "concurrency": clients, **ordered[len(ordered) // 2],
+                         "rounds_tokens_per_second": [r["tokens_per_second"] for r in rounds[label]],
+                         "rounds_accepted_from_cache": [r["accepted_from_cache"] for r in rounds[label]]})
         if args.temperature == 0:
-            reference = args.modes[0]
-            for mode in args.modes[1:]:
-                differ = [i for i in texts[reference] if texts[mode].get(i) != texts[reference][i]]
+            reference, *others = apps
+            for label in others:
+                differ = [i for i in texts[reference] if texts[label].get(i) != texts[reference][i]]
                 if differ:
-                    mismatches.append(f"{mode} vs {reference} at concurrency {clients}: requests {differ[:5]}")
+                    mismatches.append(f"{label} vs {reference} at concurrency {clients}: requests {differ[:5]}")
     return {"rows": rows, "mismatches": mismatches}
 
 
@@ -170,46 +200,41 @@ def plot(result: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
+def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
     from specdec.bench.suite import load_prompts, machine_description
-    from specdec.defaults import default_prompts
+    from specdec.defaults import default_prompts, editing_prompts
+    from specdec.drafting.base import suffix_caches
 
     from rich.table import Table
 
     from specdec.serving.server import build_app, profile_grid, serve_in_thread
     from specdec.serving.speculation import profile_verify_costs
 
-    if min(args.concurrency) < 1 or args.requests < 1 or args.repeats < 1:
-        raise ValueError("--concurrency, --requests and --repeats must be positive")
-    target, drafter = build_drafter(args, errors)
-    prompts = [p.text for p in load_prompts(Path(args.prompts) if args.prompts else default_prompts())]
+    if min(args.concurrency) < 1 or args.requests < 1 or args.repeats < 1 or args.turns < 1:
+        raise ValueError("--concurrency, --requests, --repeats and --turns must be positive")
+    target, make_drafter = load_drafting(args, errors)
+    drafters = {mode: make_drafter() for mode in args.modes}  # each server its own drafter (and suffix cache)
+    if args.compare_cache:
+        if not any(suffix_caches(drafter) for drafter in drafters.values()):
+            raise ValueError("--compare-cache needs a drafter with a suffix cache (suffix, suffix-tree, suffix-or-X)")
+        drafters.update({f"{mode}, no cache": make_drafter(suffix_cache_tokens=0) for mode in args.modes
+                         if mode != "off"})
+    default = editing_prompts() if args.workload == "replay" else default_prompts()
+    prompts = [p.text for p in load_prompts(Path(args.prompts) if args.prompts else default)]
     max_batch = max(args.concurrency)
     with errors.status("bench-serve") as status:
         costs = None
         if "auto" in args.modes:
-            costs = profile_verify_costs(
-                target,
-                *profile_grid(max_batch, args.gamma),
-                progress=lambda message: status.update(f"bench-serve: {message}"),
-            )
-        apps = {
-            mode: build_app(
-                target,
-                drafter,
-                "bench",
-                gamma=args.gamma,
-                speculation=mode,
-                policy=args.policy,
-                max_batch=max_batch,
-                costs=costs,
-            )
-            for mode in args.modes
-        }
+            costs = profile_verify_costs(target, *profile_grid(max_batch, args.gamma),
+                                         progress=lambda message: status.update(f"bench-serve: {message}"))
+        apps = {label: build_app(target, drafter, "bench", gamma=args.gamma, speculation=label.split(",")[0],
+                                 policy=args.policy, max_batch=max_batch, costs=costs)
+                for label, drafter in drafters.items()}
         with contextlib.ExitStack() as servers:
-            urls = {mode: servers.enter_context(serve_in_thread(app)) for mode, app in apps.items()}
+            urls = {label: servers.enter_context(serve_in_thread(app)) for label, app in apps.items()}
             clients = servers.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
-            for mode in args.modes:  # warm up every server once
-                clients.submit(load_test, urls[mode], "bench", prompts, 1, 1, 8, args.temperature).result()
+            for label in apps:  # warm up every server once
+                clients.submit(load_test, urls[label], "bench", prompts, 1, 1, 8, args.temperature).result()
 
             def progress(label: str, done: bool = False) -> None:
                 # Finished measurements as lines (readable in a log that is not a terminal).
@@ -225,25 +250,24 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
             "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature,
             "requests": args.requests,
+            "workload": args.workload,
+            "turns": args.turns if args.workload == "replay" else 1,
             "repeats": args.repeats,
         }
     )
     table = Table(title=f"bench-serve: {result['target']}, {result['machine']}, {result['date']}")
-    for column in ("concurrency", "speculation", "tokens/s", "vs off", "TTFT ms", "TPOT ms", "batch", "draft len"):
+    columns = ("concurrency", "speculation", "tokens/s", "1st round", "vs off", "TTFT ms", "TPOT ms", "batch",
+               "draft len", "alpha", "tokens/step", "from cache")
+    for column in columns:
         table.add_column(column, justify="right")
     for row in result["rows"]:
         off = next((r for r in result["rows"] if r["mode"] == "off" and r["concurrency"] == row["concurrency"]), None)
         row["vs_off"] = row["tokens_per_second"] / off["tokens_per_second"] if off else None
-        table.add_row(
-            str(row["concurrency"]),
-            row["mode"],
-            f"{row['tokens_per_second']:.1f}",
-            f"{row['vs_off']:.2f}x" if off else "-",
-            f"{1000 * row['ttft_median']:.0f}",
-            f"{1000 * row['tpot_median']:.1f}",
-            f"{row['mean_batch']:.1f}",
-            f"{row['mean_draft_length']:.1f}",
-        )
+        table.add_row(str(row["concurrency"]), row["mode"], f"{row['tokens_per_second']:.1f}",
+                      f"{row['rounds_tokens_per_second'][0]:.1f}", f"{row['vs_off']:.2f}x" if off else "-",
+                      f"{1000 * row['ttft_median']:.0f}", f"{1000 * row['tpot_median']:.1f}",
+                      f"{row['mean_batch']:.1f}", f"{row['mean_draft_length']:.1f}", f"{row['alpha']:.2f}",
+                      f"{row['tokens_per_draft_step']:.2f}", f"{row['accepted_from_cache']:.0%}")
     console.print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

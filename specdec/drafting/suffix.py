@@ -97,6 +97,11 @@ class SuffixCache:
         self.append(sequence, prompt_tail)
         return sequence
 
+    def clear(self) -> None:
+        """Forget every earlier output (requests running now stop adding theirs)."""
+        self.index = SuffixIndex(self.index.max_n, self.index.min_n)
+        self._order.clear()
+
     def append(self, sequence: int | None, tokens: list[int]) -> None:
         if sequence is None or sequence not in self._order:  # off, or evicted
             return

@@ -182,6 +182,42 @@ class TreeBranches:
 # verify blocks are split into calls of this many tokens.
 EXACT_ROWS = 7
 
+# The KV cache in bfloat16, not llama.cpp's default float16: with an f16 (or f32) cache ggml's CPU
+# flash attention has two more paths, a one-token call over 512+ cells splitting the keys across
+# threads and a call of 64+ tokens in tiles, each summing in another order than the plain path; a
+# token then scores differently alone (one token) than in a verify block, or depending on where
+# another row's cells sit (measured: 1.88 off in a logit on SmolLM2 Q4_1). With bf16 keys and
+# values every call takes the plain path, which sums each query's keys one by one in cell order.
+KV_TYPE = 30  # GGML_TYPE_BF16
+
+
+def exact_calls(segments: Sequence[tuple[int, int]], batch_size: int) -> list[tuple[int, int]]:
+    """How a forward's flattened tokens go into llama_decode calls so that each is scored as in a
+    forward of its row alone; segments: (tokens, the row's cached length) in order. ggml scores a
+    call of 8 or more tokens with other kernels than fewer, so after a row's prefill its tokens go
+    in calls of at most EXACT_ROWS, packed with other such rows' (per-row kernels: neighbours do
+    not matter); a row with nothing cached yet (a prompt) gets calls of its own, as alone."""
+    calls: list[tuple[int, int]] = []
+    packed_from = None  # start of the call being packed with rows past their prefill
+    offset = 0
+    for count, cached in segments:
+        if cached == 0:
+            if packed_from is not None and packed_from < offset:
+                calls.append((packed_from, offset))
+            calls += [(start, min(start + batch_size, offset + count)) for start in range(offset, offset + count,
+                                                                                            batch_size)]
+            packed_from = None
+        else:
+            packed_from = offset if packed_from is None else packed_from
+            for end in range(offset + 1, offset + count + 1):
+                if end - packed_from == min(EXACT_ROWS, batch_size):
+                    calls.append((packed_from, end))
+                    packed_from = end
+        offset += count
+    if packed_from is not None and packed_from < offset:
+        calls.append((packed_from, offset))
+    return calls
+
 
 class LlamaCppNetwork:
     def __init__(
@@ -192,6 +228,7 @@ class LlamaCppNetwork:
         # Explicit, not llama.cpp's "auto": the choice changes the logits' last bits, and greedy
         # output must equal llama.cpp's own under the same setting.
         params.flash_attn_type = 1 if flash_attention else 0
+        params.type_k = params.type_v = KV_TYPE
         params.n_ctx, params.n_batch, params.n_ubatch = context_size, batch_size, batch_size
         # one more sequence than can be leased: the parking sequence (see the module docstring)
         params.n_seq_max, params.kv_unified, params.no_perf = max_sequences + 1, True, True
@@ -277,14 +314,15 @@ class LlamaCppNetwork:
             else:
                 seq_ids += cache.start_tree(segment.row, segment.parents)
         token_list, position_list = tokens.tolist(), positions.tolist()
-        # After the prefill, decode calls of at most EXACT_ROWS tokens: ggml's quantized matmuls
-        # switch kernels for more rows, and a token must be scored as alone (measured below).
-        after_prefill = any(cache.lengths[segment.row] > 0 for segment in attention.segments)
-        step = min(self.batch_size, EXACT_ROWS) if attention.batch_invariant and after_prefill else self.batch_size
+        if attention.batch_invariant:
+            calls = exact_calls([(segment.count, cache.lengths[segment.row]) for segment in attention.segments],
+                                self.batch_size)
+        else:
+            calls = [(start, min(start + self.batch_size, len(token_list)))
+                     for start in range(0, len(token_list), self.batch_size)]
         logits = []
         try:
-            for start in range(0, len(token_list), step):
-                end = min(start + step, len(token_list))
+            for start, end in calls:
                 logits.append(
                     self.decode(token_list[start:end], position_list[start:end], seq_ids[start:end], want_logits)
                 )

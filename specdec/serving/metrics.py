@@ -56,7 +56,7 @@ class ServerMetrics:
                                      "Time per output token after the first (a step's interval over its tokens)",
                                      registry=r, buckets=LATENCY_BUCKETS)
         self.requests = Counter("specdec:request_success", "Finished requests", ["finished_reason"], registry=r)
-        self.totals = {"drafted": 0, "accepted": 0, "drafting_steps": 0}
+        self.totals = {"drafted": 0, "accepted": 0, "drafting_steps": 0, "from_cache": 0}
 
     def set_load(self, running: int, waiting: int) -> None:
         self.running.set(running)
@@ -77,6 +77,7 @@ class ServerMetrics:
             self.totals["drafted"] += outcome.num_drafted
             self.totals["accepted"] += outcome.num_accepted
             self.totals["drafting_steps"] += 1
+            self.totals["from_cache"] += outcome.accepted_from_cache
         if self.totals["drafted"]:
             self.acceptance_rate.set(self.totals["accepted"] / self.totals["drafted"])
             self.mean_acceptance_length.set(1 + self.totals["accepted"] / self.totals["drafting_steps"])
