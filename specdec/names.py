@@ -4,12 +4,12 @@ that implement each name import them from here."""
 
 SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules
 DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
-            "suffix-tree")  # specdec.drafting
+            "suffix-tree", "ngram-edit")  # specdec.drafting
 # what --tree turns a chain drafter into
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree",
               "suffix": "suffix-tree"}
 # drafters that copy from text seen before: no draft model, no target features
-TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree")
+TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree", "ngram-edit")
 # "suffix-or-X": the suffix draft where the match is long, drafter X's elsewhere
 SUFFIX_FIRST = "suffix-or-"
 

@@ -2,6 +2,7 @@ from pathlib import Path
 from typing import cast
 
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
+from specdec.drafting.edits import EditingNGramDrafter
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_drafter import HeadDrafter, HeadTreeDrafter
 from specdec.drafting.head_format import load_head
@@ -45,7 +46,9 @@ def make_drafter(
     by vocab_rule ("point-mass" or "intersection", docs/tokenizers.md). "head" and "head-tree" draft
     with a draft head that reads the target's hidden states (``head``: a DraftHead or an EAGLE-3
     folder, loaded for ``target``). "suffix" and "suffix-tree" copy from this request's text and from
-    a cache of earlier outputs of at most ``suffix_cache_tokens`` tokens (0: no cache)."""
+    a cache of earlier outputs of at most ``suffix_cache_tokens`` tokens (0: no cache). "ngram-edit"
+    is n-gram lookup that learns the edits the output makes to the text it copies (a renamed
+    identifier) and makes them in later copies."""
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter(
@@ -62,6 +65,8 @@ def make_drafter(
         return SuffixFirstDrafter(cast(SuffixDrafter, suffix), fallback)
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
+    if kind == "ngram-edit":
+        return EditingNGramDrafter(max_n, min_n)
     if kind in ("ngram", "ngram-tree"):
         return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
     if kind in ("suffix", "suffix-tree"):  # each such drafter keeps its own cache of earlier outputs

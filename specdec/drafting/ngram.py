@@ -37,13 +37,19 @@ class NGramIndex:
                     del starts[self.occurrences :]
         self._indexed = max(self._indexed, len(self.tokens) - 1)
 
-    def lookup(self, suffix_source: list[int], limit: int) -> list[int]:
-        """Continuation (up to limit tokens) of the longest suffix of suffix_source seen earlier."""
+    def find(self, suffix_source: list[int]) -> tuple[int, int] | None:
+        """(n, start): the longest suffix of suffix_source seen earlier, and where its latest
+        occurrence's continuation starts; None if none."""
         for n in range(min(self.max_n, len(suffix_source)), self.min_n - 1, -1):
             start = self._latest.get(tuple(suffix_source[-n:]))
             if start is not None:
-                return self.tokens[start : start + limit]
-        return []
+                return n, start
+        return None
+
+    def lookup(self, suffix_source: list[int], limit: int) -> list[int]:
+        """Continuation (up to limit tokens) of the longest suffix of suffix_source seen earlier."""
+        found = self.find(suffix_source)
+        return [] if found is None else self.tokens[found[1] : found[1] + limit]
 
 
     def lookup_tree(self, limit: int, budget: int) -> tuple[list[int], list[int]]:
