@@ -66,7 +66,7 @@ def make_drafter(
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if kind == "ngram-edit":
-        return EditingNGramDrafter(max_n, min_n)
+        return EditingNGramDrafter(max_n, min_n, tokenizer=None if target is None else target.tokenizer)
     if kind in ("ngram", "ngram-tree"):
         return NGramDrafter(max_n, min_n, branches=4 if kind == "ngram-tree" else 1, budget=tree_budget)
     if kind in ("suffix", "suffix-tree"):  # each such drafter keeps its own cache of earlier outputs

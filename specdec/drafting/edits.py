@@ -9,6 +9,7 @@ deterministic and verified as point masses: lossless whatever edits it learns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -18,6 +19,7 @@ from specdec.drafting.ngram import NGramIndex
 REACH = 3  # most tokens an edit removes or adds
 SYNC = 2  # tokens the two must agree on after an edit
 MAX_EDITS = 16
+OCCURRENCES = 8  # recent occurrences of each n-gram kept, to find the prompt's behind the output's
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ def learn_edit(tokens: list[int], source_at: int, output_at: int) -> Edit | None
         for removed in range(max(0, total - REACH), min(total, REACH) + 1):
             added = total - removed
             agreed = tokens[source_at + removed : source_at + removed + SYNC]
-            if source_at + removed + SYNC <= output_at and agreed == tokens[output_at + added : output_at + added + SYNC]:
+            resumed = tokens[output_at + added : output_at + added + SYNC]
+            if source_at + removed + SYNC <= output_at and agreed == resumed:
                 return Edit(tuple(tokens[source_at - 1 : source_at + removed]),
                             tuple(tokens[output_at - 1 : output_at + added]))
     return None
@@ -91,26 +94,47 @@ def undo_edits(tail: list[int], edits: list[Edit]) -> list[int]:
 @dataclass
 class EditState:
     index: NGramIndex
+    prompt_length: int
     edits: list[Edit] = field(default_factory=list)
     sources: list[int | None] = field(default_factory=list)  # the last draft's source positions (None: edited in)
     drafted_at: int = 0  # context length when it was drafted
     pending: list[tuple[int, int]] = field(default_factory=list)  # (source_at, output_at) of failed copies
+    # The last step's failed copy, when the target's token there is the latest: the next draft
+    # resumes the copy at source_at, as if the target had inserted that token.
+    resume: tuple[int, int] | None = None
+    resumed: bool = False  # the last draft was such a resumption (failing at once, it is not retried)
+
+
+def spelling_variants(tokenizer: Any, edit: Edit) -> list[Edit]:
+    """An edit that extends one word (``name`` -> ``name _value``) for the word's other tokens:
+    BPE spells it as one token after a space and another after a bracket, and the output makes the
+    change at each."""
+    if tokenizer is None or len(edit.before) != 1 or edit.after[:1] != edit.before:
+        return []
+    word = tokenizer.decode(list(edit.before)).strip()
+    variants = []
+    for spelling in (word, " " + word):
+        ids = tokenizer.encode(spelling, add_special_tokens=False)
+        if len(ids) == 1 and ids[0] != edit.before[0]:
+            variants.append(Edit((ids[0],), (ids[0], *edit.after[1:])))
+    return variants
 
 
 class EditingNGramDrafter(BaseDrafter):
-    """``ngram-edit``: see the module docstring."""
+    """``ngram-edit``: see the module docstring. With the target's ``tokenizer``, an edit that
+    extends a word is learned for its other spellings too (spelling_variants)."""
 
-    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
+    def __init__(self, max_n: int = 4, min_n: int = 1, tokenizer: Any = None) -> None:
         NGramIndex(max_n, min_n)  # checks the sizes now
-        self.max_n, self.min_n = max_n, min_n
+        self.max_n, self.min_n, self.tokenizer = max_n, min_n, tokenizer
 
     def describe(self) -> str:
         return f"n-gram lookup ({self.min_n}-{self.max_n}-grams) that learns edits while copying"
 
     def start(self, prompt_ids: torch.Tensor) -> EditState:
-        index = NGramIndex(self.max_n, self.min_n)
+        index = NGramIndex(self.max_n, self.min_n, occurrences=OCCURRENCES)
         index.extend(prompt_ids.tolist())
-        return EditState(index)
+        return EditState(index, len(index.tokens))
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         state: EditState = request.draft_state
@@ -119,18 +143,23 @@ class EditingNGramDrafter(BaseDrafter):
         if gamma <= 0:
             return Draft.empty(device)
         tokens = state.index.tokens
-        tail = tokens[-(self.max_n + REACH * 2):]
-        match = state.index.find(tail)
-        undone = undo_edits(tail, state.edits) if state.edits else tail
-        if undone != tail:
-            as_source = state.index.find(undone)
-            if as_source is not None and (match is None or as_source[0] > match[0]):
-                match = as_source
+        resume, state.resume = state.resume, None
+        state.resumed = resume is not None and len(tokens) == resume[1] + 1
+        if resume is not None and state.resumed:
+            match: tuple[int, int] | None = (0, resume[0])
+        else:
+            tail = tokens[-(self.max_n + REACH * 2):]
+            match = state.index.find(tail)
+            undone = undo_edits(tail, state.edits) if state.edits else tail
+            if undone != tail:  # the unedited text is the prompt's (the output has the edits made)
+                as_source = state.index.find(undone, before=state.prompt_length)
+                if as_source is not None and (match is None or as_source[0] > match[0]):
+                    match = as_source
         if match is None:
             return Draft.empty(device)
         start = match[1]
         longest = max((len(edit.before) for edit in state.edits), default=1)
-        prefix = tokens[max(0, start - longest) : start]
+        prefix = tokens[-longest:]  # the draft continues the context (as edited so far), not the source
         draft, origins = apply_edits(prefix, tokens[start : start + gamma], state.edits)
         draft = draft[:gamma]
         state.sources = [None if origin is None else start + origin for origin in origins[:gamma]]
@@ -144,12 +173,15 @@ class EditingNGramDrafter(BaseDrafter):
             source_at = state.sources[rejected]
             if source_at is not None:
                 state.pending.append((source_at, state.drafted_at + rejected))
+                if rejected > 0 or not state.resumed:
+                    state.resume = (source_at, state.drafted_at + rejected)
         tokens, waiting = state.index.tokens, []
         for source_at, output_at in state.pending:
             if len(tokens) < output_at + REACH + SYNC:
                 waiting.append((source_at, output_at))
                 continue
             edit = learn_edit(tokens, source_at, output_at)
-            if edit is not None and edit not in state.edits:
-                state.edits = [edit, *state.edits][:MAX_EDITS]  # the newest first: it wins ties
+            for learned in ([edit, *spelling_variants(self.tokenizer, edit)] if edit is not None else []):
+                if learned not in state.edits:
+                    state.edits = [learned, *state.edits][:MAX_EDITS]  # the newest first: it wins ties
         state.pending = waiting

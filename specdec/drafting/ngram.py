@@ -37,11 +37,16 @@ class NGramIndex:
                     del starts[self.occurrences :]
         self._indexed = max(self._indexed, len(self.tokens) - 1)
 
-    def find(self, suffix_source: list[int]) -> tuple[int, int] | None:
+    def find(self, suffix_source: list[int], before: int | None = None) -> tuple[int, int] | None:
         """(n, start): the longest suffix of suffix_source seen earlier, and where its latest
-        occurrence's continuation starts; None if none."""
+        occurrence's continuation starts (with ``before``: the latest starting there or earlier,
+        among the ``occurrences`` most recent); None if none."""
         for n in range(min(self.max_n, len(suffix_source)), self.min_n - 1, -1):
-            start = self._latest.get(tuple(suffix_source[-n:]))
+            key = tuple(suffix_source[-n:])
+            if before is None:
+                start = self._latest.get(key)
+            else:
+                start = next((place for place in self._recent.get(key, ()) if place <= before), None)
             if start is not None:
                 return n, start
         return None
