@@ -30,18 +30,20 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) 
     return [int(token) for token in prompt]
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Token ids of a conversation through the tokenizer's chat template, ending with the
-    assistant's turn opened. A tokenizer without a template (such as the bundled toy pair's)
-    gets plain "role: content" lines and a final "assistant:"."""
+def chat_text(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
+    """A conversation through the tokenizer's chat template, ending with the assistant's turn
+    opened. A tokenizer without a template (such as the bundled toy pair's) gets plain
+    "role: content" lines and a final "assistant:"."""
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer; this model has none")
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    else:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-    # The template already holds every special token it wants (a BOS included).
-    return list(tokenizer.encode(text, add_special_tokens=False))
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of chat_text (the template already holds every special token it wants)."""
+    return list(tokenizer.encode(chat_text(tokenizer, messages), add_special_tokens=False))
 
 
 class IncrementalDetokenizer:

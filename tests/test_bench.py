@@ -212,3 +212,25 @@ def test_bench_serve_replays_conversations_with_the_cache_on_and_off(tmp_path):
     assert rows["on, no cache"]["rounds_accepted_from_cache"] == [0.0, 0.0]
     first_round, replay = rows["on"]["rounds_accepted_from_cache"]
     assert replay > max(0.2, first_round)
+
+
+def test_bench_chat_wraps_every_prompt_in_the_chat_template(tiny_pair, prompt_file, tmp_path, monkeypatch):
+    """--chat: every method gets the prompt as a user message through the target's chat template
+    (the toy tokenizer has none: "user: ...\\nassistant:")."""
+    import specdec.bench.suite as suite
+
+    seen = []
+
+    class Captured(Exception):
+        pass
+
+    def capture(target, draft, methods, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        raise Captured  # enough: the prompts as the methods would get them
+
+    monkeypatch.setattr(suite, "run_bench", capture)
+    with pytest.raises(Captured):
+        main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]), "--chat",
+              "--prompts", str(prompt_file), "--methods", "ngram:cost", "--out", str(tmp_path / "bench")])
+    assert [prompt.text for prompt in seen] == ["user: def f(x): return x + 1\ndef g(x): return\nassistant:",
+                                               "user: abc abc abc abc\nassistant:"]

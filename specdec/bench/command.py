@@ -43,6 +43,8 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
         "--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)"
     )
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
+    bench.add_argument("--chat", action="store_true", help="each prompt as a user message in the target's chat "
+                                                           "template (Instruct models), for every method alike")
     bench.add_argument("--gamma", type=int, default=4)
     bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
     add_sampling_options(bench)
@@ -113,6 +115,13 @@ def run(
     target, draft = load_models(args, errors, resolved=resolved)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
+    if args.chat:
+        import dataclasses
+
+        from specdec.text import chat_text
+
+        prompts = [dataclasses.replace(p, text=chat_text(target.tokenizer, [{"role": "user", "content": p.text}]))
+                   for p in prompts]
     settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or 128)
     count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:

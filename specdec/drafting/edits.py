@@ -102,7 +102,6 @@ class EditState:
     # The last step's failed copy, when the target's token there is the latest: the next draft
     # resumes the copy at source_at, as if the target had inserted that token.
     resume: tuple[int, int] | None = None
-    resumed: bool = False  # the last draft was such a resumption (failing at once, it is not retried)
 
 
 def spelling_variants(tokenizer: Any, edit: Edit) -> list[Edit]:
@@ -144,8 +143,7 @@ class EditingNGramDrafter(BaseDrafter):
             return Draft.empty(device)
         tokens = state.index.tokens
         resume, state.resume = state.resume, None
-        state.resumed = resume is not None and len(tokens) == resume[1] + 1
-        if resume is not None and state.resumed:
+        if resume is not None and len(tokens) == resume[1] + 1:
             match: tuple[int, int] | None = (0, resume[0])
         else:
             tail = tokens[-(self.max_n + REACH * 2):]
@@ -173,7 +171,7 @@ class EditingNGramDrafter(BaseDrafter):
             source_at = state.sources[rejected]
             if source_at is not None:
                 state.pending.append((source_at, state.drafted_at + rejected))
-                if rejected > 0 or not state.resumed:
+                if rejected > 0:  # a copy that was running (a first-token miss is fresh text, not an edit)
                     state.resume = (source_at, state.drafted_at + rejected)
         tokens, waiting = state.index.tokens, []
         for source_at, output_at in state.pending:
