@@ -79,7 +79,8 @@ def apply_edits(prefix: list[int], copied: list[int], edits: list[Edit]) -> tupl
 def undo_edits(tail: list[int], edits: list[Edit]) -> list[int]:
     """The context's tail as the source had it: each edit's ``after`` back to its ``before``."""
     for edit in edits:
-        size, result, position = len(edit.after), [], 0
+        size, position = len(edit.after), 0
+        result: list[int] = []
         while position < len(tail):
             if tuple(tail[position : position + size]) == edit.after:
                 result += edit.before
