@@ -239,9 +239,10 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
-    made: list[object] = []
+    said = False  # what runs is said once, for the first drafter made
 
     def make(**overrides):
+        nonlocal said
         if args.no_draft or (draft is None and needs_model):
             drafter = None
         else:
@@ -250,10 +251,10 @@ def load_drafting(args: argparse.Namespace, errors: Console):
                            target=target, vocab_rule=args.vocab_rule, head=head,
                            suffix_cache_tokens=args.suffix_cache_tokens)
             drafter = make_drafter(args.drafter, draft, **{**options, **overrides})
-        if not made:  # what runs, said once
+        if not said:
             banner = running_banner(target, drafter, args.policy, args.gamma)
             errors.print(f"[dim]{banner}{chosen if drafter else ''}[/]", highlight=False, soft_wrap=True)
-        made.append(drafter)
+            said = True
         return drafter
 
     return target, make
