@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import torch
 
+from specdec.constraints import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
 from specdec.drafting.base import Draft, Drafter, ReadsHidden, StepOutcome, StopRule
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
@@ -37,6 +38,7 @@ class TokenSource(str, enum.Enum):
     CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
+    FORCED = "forced"  # the only token the request's grammar allowed, drafted for nothing
     TARGET = "target"  # plain decoding: nothing was drafted this step
 
 
@@ -45,6 +47,8 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
     parents, path = outcome.parents, outcome.path
     if outcome.num_drafted == 0:
         return [TokenSource.TARGET]
+    if outcome.forced:
+        return [TokenSource.FORCED] * outcome.num_accepted + [TokenSource.BONUS]
     if parents is None or path is None:  # a chain
         last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
         accepted = [TokenSource.DRAFT] * outcome.num_accepted
@@ -76,6 +80,7 @@ class Request:
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "eos", "stop", "max_new_tokens", "context", "cancelled"
     shape: DraftShape = DraftShape(0)  # what the policy asked of this step's draft
+    matcher: TokenMatcher | None = None  # where a constrained request is in its grammar
 
     @property
     def context(self) -> torch.Tensor:  # [length] int64
@@ -144,11 +149,14 @@ class Engine:
         drafter: Drafter | LanguageModel | None = None,
         gamma: int = 4,
         policy: str | DraftLengthPolicy = "fixed",
+        draft_forced: bool = True,
     ) -> None:
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.target = target
         self.drafter = as_drafter(drafter, target)
+        # A constrained request's forced tokens are drafted before asking the drafter (off: to measure them)
+        self.draft_forced = draft_forced
         # Each request gets its own policy: what a policy learns of the text never leaks between
         # generations; measured seconds (the models' and the machine's) are shared (for_request).
         template = make_policy(policy, gamma) if isinstance(policy, str) else policy
@@ -196,6 +204,8 @@ class Engine:
                           stats=SpecStats(prompt_tokens=len(ids)))
         if self.drafter is not None:
             request.draft_state = self.drafter.start(tokens[: len(ids)])
+        if sampling.constraint is not None:
+            request.matcher = compiler_for(self.target).matcher(sampling.constraint)
         return request
 
     def prefill(self, requests: Sequence[Request], cache: Cache) -> None:
@@ -232,18 +242,15 @@ class Engine:
         commit the accepted entries, and append the emitted tokens to each request's context
         (cut at EOS or the end of the budget, which finish the request). ``max_draft`` caps every
         request's draft length this step (a server's choice for the whole batch; 0: no drafting)."""
-        drafts, draft_seconds = [], []
+        drafts, draft_seconds, masks = [], [], []
         for request in requests:
             began = time.perf_counter()
-            gamma = self.draft_length(request, max_draft)
-            if self.drafter is not None and gamma > 0:
-                draft = self.drafter.propose(request, gamma)
-            else:
-                draft = Draft.empty(request.tokens.device)
-            if draft.translation is not None:
-                request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
+            draft = self.propose(request, max_draft)
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.target.max_context - request.length))
+            # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
+            masks.append(None if request.matcher is None else
+                         request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents))
             draft_seconds.append(time.perf_counter() - began)
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
@@ -259,8 +266,9 @@ class Engine:
         )
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
-        logits = output.logits  # [n, vocab]
-        assert logits is not None  # asked for (want_logits defaults to True)
+        assert output.logits is not None  # asked for (want_logits defaults to True)
+        constrained = [(start, mask) for start, mask in zip(attention.offsets, masks) if mask is not None]
+        logits = mask_logits(output.logits, constrained)  # [n, vocab]
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
         for request, draft, start, end in zip(requests, drafts, attention.offsets, attention.offsets[1:]):
@@ -275,12 +283,36 @@ class Engine:
                 kept = [0, *(node + 1 for node in path.tolist())]
                 cache.compact(request.row, kept)
             hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
-            outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache))
+            outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache,
+                                        draft.forced))
+            if request.matcher is not None:
+                request.matcher.consume(self.through_eos(emitted.tolist()))
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.advance(request, outcome, seconds, verify_seconds)
             self.check_finished(request, outcome)
         return outcomes
+
+    def propose(self, request: Request, max_draft: int | None) -> Draft:
+        """This step's draft: the tokens the request's grammar forces, else the drafter's (cut
+        where the grammar refuses it), else nothing."""
+        device = request.tokens.device
+        if request.matcher is not None and self.draft_forced and max_draft != 0:
+            forced = forced_draft(request.matcher, request.budget_end - request.length - 1, device)
+            if forced is not None:
+                return forced
+        gamma = self.draft_length(request, max_draft)
+        if self.drafter is None or gamma == 0:
+            return Draft.empty(device)
+        draft = self.drafter.propose(request, gamma)
+        if draft.translation is not None:
+            request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
+        return draft if request.matcher is None else fit_draft(request.matcher, draft)
+
+    def through_eos(self, tokens: list[int]) -> list[int]:
+        """tokens up to and including the first end token (what stays in the context)."""
+        ends = [index for index, token in enumerate(tokens) if token in self.target.eos_token_ids]
+        return tokens[: ends[0] + 1] if ends else tokens
 
     @staticmethod
     def verify(
@@ -308,10 +340,14 @@ class Engine:
         widths = tree_widths(outcome.parents)
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
-            request.policy.update(
-                request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
-            )
-        request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
+            if not outcome.forced:  # the grammar's tokens say nothing of how well the drafter guesses
+                request.policy.update(
+                    request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
+                )
+        if outcome.forced:
+            request.stats.observe_forced(outcome.num_accepted)
+        else:
+            request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
         if outcome.from_cache is not None:
             request.stats.observe_cache(sum(outcome.from_cache), outcome.accepted_from_cache)
         request.stats.draft_seconds += draft_seconds

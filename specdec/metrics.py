@@ -26,6 +26,9 @@ class SpecStats:
     # Suffix drafters: drafted / accepted tokens guessed from earlier requests' outputs (not this request's text).
     drafted_from_cache: int = 0
     accepted_from_cache: int = 0
+    # Constrained requests: steps that drafted the grammar's forced tokens, and those tokens (not in drafted / accepted)
+    forced_steps: int = 0
+    forced_tokens: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification
@@ -49,6 +52,12 @@ class SpecStats:
             self.tree_nodes_at += [0] * (len(tree_widths) - len(self.tree_nodes_at))
             for position, width in enumerate(tree_widths):
                 self.tree_nodes_at[position] += width
+
+    def observe_forced(self, count: int) -> None:
+        """One step that drafted ``count`` tokens the grammar forced (all accepted)."""
+        self.target_forwards += 1
+        self.forced_steps += 1
+        self.forced_tokens += count
 
     def observe_translation(self, proposed: int, kept: int) -> None:
         self.source_drafted += proposed

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from specdec.constraints import Constraint
+
 from specdec.names import SAMPLING_RULES
 
 
@@ -33,6 +35,9 @@ class SamplingParams:
     # target-alone text under any drafter, policy or batch) or "rejection" (the best acceptance).
     # None: coupled when a seed is given, rejection otherwise (docs/sampling.md).
     sampling_rule: str | None = None
+    # What the output must match (a JSON schema, a regex, a grammar; specdec.constraints): p is
+    # masked to the tokens it allows, before temperature and the rest. None: free text.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string

@@ -24,16 +24,16 @@ def assert_matches_law(counts: dict, law: dict, label: str = "") -> None:
 
 
 def sample_sequences(decoder, prompt: list[int], sampling, length: int, samples: int,
-                     batch: int = 100) -> tuple[Counter, int, int]:
-    """Seeds 0..samples-1, generated in batches of `batch` requests (a seeded sample is the same
+                     batch: int = 100, first_seed: int = 0) -> tuple[Counter, int, int]:
+    """Seeds first_seed..first_seed+samples-1, generated in batches of `batch` requests (a seeded sample is the same
     alone or in any batch), with rejection sampling unless ``sampling`` names its rule (a seed
     alone would choose the coupled rule). Returns (sequence -> count, accepted draft tokens,
     drafted tokens)."""
     counts, accepted, drafted = Counter(), 0, 0
     rule = sampling.sampling_rule or "rejection"
-    for first in range(0, samples, batch):
+    for first in range(first_seed, first_seed + samples, batch):
         settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length, sampling_rule=rule)
-                    for seed in range(first, min(first + batch, samples))]
+                    for seed in range(first, min(first + batch, first_seed + samples))]
         for result in decoder.generate([prompt] * len(settings), settings):
             counts[tuple(result.token_ids)] += 1
             accepted += result.stats.accepted

@@ -59,3 +59,19 @@ def save_char_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(str(folder))
+
+
+def byte_level_tokenizer(vocab_size: int):
+    """The character tokenizer's ids (0-2 special, then printable characters) as a byte-level BPE
+    without merges: what a grammar engine reads (llguidance needs byte-level or sentencepiece
+    token texts)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = [chr(c) for c in range(32, 127)][: vocab_size - 3]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{("\u0120" if ch == " " else ch): i + 3 for i, ch in enumerate(alphabet)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")

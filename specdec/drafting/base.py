@@ -42,6 +42,7 @@ class Draft:
     # [num_nodes]: the node was guessed from the cross-request cache (earlier requests' outputs) and
     # not from this request's own text; None: no node was (what users see marked in --show and explain)
     from_cache: tuple[bool, ...] | None = None
+    forced: bool = False  # the tokens a request's grammar forces (specdec.constraints): accepted for certain
 
     @property
     def num_nodes(self) -> int:
@@ -76,6 +77,7 @@ class StepOutcome:
     path: torch.Tensor | None = None  # [n_accepted]: tree indices of the accepted nodes (None for a chain)
     parents: tuple[int, ...] | None = None  # the drafted tree the path indexes (None for a chain)
     from_cache: tuple[bool, ...] | None = None  # the draft's (Draft.from_cache)
+    forced: bool = False  # the draft was the tokens the request's grammar forces (Draft.forced)
 
     @property
     def num_accepted(self) -> int:
