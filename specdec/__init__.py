@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "specdec.constraints": ("Constraint",),
+    "specdec.constraint": ("Constraint",),
     "specdec.decoder": ("GenerationResult", "SpeculativeDecoder", "StreamChunk"),
     "specdec.drafting": ("Draft", "Drafter", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter",
                          "StagedDrafter", "make_drafter"),

@@ -39,7 +39,8 @@ class SpeculativeDecoder:
 
     drafter may be a Drafter, a LanguageModel (wrapped in a ModelDrafter) or None, which gives
     plain target-only decoding through the same loop (the baseline). policy is a name or a
-    policy object that every request copies. Every generate() or stream() call has its own
+    policy object that every request copies. draft_forced: a constrained request's forced tokens
+    (specdec.grammar) are drafted before asking the drafter (off only to measure what they bring). Every generate() or stream() call has its own
     cache rows, so calls never disturb each other.
     """
 
@@ -49,8 +50,9 @@ class SpeculativeDecoder:
         drafter: Drafter | LanguageModel | None = None,
         gamma: int = 4,
         policy: str | DraftLengthPolicy = "fixed",
+        draft_forced: bool = True,
     ) -> None:
-        self.engine = Engine(target, drafter, gamma, policy)
+        self.engine = Engine(target, drafter, gamma, policy, draft_forced)
         self.target = target
 
     @property

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import torch
 
-from specdec.constraints import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
+from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
 from specdec.drafting.base import Draft, Drafter, ReadsHidden, StepOutcome, StopRule
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths

@@ -24,6 +24,7 @@ SOURCE_STYLES = {
     "draft": "green",
     "branch": "cyan",
     "cache": "magenta",
+    "forced": "yellow",
     "correction": "bold red",
     "bonus": "bold blue",
     "target": "",
@@ -41,13 +42,21 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
     add_model_options(generate)
     add_sampling_options(generate)
     add_drafting_options(generate)
+    structure = generate.add_argument_group("structured output (the text must match; docs/structured.md)")
+    only_one = structure.add_mutually_exclusive_group()
+    only_one.add_argument("--json-schema", metavar="FILE", help="JSON matching this JSON schema")
+    only_one.add_argument("--json-object", action="store_true", help="any JSON object")
+    only_one.add_argument("--regex", metavar="R", help="text matching this regular expression")
+    only_one.add_argument("--grammar", metavar="FILE", help="text in this grammar (Lark, or llama.cpp's GBNF)")
+    structure.add_argument("--no-forced-tokens", action="store_true",
+                           help="do not draft the tokens the grammar forces (they cost a target forward each then)")
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
                                "magenta = accepted draft copied from an earlier request's output (suffix drafters' "
-                               "cache), red = target's correction, blue = bonus")
+                               "cache), yellow = forced by the grammar, red = target's correction, blue = bonus")
     generate.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                           help="then run the target alone on the same prompt: measured speedup, and whether the text "
                                "is the same (default: on for the default pair, off with --target)")
@@ -132,6 +141,11 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
             else []
         ),
         *(
+            [("forced by the grammar", f"{stats.forced_tokens} tokens in {stats.forced_steps} steps (drafted free)")]
+            if stats.forced_steps
+            else []
+        ),
+        *(
             [("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))]
             if stats.tree_nodes_at
             else []
@@ -177,7 +191,8 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         prompt = chat_prompt_ids(target.tokenizer, messages)
     else:
         prompt = encode_prompt(target.tokenizer, text, target.name)
-    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy)
+    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy,
+                                 draft_forced=not args.no_forced_tokens)
     decoder.engine.check_prompt(prompt)  # a prompt too long for the context fails before it is echoed
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
 

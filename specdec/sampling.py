@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from specdec.constraints import Constraint
+    from specdec.constraint import Constraint
 
 from specdec.names import SAMPLING_RULES
 
@@ -35,7 +35,7 @@ class SamplingParams:
     # target-alone text under any drafter, policy or batch) or "rejection" (the best acceptance).
     # None: coupled when a seed is given, rejection otherwise (docs/sampling.md).
     sampling_rule: str | None = None
-    # What the output must match (a JSON schema, a regex, a grammar; specdec.constraints): p is
+    # What the output must match (a JSON schema, a regex, a grammar; specdec.constraint): p is
     # masked to the tokens it allows, before temperature and the rest. None: free text.
     constraint: Constraint | None = None
 
@@ -71,9 +71,11 @@ class SamplingParams:
 def sampling_from_args(args: object, **fields: Any) -> SamplingParams:
     """SamplingParams from a command line's sampling options (add_sampling_options in cli.py);
     ``fields`` adds or overrides the rest (max_new_tokens, stop)."""
+    from specdec.constraint import constraint_from_args
+
     names = ("temperature", "top_k", "top_p", "min_p", "seed", "sampling_rule")
     values: dict[str, Any] = {name: getattr(args, name) for name in names}
-    return SamplingParams(**values, **fields)
+    return SamplingParams(**values, constraint=constraint_from_args(args), **fields)
 
 
 def logits_to_probs(

@@ -1,4 +1,4 @@
-"""Structured output under speculation (specdec.constraints): the constrained law is p masked to
+"""Structured output under speculation (specdec.constraint, specdec.grammar): the constrained law is p masked to
 the grammar's tokens; speculation keeps it exactly, greedy equals the target alone's constrained
 greedy, forced tokens are drafted for free, and the matcher ends where the accepted text puts it."""
 
@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from specdec import Constraint, SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter
-from specdec.constraints import ConstraintError, compiler_for
+from specdec.constraint import ConstraintError
+from specdec.grammar import compiler_for
 from specdec.models.base import LanguageModel
 from law import assert_matches_law, sample_sequences
 from table_lm import TableNetwork
-from test_greedy_equality import DRAFT_KINDS, lean_models, random_cases  # noqa: F401 (fixture)
+from test_greedy_equality import DRAFT_KINDS, random_cases
+from test_greedy_equality import lean_models  # noqa: F401 (a fixture)
 from tiny import byte_level_tokenizer
 
 EOS = 2
@@ -105,7 +107,7 @@ GREEDY_CONSTRAINTS = [Constraint.regex(r"[a-f]{2,5}( [0-9]+)*;"), Constraint.reg
                       Constraint.grammar('start: "(" item ("," item)* ")"\nitem: /[a-z]+/ | start')]
 
 
-def test_constrained_greedy_equals_the_reference_loop(lean_models):
+def test_constrained_greedy_equals_the_reference_loop(lean_models):  # noqa: F811
     target, _ = lean_models
     target = char_model(target)
     for index, (prompt, max_new_tokens, _) in enumerate(random_cases(3, target.vocab_size, count=6)):
@@ -118,7 +120,7 @@ def test_constrained_greedy_equals_the_reference_loop(lean_models):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram", "tree", "staged"])
-def test_constrained_greedy_speculation_equals_the_target_alone(lean_models, drafter_kind):
+def test_constrained_greedy_speculation_equals_the_target_alone(lean_models, drafter_kind):  # noqa: F811
     """Over the random prompts, with drafts that always, never and partly agree: the same tokens as
     the target alone under the same constraint (no drafter, forced tokens not drafted)."""
     target, drafts = lean_models

@@ -169,6 +169,13 @@ BAD_REQUESTS = [
     ("no messages", "/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
     ("unknown role", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400),
     ("no such route", "/v1/engines", {"model": MODEL}, 404),
+    ("a regex the grammar engine refuses", "/v1/completions",
+     {"model": MODEL, "prompt": "x", "guided_regex": "("}, 400),
+    ("a schema with an unknown type", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "wizard"}}}}, 400),
+    ("two constraints at once", "/v1/completions",
+     {"model": MODEL, "prompt": "x", "guided_regex": "a+", "response_format": {"type": "json_object"}}, 400),
 ]
 
 
@@ -185,6 +192,31 @@ def test_bad_requests_get_a_4xx_and_the_server_keeps_serving(server, reference, 
         assert error["param"] is None and "not valid JSON at character 32" in error["message"], error
     good = client(url).completions.create(model=MODEL, prompt="def f(x):", max_tokens=8, temperature=0)
     assert good.choices[0].text == reference("def f(x):", 8)
+
+
+def test_structured_output_through_the_openai_client(server, pair):
+    """response_format json_schema, json_object and guided_regex: valid output, the same text as
+    the target alone under the same constraint (greedy), forced tokens counted."""
+    from specdec import Constraint, SamplingParams
+
+    jsonschema = pytest.importorskip("jsonschema")
+    url, _ = server
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "size"],
+              "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"enum": ["s", "m", "l"]}}}
+    api = client(url)
+    chat = api.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A shirt as JSON"}], max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "shirt", "schema": schema}})
+    jsonschema.validate(json.loads(chat.choices[0].message.content), schema)
+    prompt = "def f(x):"
+    alone = SpeculativeDecoder(pair[0])
+    pattern = "[a-z]{3,8}( = [0-9]+)?;"
+    for extra, constraint in (({"response_format": {"type": "json_object"}}, Constraint.json_object()),
+                              ({"guided_regex": pattern}, Constraint.regex(pattern))):
+        served = api.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, extra_body=extra)
+        expected = alone.generate(prompt, SamplingParams(max_new_tokens=40, constraint=constraint)).text
+        assert served.choices[0].text == expected
+    assert metric_values(url)["specdec:forced_tokens_total"] > 0
 
 
 def metric_values(url: str) -> dict[str, float]:

@@ -69,7 +69,8 @@ def byte_level_tokenizer(vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     alphabet = [chr(c) for c in range(32, 127)][: vocab_size - 3]
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{("\u0120" if ch == " " else ch): i + 3 for i, ch in enumerate(alphabet)}}
+    byte_level = ["\u0120" if ch == " " else ch for ch in alphabet]  # the byte-level text of a space
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{text: i + 3 for i, text in enumerate(byte_level)}}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()

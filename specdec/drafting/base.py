@@ -42,7 +42,7 @@ class Draft:
     # [num_nodes]: the node was guessed from the cross-request cache (earlier requests' outputs) and
     # not from this request's own text; None: no node was (what users see marked in --show and explain)
     from_cache: tuple[bool, ...] | None = None
-    forced: bool = False  # the tokens a request's grammar forces (specdec.constraints): accepted for certain
+    forced: bool = False  # the tokens a request's grammar forces (specdec.grammar): accepted for certain
 
     @property
     def num_nodes(self) -> int:

@@ -43,6 +43,8 @@ class ServerMetrics:
                                             "Tokens emitted per drafting step (accepted + 1) since start", registry=r)
         self.accepted_from_cache = Counter("specdec:spec_decode_num_accepted_tokens_from_cache",
                                            "Accepted draft tokens copied from earlier requests' outputs", registry=r)
+        self.forced_tokens = Counter("specdec:forced_tokens", "Tokens a request's grammar forced, drafted for free "
+                                     "(not in the drafted / accepted counts)", registry=r)
         if suffix_caches:
             caches = list(suffix_caches)
             Gauge("specdec:suffix_cache_tokens", "Tokens held in the cross-request suffix cache(s)",
@@ -66,7 +68,9 @@ class ServerMetrics:
         self.batch_size.observe(batch)
         self.draft_length.set(draft_length)
         for outcome in outcomes:
-            if not outcome.num_drafted:
+            if outcome.forced:
+                self.forced_tokens.inc(outcome.num_accepted)
+            if not outcome.num_drafted or outcome.forced:
                 continue
             self.drafts.inc()
             self.draft_tokens.inc(outcome.num_drafted)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.decoder import GenerationResult
+from specdec.constraint import Constraint, ConstraintError
 from specdec.sampling import SamplingParams
 
 # Our finish reasons in OpenAI's words.
@@ -34,6 +35,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON matching a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(BaseModel):
     """What completions and chat share. top_k, min_p and sampling_rule are extensions (as vLLM's)."""
 
@@ -50,6 +68,35 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    # Structured output (docs/structured.md): OpenAI's response_format, and vLLM's extensions
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+
+    def constraint(self) -> Constraint | None:
+        """What the output must match, checked by the grammar engine; ApiError (400) if refused."""
+        fmt = self.response_format
+        asked = [(name, value) for name, value in (
+            ("response_format", None if fmt is None or fmt.type == "text" else fmt), ("guided_json", self.guided_json),
+            ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar)) if value is not None]
+        if not asked:
+            return None
+        if len(asked) > 1:
+            raise ApiError(400, f"give one of {', '.join(name for name, _ in asked)}, not several", asked[1][0])
+        name, value = asked[0]
+        try:
+            if isinstance(value, ResponseFormat):
+                if value.type == "json_object":
+                    return Constraint.json_object()
+                if value.json_schema is None or value.json_schema.schema_ is None:
+                    raise ApiError(400, "response_format json_schema needs json_schema.schema", name)
+                return Constraint.json_schema(value.json_schema.schema_).check()
+            if name == "guided_json":
+                return Constraint.json_schema(value).check()
+            return (Constraint.regex(value) if name == "guided_regex" else Constraint.grammar(value)).check()
+        except ConstraintError as error:
+            raise ApiError(400, str(error), name) from None
 
     def sampling(self, max_tokens: int | None, default_max_tokens: int, limit: int) -> SamplingParams:
         """SamplingParams, or an ApiError naming the offending field."""
@@ -68,7 +115,7 @@ class SamplingFields(BaseModel):
             return SamplingParams(temperature=temperature, top_k=self.top_k or 0,
                                   top_p=1.0 if self.top_p is None else self.top_p,
                                   min_p=self.min_p or 0.0, seed=self.seed, sampling_rule=self.sampling_rule,
-                                  max_new_tokens=max_tokens, stop=stop)
+                                  max_new_tokens=max_tokens, stop=stop, constraint=self.constraint())
         except ValueError as error:
             raise ApiError(400, str(error)) from error
 

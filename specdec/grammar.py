@@ -1,4 +1,4 @@
-"""Structured output: a request's text must match a JSON schema, a regular expression or a grammar.
+"""Structured output's machinery: token masks, look-ahead along a draft, forced tokens (llguidance).
 
 The constrained target law is p masked to the tokens the grammar allows next and renormalised; the
 mask goes on the logits, before temperature / top-k / top-p (as in vLLM and llama.cpp), so a
@@ -9,82 +9,20 @@ the masked law, and greedy gives the target alone's constrained greedy text. Whe
 leaves one continuation (keys, punctuation, closing brackets), the masked p is a point mass: those
 tokens are drafted for nothing (``TokenMatcher.forced``) and always accepted.
 
-The grammar engine is llguidance (JSON schema, regex, Lark and GBNF grammars; its per-token mask
-costs ~0.01 ms on a 152k vocabulary, rolls back, and reports forced tokens; docs/structured.md).
+llguidance: JSON schema, regex, Lark and GBNF grammars; its per-token mask costs ~0.01 ms on a 152k
+vocabulary, it rolls back, and it reports forced tokens (docs/structured.md).
 """
 
 from __future__ import annotations
 
-import json
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specdec.constraint import Constraint, ConstraintError
 from specdec.drafting.base import Draft
-
-CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar")
-
-# JSON written as Python's json.dumps writes it: one space after ":" and ",", no other whitespace.
-# Free whitespace lets a model pad forever, and fixed separators leave more tokens forced.
-JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-
-
-class ConstraintError(ValueError):
-    """A schema, regex or grammar the grammar engine refuses (the server answers 400)."""
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """What a request's output must match: ``kind`` (CONSTRAINT_KINDS) and its text (a JSON
-    schema, a regex, a Lark or GBNF grammar; empty for json_object)."""
-
-    kind: str
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in CONSTRAINT_KINDS:
-            raise ConstraintError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
-
-    @staticmethod
-    def json_schema(schema: dict | str) -> Constraint:
-        return Constraint("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
-
-    @staticmethod
-    def json_object() -> Constraint:
-        return Constraint("json_object")
-
-    @staticmethod
-    def regex(pattern: str) -> Constraint:
-        return Constraint("regex", pattern)
-
-    @staticmethod
-    def grammar(text: str) -> Constraint:
-        """A Lark grammar, or a GBNF one (llama.cpp's; recognised by its ``::=``)."""
-        return Constraint("grammar", text)
-
-    def describe(self) -> str:
-        return {"json_schema": "JSON matching a schema", "json_object": "a JSON object",
-                "regex": f"text matching /{self.source}/", "grammar": "text in a grammar"}[self.kind]
-
-    def llguidance_grammar(self) -> str:
-        """The grammar in llguidance's serialised form."""
-        import llguidance
-
-        if self.kind in ("json_schema", "json_object"):
-            try:
-                schema = json.loads(self.source) if self.kind == "json_schema" else {"type": "object"}
-            except json.JSONDecodeError as error:
-                raise ConstraintError(f"the JSON schema is not valid JSON: {error}") from None
-            if not isinstance(schema, dict):
-                raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
-            schema = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
-            return llguidance.grammar_from("json_schema", json.dumps(schema))
-        if self.kind == "regex":
-            return llguidance.grammar_from("regex", self.source)
-        return llguidance.grammar_from("grammar", self.source)
 
 
 def hf_fast_tokenizer(tokenizer: Any, model_path: str | None) -> Any:
@@ -101,7 +39,7 @@ def hf_fast_tokenizer(tokenizer: Any, model_path: str | None) -> Any:
                           "this model has none")
 
 
-class ConstraintCompiler:
+class GrammarCompiler:
     """llguidance's view of one target's vocabulary (about a second to build for 150k tokens, so
     one per model), and a matcher per request."""
 
@@ -124,14 +62,14 @@ class ConstraintCompiler:
         return TokenMatcher(matcher, self.vocab_size, self.eos_token_ids)
 
 
-_COMPILERS: dict[int, ConstraintCompiler] = {}  # id(model) -> its compiler, while the model lives
+_COMPILERS: dict[int, GrammarCompiler] = {}  # id(model) -> its compiler, while the model lives
 
 
-def compiler_for(model: Any) -> ConstraintCompiler:
-    """The model's ConstraintCompiler, built on first use and kept while the model lives."""
+def compiler_for(model: Any) -> GrammarCompiler:
+    """The model's GrammarCompiler, built on first use and kept while the model lives."""
     compiler = _COMPILERS.get(id(model))
     if compiler is None:
-        compiler = ConstraintCompiler(model.tokenizer, model.vocab_size, tuple(model.eos_token_ids),
+        compiler = GrammarCompiler(model.tokenizer, model.vocab_size, tuple(model.eos_token_ids),
                                       getattr(model, "path", None))
         _COMPILERS[id(model)] = compiler
         weakref.finalize(model, _COMPILERS.pop, id(model), None)
