@@ -40,8 +40,8 @@ class SpeculativeDecoder:
     drafter may be a Drafter, a LanguageModel (wrapped in a ModelDrafter) or None, which gives
     plain target-only decoding through the same loop (the baseline). policy is a name or a
     policy object that every request copies. draft_forced: a constrained request's forced tokens
-    (specdec.grammar) are drafted before asking the drafter (off only to measure what they bring). Every generate() or stream() call has its own
-    cache rows, so calls never disturb each other.
+    (specdec.grammar) are drafted before asking the drafter (off only to measure what they bring).
+    Every generate() or stream() call has its own cache rows, so calls never disturb each other.
     """
 
     def __init__(

@@ -94,7 +94,7 @@ class SamplingFields(BaseModel):
                 return Constraint.json_schema(value.json_schema.schema_).check()
             if name == "guided_json":
                 return Constraint.json_schema(value).check()
-            return (Constraint.regex(value) if name == "guided_regex" else Constraint.grammar(value)).check()
+            return (Constraint.regex(str(value)) if name == "guided_regex" else Constraint.grammar(str(value))).check()
         except ConstraintError as error:
             raise ApiError(400, str(error), name) from None
 
