@@ -125,8 +125,11 @@ class TokenMatcher:
                 paths[-1] = None
                 rows.append(torch.ones(self.vocab_size, dtype=torch.bool))
                 continue
-            self.consume(walked)
-            rows.append(self.allowed())
+            self.matcher.consume_tokens(walked)  # all valid (an end token only where the grammar may end)
+            allowed = self.allowed()
+            # A grammar that allows nothing after an end token (llguidance allows the end again) must
+            # still give the verifier a distribution there; the request ends at the end token anyway.
+            rows.append(allowed if allowed.any() else torch.ones(self.vocab_size, dtype=torch.bool))
             self.rollback(len(walked))
         return torch.stack(rows)
 

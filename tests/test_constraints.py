@@ -209,3 +209,124 @@ def test_a_json_schema_constraint_gives_valid_json_with_the_bundled_pair():
     spec = SpeculativeDecoder(target, make_drafter("model", draft), gamma=4).generate("def f(x):", sampling)
     assert spec.token_ids == alone.token_ids
     assert spec.stats.forced_tokens > 0
+
+
+# --- every output valid: hypothesis-generated JSON schemas, regexes; the bundled pair ---------------
+
+DRAFTERS = ("none", "model", "ngram", "tree", "staged", "suffix")
+
+
+@pytest.fixture(scope="module")
+def bundled_pair():
+    from specdec import load
+    from specdec.defaults import default_model
+
+    return load(str(default_model("target"))), load(str(default_model("draft")))
+
+
+def bundled_decoder(pair, kind: str) -> SpeculativeDecoder:
+    target, draft = pair
+    drafter = None if kind == "none" else make_drafter(kind, None if kind in ("ngram", "suffix") else draft,
+                                                       target=target)
+    return SpeculativeDecoder(target, drafter, gamma=4)
+
+
+def json_schemas():
+    from hypothesis import strategies as st
+
+    names = st.text("abcdefgh_", min_size=1, max_size=6)
+    bounds = st.tuples(st.integers(-50, 50), st.integers(0, 60)).map(lambda b: (b[0], b[0] + b[1]))
+    leaves = st.one_of(
+        st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 8)),
+        bounds.map(lambda b: {"type": "integer", "minimum": b[0], "maximum": b[1]}),
+        bounds.map(lambda b: {"type": "number", "minimum": b[0], "maximum": b[1]}),
+        st.just({"type": "boolean"}),
+        st.lists(st.text("xyz", min_size=1, max_size=3), min_size=1, max_size=4, unique=True).map(
+            lambda values: {"enum": values}),
+    )
+
+    def objects(children):
+        return st.dictionaries(names, children, min_size=1, max_size=4).map(
+            lambda props: {"type": "object", "properties": props, "required": sorted(props),
+                           "additionalProperties": False})
+
+    def arrays(children):
+        return st.builds(lambda items, most: {"type": "array", "items": items, "maxItems": most},
+                         children, st.integers(0, 3))
+
+    return objects(st.recursive(leaves, lambda children: st.one_of(objects(children), arrays(children)),
+                                max_leaves=6))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_every_output_matches_its_json_schema(bundled_pair, kind):
+    """Hypothesis schemas (objects, arrays, enums, nested, bounded numbers), greedy and sampled:
+    every output parses and validates with jsonschema."""
+    from hypothesis import HealthCheck, given, settings
+
+    jsonschema = pytest.importorskip("jsonschema")
+    decoder = bundled_decoder(bundled_pair, kind)
+
+    @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(schema=json_schemas())
+    def check(schema):
+        for temperature, seed in ((0.0, None), (0.8, 3)):
+            sampling = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=400,
+                                      constraint=Constraint.json_schema(schema))
+            result = decoder.generate("Data as JSON:", sampling)
+            assert result.finish_reason == "eos", (result.finish_reason, result.text)
+            jsonschema.validate(json.loads(result.text), schema)
+
+    check()
+
+
+REGEXES = [r"[a-z]{2,6}(, [a-z]{2,6}){0,3}\.", r"(0|[1-9][0-9]{0,3})( [+*-] (0|[1-9][0-9]{0,3})){1,3}",
+           r"def [a-z_]{1,10}\((x|y)?\):"]
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_regex_outputs_fullmatch(bundled_pair, kind):
+    decoder = bundled_decoder(bundled_pair, kind)
+    for pattern in REGEXES:
+        for temperature, seed in ((0.0, None), (0.9, 1)):
+            sampling = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=80,
+                                      constraint=Constraint.regex(pattern))
+            result = decoder.generate("def f(x):\n    return", sampling)
+            assert result.finish_reason == "eos" and re.fullmatch(pattern, result.text), (pattern, result.text)
+
+
+class FixedDrafter:
+    """Always drafts the same tokens as point masses (a drafter is free to guess anything)."""
+
+    vocab_size = None
+    hidden_layers = ()
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def start(self, prompt_ids):
+        return None
+
+    def propose(self, request, gamma):
+        from specdec import Draft
+
+        return Draft(torch.tensor(self.tokens[:gamma]))
+
+    def observe(self, request, outcome):
+        pass
+
+
+def test_a_draft_that_goes_on_after_the_end_token_is_verified_and_cut_there():
+    """'$', the end token, then more: verified as usual and cut at the end token, greedy and
+    sampled (the end token in the middle of a draft is where a grammar's look-ahead stops)."""
+    target = table_model_with_tokenizer(9, seed=100)
+    decoder = SpeculativeDecoder(target, FixedDrafter([7, EOS, 3, 3]), gamma=4, draft_forced=False)
+    texts = set()
+    for seed in range(30):
+        for temperature in (0.0, 1.0):
+            result = decoder.generate([3, 4], SamplingParams(temperature=temperature, seed=seed, max_new_tokens=8,
+                                                             constraint=Constraint.regex(r"[$!]")))
+            assert result.finish_reason == "eos" and result.token_ids[-1] == EOS
+            texts.add(result.text)
+    assert texts == {"$", "!"}
