@@ -83,6 +83,7 @@ class TokenMatcher:
     def __init__(self, matcher: Any, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
         self.bit = torch.arange(32, dtype=torch.int32)
+        self.walked = 0  # tokens look_ahead has consumed since end_look_ahead
 
     def allowed(self) -> torch.Tensor:  # [vocab] bool
         words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
@@ -105,6 +106,29 @@ class TokenMatcher:
     def rollback(self, count: int) -> None:
         if count:
             self.matcher.rollback(count)
+
+    def mask_draft_logits(
+        self,
+        logits: torch.Tensor,  # [1, draft vocab]: a draft model's, whose ids are the target's (padding aside)
+    ) -> torch.Tensor:  # [1, draft vocab], disallowed tokens at -inf
+        """q's logits masked as p's are, where the look-ahead stands (at least one token stays)."""
+        allowed = self.allowed()[: logits.shape[-1]].to(logits.device)
+        if logits.shape[-1] > allowed.shape[0]:  # a draft with more (padding) ids than the target
+            allowed = torch.cat([allowed, allowed.new_zeros(logits.shape[-1] - allowed.shape[0])])
+        return logits.masked_fill(~allowed, float("-inf")) if allowed.any() else logits
+
+    def look_ahead(self, token: int) -> bool:
+        """Walk one drafted token (undone by end_look_ahead); False where the grammar refuses it or
+        stops after it (nothing to draft past)."""
+        if self.valid_prefix([token]) < 1:
+            return False
+        self.matcher.consume_token(token)
+        self.walked += 1
+        return not self.matcher.is_stopped()
+
+    def end_look_ahead(self) -> None:
+        self.rollback(self.walked)
+        self.walked = 0
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows as the only continuation from here (may be none)."""

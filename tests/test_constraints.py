@@ -330,3 +330,27 @@ def test_a_draft_that_goes_on_after_the_end_token_is_verified_and_cut_there():
             assert result.finish_reason == "eos" and result.token_ids[-1] == EOS
             texts.add(result.text)
     assert texts == {"$", "!"}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_model_drafts_only_what_the_grammar_allows_and_leaves_the_matcher_alone(temperature):
+    """q masked along the chain: every drafted token is allowed; the matcher is where it was.
+    Mutation checked: without mask_draft_logits in draft_chain the first assertion fails."""
+    from specdec.drafting.base import ContextRequest
+
+    target = table_model_with_tokenizer(9, seed=100)
+    drafter = make_drafter("model", table_model_with_tokenizer(9, seed=101, sharpness=1.0))
+    refused_unmasked = 0
+    for seed in range(20):
+        matcher = compiler_for(target).matcher(Constraint.regex(LAW_REGEX))
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        context = torch.tensor([3, 4, 5, 6, 3][: 1 + seed % 5])
+        before = matcher.allowed()
+        request = ContextRequest.started(drafter, context, sampling=sampling, matcher=matcher,
+                                         rule=SpeculativeDecoder(target).engine.new_request([3], sampling, 0).rule)
+        tokens = drafter.propose(request, 5).tokens.tolist()
+        assert matcher.valid_prefix(tokens) == len(tokens), tokens
+        assert torch.equal(matcher.allowed(), before) and matcher.walked == 0
+        free = drafter.propose(ContextRequest.started(drafter, context, sampling=sampling), 5).tokens.tolist()
+        refused_unmasked += matcher.valid_prefix(free) < len(free)
+    assert refused_unmasked > 0  # the draft model alone does propose refused tokens

@@ -118,6 +118,12 @@ class DraftRequest(Protocol):
     @property
     def node_budget(self) -> int | None: ...  # most tree nodes this step, if the policy sets it
 
+    @property
+    def matcher(self) -> Any:
+        """A constrained request's grammar look-ahead (specdec.grammar.TokenMatcher) over the
+        context's token ids; None for free text. A drafter may mask its q with it (and must
+        leave it where it found it); verification masks p whatever the drafter does."""
+
 
 @runtime_checkable
 class Drafter(Protocol):
@@ -197,6 +203,7 @@ class ContextRequest:
     rule: SamplingRule = field(default_factory=lambda: RejectionRule(None))
     stop_early: StopRule | None = None
     node_budget: int | None = None
+    matcher: Any = None
 
     @staticmethod
     def started(drafter: Drafter, context: torch.Tensor, **fields: Any) -> ContextRequest:

@@ -52,6 +52,10 @@ class SubRequest:
     def node_budget(self) -> int | None:
         return self.request.node_budget
 
+    @property
+    def matcher(self) -> Any:
+        return self.request.matcher
+
 
 def root_paths(draft: Draft) -> list[list[int]]:
     """A draft as the token paths from the root to each leaf, in node order."""

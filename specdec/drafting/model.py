@@ -111,22 +111,31 @@ def draft_chain(
     request: DraftRequest,
 ) -> Draft:
     """Up to gamma tokens, one at a time, each drawn from q (or the argmax when greedy); the
-    request's policy may stop it early (stop_early, on the chain's probability under the draft)."""
-    sampling, stop_early = request.sampling, request.stop_early
+    request's policy may stop it early (stop_early, on the chain's probability under the draft).
+    A constrained request's q is masked to what its grammar allows along the chain (the matcher
+    walks the chain and is rolled back), so the draft never proposes a token the target's masked
+    p must reject."""
+    sampling, stop_early, matcher = request.sampling, request.stop_early, request.matcher
     first_position = request.context.shape[0]
     tokens, probs, chain_probability = [], [], 1.0
-    while True:
-        token, step_probs = sample_from_logits(logits, request, first_position + len(tokens))
-        tokens.append(token)
-        if step_probs is not None:
-            probs.append(step_probs)
-        if len(tokens) == gamma:
-            break
-        if stop_early is not None:
-            chain_probability *= token_confidence(logits, step_probs, token, sampling)
-            if stop_early(len(tokens), chain_probability):
+    try:
+        while True:
+            if matcher is not None:
+                logits = matcher.mask_draft_logits(logits)
+            token, step_probs = sample_from_logits(logits, request, first_position + len(tokens))
+            tokens.append(token)
+            if step_probs is not None:
+                probs.append(step_probs)
+            if len(tokens) == gamma or (matcher is not None and not matcher.look_ahead(int(token))):
                 break
-        logits = next_logits(token)
+            if stop_early is not None:
+                chain_probability *= token_confidence(logits, step_probs, token, sampling)
+                if stop_early(len(tokens), chain_probability):
+                    break
+            logits = next_logits(token)
+    finally:
+        if matcher is not None:
+            matcher.end_look_ahead()
     return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
 
 

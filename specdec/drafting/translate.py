@@ -117,6 +117,11 @@ class DraftTokenRequest(SubRequest):
     def sampling(self) -> SamplingParams:
         return self.draft_sampling
 
+    @property
+    def matcher(self) -> None:
+        """The grammar reads target ids; this context is in draft ids (verification still masks p)."""
+        return None
+
 
 
 
