@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec.constraint import Constraint
 from specdec.metrics import SpecStats
 from specdec.sampling import SamplingParams
 
@@ -24,6 +26,11 @@ class Prompt:
     category: str
     text: str
     id: str = ""
+    constraint: Constraint | None = None  # what the output must match (a suite's "json_schema" / "regex")
+
+    def settings(self, settings: SamplingParams) -> SamplingParams:
+        """The run's settings with this prompt's constraint."""
+        return settings if self.constraint is None else dataclasses.replace(settings, constraint=self.constraint)
 
 
 @dataclass
@@ -98,6 +105,27 @@ class SideBySide:
             raise IdentityError("outputs differ from the reference:\n" + "\n".join(map(str, self.mismatches)))
 
 
+def output_matches(constraint: Constraint, text: str) -> bool | None:
+    """Whether a constrained output is what was asked: JSON that parses (and validates against
+    its schema where the jsonschema package is installed), or a full regex match. None: not
+    checkable here (a grammar)."""
+    if constraint.kind == "regex":
+        return re.fullmatch(constraint.source, text) is not None
+    if constraint.kind == "grammar":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    if constraint.kind == "json_object":
+        return isinstance(value, dict)
+    try:
+        import jsonschema
+    except ImportError:
+        return True
+    return jsonschema.Draft202012Validator(json.loads(constraint.source)).is_valid(value)
+
+
 def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
     """A specdec SpeculativeDecoder as a benchmark method."""
 
@@ -146,7 +174,7 @@ def run_side_by_side(
         raise ValueError(f"the reference method {reference!r} is not among {list(names)}")
     references = references or {names[reference].engine: reference}
     if warmup:  # first calls pay one-off costs (allocations, lazy imports) that are not decoding
-        short = dataclasses.replace(settings, max_new_tokens=4)
+        short = dataclasses.replace(prompts[0].settings(settings), max_new_tokens=4)
         for method in methods:
             method.run(encode(prompts[0].text), short)
     run = SideBySide()
@@ -154,9 +182,10 @@ def run_side_by_side(
         prompt_ids = encode(prompt.text)
         rotation = index % len(methods)
         outputs: dict[str, MethodOutput] = {}
+        prompt_settings = prompt.settings(settings)
         for method in [*methods[rotation:], *methods[:rotation]]:
-            output = method.run(prompt_ids, settings)
-            timings = [output.seconds] + [method.run(prompt_ids, settings).seconds for _ in range(repeats - 1)]
+            output = method.run(prompt_ids, prompt_settings)
+            timings = [output.seconds] + [method.run(prompt_ids, prompt_settings).seconds for _ in range(repeats - 1)]
             outputs[method.name] = output
             run.measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids,
                                                 statistics.median(timings), output.stats, peak_rss_mb(), timings))

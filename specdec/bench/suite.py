@@ -15,9 +15,11 @@ import torch
 
 from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
 from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, SideBySide, markdown_table, run_side_by_side, speculative_method, summarize,
+    Method, MethodOutput, Prompt, SideBySide, markdown_table, output_matches, run_side_by_side, speculative_method,
+    summarize,
     write_json,
 )
+from specdec.constraint import Constraint
 from specdec.decoder import SpeculativeDecoder
 from specdec.drafting.vocab import vocabulary_mismatch
 from specdec.sampling import SamplingParams
@@ -27,7 +29,8 @@ REFERENCE = "target-only"
 
 
 def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
-    """A JSON list of {"category", "prompt", "id"?}; optionally the first N of each category."""
+    """A JSON list of {"category", "prompt", "id"?, "json_schema"? | "regex"?} (the last two: what
+    the output must match); optionally the first N of each category."""
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
     prompts, seen = [], {}
@@ -35,7 +38,9 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
         category = item["category"]
         seen[category] = seen.get(category, 0) + 1
         if per_category is None or seen[category] <= per_category:
-            prompts.append(Prompt(category, item["prompt"], item.get("id", str(index))))
+            constraint = (Constraint.json_schema(item["json_schema"]) if "json_schema" in item
+                          else Constraint.regex(item["regex"]) if "regex" in item else None)
+            prompts.append(Prompt(category, item["prompt"], item.get("id", str(index)), constraint))
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
@@ -139,9 +144,16 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
         return speculative_method(REFERENCE, SpeculativeDecoder(target))
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
-    drafter_kind, _, policy = name.partition(":")
+    # "@unforced": a constrained prompt's forced tokens cost a target forward each (what drafting them brings)
+    method, _, flag = name.partition("@")
+    if flag not in ("", "unforced"):
+        raise ValueError(f"unknown method flag @{flag} in {name!r}; the one flag is @unforced")
+    if method == REFERENCE:
+        return speculative_method(name, SpeculativeDecoder(target, draft_forced=not flag))
+    drafter_kind, _, policy = method.partition(":")
     drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head)
-    return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed"))
+    return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed",
+                                                       draft_forced=not flag))
 
 
 def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int,
@@ -187,6 +199,10 @@ def run_bench(
     llama_tools: LlamaCppTools | None = None,
     head=None,
 ) -> dict:
+    constrained = [m for m in expand_method_names(methods) if is_llama_cpp_method(m) or is_transformers_method(m)]
+    if constrained and any(prompt.constraint is not None for prompt in prompts):
+        raise ValueError(f"{', '.join(constrained)} cannot follow the prompts' JSON schemas or regexes "
+                         "(only specdec's own methods do); leave them out for this suite")
     built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools, head)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
     names = {m.name for m in built}
@@ -220,7 +236,11 @@ def run_bench(
                          "target_forwards": m.stats.target_forwards} if m.stats else {}),
                      # a draft with another tokenizer: its own tokens drafted, and those translated
                      **({"source_drafted": m.stats.source_drafted, "source_kept": m.stats.source_kept}
-                        if m.stats and m.stats.source_drafted else {})}
+                        if m.stats and m.stats.source_drafted else {}),
+                     # a constrained prompt: whether the output is what was asked, and the forced tokens
+                     **({"valid": output_matches(m.prompt.constraint, target.tokenizer.decode(
+                         m.token_ids, skip_special_tokens=True)), "forced_tokens": m.stats.forced_tokens if m.stats
+                         else None} if m.prompt.constraint is not None else {})}
                     for m in run.measurements]}
 
     out.mkdir(parents=True, exist_ok=True)
@@ -237,6 +257,10 @@ def run_bench(
     sections = [f"## all prompts\n\n{markdown_table(summaries)}"]
     if len(categories) > 1:
         sections += [f"## {c}\n\n{markdown_table(summaries, c)}" for c in categories]
+    checked = [m for m in payload["measurements"] if m.get("valid") is not None]
+    if checked:
+        valid = sum(m["valid"] for m in checked)
+        sections.append(f"constrained outputs that match their schema or regex: {valid} of {len(checked)}")
     if run.mismatches:
         sections.insert(0, "## greedy identity failures\n\n" + "\n".join(f"- {m}" for m in run.mismatches))
     (out / "results.md").write_text(
