@@ -164,6 +164,12 @@ def default_prompts() -> Path:
     return ASSETS / "bench_prompts.json"
 
 
+def json_prompts() -> Path:
+    """The JSON-extraction suite (scripts/make_json_suite.py): standard-library functions to
+    describe as JSON, each prompt with the JSON schema its answer must match."""
+    return ASSETS / "bench_json.json"
+
+
 def editing_prompts() -> Path:
     """The editing suite (scripts/make_editing_suite.py): standard-library functions to return with
     one change, where the answer mostly copies the prompt."""

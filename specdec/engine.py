@@ -251,6 +251,8 @@ class Engine:
             # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
             masks.append(None if request.matcher is None else
                          request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents))
+            if request.matcher is not None:
+                request.stats.grammar_seconds += request.matcher.take_seconds()
             draft_seconds.append(time.perf_counter() - began)
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
@@ -287,6 +289,7 @@ class Engine:
                                         draft.forced))
             if request.matcher is not None:
                 request.matcher.consume(self.through_eos(emitted.tolist()))
+                request.stats.grammar_seconds += request.matcher.take_seconds()
         verify_seconds = time.perf_counter() - drafted_at
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.advance(request, outcome, seconds, verify_seconds)

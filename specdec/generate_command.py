@@ -146,6 +146,13 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
             else []
         ),
         *(
+            [("time in the grammar engine",
+              f"{stats.grammar_seconds * 1e3:.1f} ms ({stats.grammar_seconds * 1e3 / stats.generated_tokens:.3f} "
+              "ms a token)")]
+            if stats.grammar_seconds and stats.generated_tokens
+            else []
+        ),
+        *(
             [("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))]
             if stats.tree_nodes_at
             else []

@@ -15,9 +15,12 @@ vocabulary, it rolls back, and it reports forced tokens (docs/structured.md).
 
 from __future__ import annotations
 
+import functools
+import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -76,6 +79,26 @@ def compiler_for(model: Any) -> GrammarCompiler:
     return compiler
 
 
+Result = TypeVar("Result")
+
+
+def timed(method: Callable[..., Result]) -> Callable[..., Result]:
+    """Adds a TokenMatcher method's time to its ``seconds`` (only the outermost of nested calls)."""
+
+    @functools.wraps(method)
+    def run(self: TokenMatcher, *args: Any) -> Result:
+        if self.timing:
+            return method(self, *args)
+        self.timing, started = True, time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            self.timing = False
+            self.seconds += time.perf_counter() - started
+
+    return run
+
+
 class TokenMatcher:
     """One request's place in its grammar: which tokens may come next, and the tokens forced.
     Verbs on token ids only; speculation looks ahead along a draft and rolls back."""
@@ -84,15 +107,24 @@ class TokenMatcher:
         self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
         self.bit = torch.arange(32, dtype=torch.int32)
         self.walked = 0  # tokens look_ahead has consumed since end_look_ahead
+        self.seconds, self.timing = 0.0, False  # time in the grammar engine since take_seconds
 
+    def take_seconds(self) -> float:
+        """The time spent in the grammar engine since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    @timed
     def allowed(self) -> torch.Tensor:  # [vocab] bool
         words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
         return ((words[:, None] >> self.bit) & 1).flatten()[: self.vocab_size].bool()
 
+    @timed
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of ``tokens`` the grammar accepts in a row from here (the state is unchanged)."""
         return int(self.matcher.validate_tokens(tokens)) if tokens else 0
 
+    @timed
     def consume(self, tokens: list[int]) -> None:
         """Advance past ``tokens`` (an end token only last: a complete grammar has stopped and
         takes no end token, an incomplete one takes it where it may end)."""
@@ -103,6 +135,7 @@ class TokenMatcher:
         if refused:
             raise RuntimeError(f"the grammar refused tokens {tokens}: {self.matcher.get_error().strip()}")
 
+    @timed
     def rollback(self, count: int) -> None:
         if count:
             self.matcher.rollback(count)
@@ -117,6 +150,7 @@ class TokenMatcher:
             allowed = torch.cat([allowed, allowed.new_zeros(logits.shape[-1] - allowed.shape[0])])
         return logits.masked_fill(~allowed, float("-inf")) if allowed.any() else logits
 
+    @timed
     def look_ahead(self, token: int) -> bool:
         """Walk one drafted token (undone by end_look_ahead); False where the grammar refuses it or
         stops after it (nothing to draft past)."""
@@ -130,10 +164,12 @@ class TokenMatcher:
         self.rollback(self.walked)
         self.walked = 0
 
+    @timed
     def forced(self) -> list[int]:
         """The tokens the grammar allows as the only continuation from here (may be none)."""
         return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
 
+    @timed
     def masks_along(self, tokens: list[int], parents: tuple[int, ...] | None) -> torch.Tensor:
         """[nodes + 1, vocab] bool: the allowed tokens at the root and after each drafted node,
         for a chain (parents None) or a tree. A node the grammar refuses gets an all-true row:

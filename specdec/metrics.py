@@ -29,6 +29,8 @@ class SpecStats:
     # Constrained requests: steps that drafted the grammar's forced tokens, and those tokens (not in drafted / accepted)
     forced_steps: int = 0
     forced_tokens: int = 0
+    # in the grammar engine: masks along each draft, forced tokens, advancing (inside draft / verify seconds)
+    grammar_seconds: float = 0.0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification

@@ -234,3 +234,50 @@ def test_bench_chat_wraps_every_prompt_in_the_chat_template(tiny_pair, prompt_fi
               "--prompts", str(prompt_file), "--methods", "ngram:cost", "--out", str(tmp_path / "bench")])
     assert [prompt.text for prompt in seen] == ["user: def f(x): return x + 1\ndef g(x): return\nassistant:",
                                                "user: abc abc abc abc\nassistant:"]
+
+
+def constrained_suite(path, count: int = 2) -> str:
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
+              "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"}}}
+    prompts = [{"category": "json", "id": f"j{i}", "prompt": f"def f{i}(x):", "json_schema": schema}
+               for i in range(count)]
+    path.write_text(json.dumps(prompts))
+    return str(path)
+
+
+def test_bench_on_a_constrained_suite_checks_outputs_and_forced_drafts(tmp_path, capsys):
+    """Per-prompt JSON schemas: every method follows them (validity in the JSON), target-only@unforced
+    pays a forward per forced token and gives the same tokens (the identity check), and a
+    llama.cpp method is refused before anything runs."""
+    from specdec.defaults import default_model
+
+    suite = constrained_suite(tmp_path / "json.json")
+    out = tmp_path / "bench"
+    target, draft = str(default_model("target")), str(default_model("draft"))  # a tokenizer llguidance reads
+    assert main(["bench", "--target", target, "--draft", draft, "--prompts", suite, "--max-new-tokens", "40",
+                 "--methods", "target-only@unforced", "ngram:cost",
+                 "--out", str(out)]) == 0
+    measurements = json.loads((out / "results.json").read_text())["measurements"]
+    assert {m["method"] for m in measurements} == {"target-only", "target-only@unforced", "ngram:cost"}
+    assert all(m["valid"] is not None and m["grammar_seconds"] > 0 for m in measurements)
+    forwards = {m["method"]: m["target_forwards"] for m in measurements if m["prompt"] == "j0"}
+    forced = {m["method"]: m["forced_tokens"] for m in measurements if m["prompt"] == "j0"}
+    assert forced["target-only"] > 0 and forced["target-only@unforced"] == 0
+    assert forwards["target-only"] == forwards["target-only@unforced"] - forced["target-only"]
+    capsys.readouterr()
+    assert main(["bench", "--target", target, "--prompts", suite, "--methods", "transformers-generate"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot follow the prompts' JSON schemas" in err and "loading models" not in err
+
+
+@pytest.mark.slow
+def test_bench_serve_json_workload_sends_schemas_through_response_format(tmp_path):
+    """`specdec bench-serve --workload json` on the default pair: chat requests with response_format
+    json_schema, every answer valid, the same greedy text with speculation on and off."""
+    out = tmp_path / "serve"
+    assert main(["bench-serve", "--workload", "json", "--prompts", constrained_suite(tmp_path / "json.json"),
+                 "--concurrency", "2", "--requests", "2", "--repeats", "1", "--max-new-tokens", "40",
+                 "--modes", "off", "on", "--out", str(out)]) == 0
+    result = json.loads((out / "serve.json").read_text())
+    assert result["workload"] == "json" and not result["mismatches"]
+    assert all(row["valid_share"] == 1.0 for row in result["rows"])

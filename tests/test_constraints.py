@@ -152,6 +152,7 @@ def test_forced_tokens_are_drafted_for_free_and_change_nothing():
         without, with_forced = plain.generate(prompt, sampling), forced.generate(prompt, sampling)
         assert with_forced.token_ids == without.token_ids
         assert with_forced.stats.drafted == 0  # forced tokens are counted apart from a drafter's guesses
+        assert with_forced.stats.grammar_seconds > 0
         assert with_forced.stats.target_forwards == without.stats.target_forwards - with_forced.stats.forced_tokens
         forced_tokens += with_forced.stats.forced_tokens
     assert forced_tokens > 0

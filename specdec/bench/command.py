@@ -94,7 +94,7 @@ def run(
     from rich.progress import Progress
 
     from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
-    from specdec.bench.suite import expand_method_names, load_prompts, run_bench as bench
+    from specdec.bench.suite import check_constrained_methods, expand_method_names, load_prompts, run_bench as bench
     from specdec.drafting import reads_target
     from specdec.defaults import default_prompts
     from specdec.sampling import sampling_from_args
@@ -110,11 +110,12 @@ def run(
         )
         # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
         llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
+    prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
+    check_constrained_methods(args.methods, prompts)  # before the models load
     reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in args.methods)
     resolved = resolve_models(args, errors, reads_hidden)
     target, draft = load_models(args, errors, resolved=resolved)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
-    prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
     if args.chat:
         import dataclasses
 

@@ -48,9 +48,10 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--prompts", help="JSON prompt file (default: the bundled suite; the editing suite for "
                                           "--workload replay)")
-    parser.add_argument("--workload", choices=["suite", "replay"], default="suite",
+    parser.add_argument("--workload", choices=["suite", "replay", "json"], default="suite",
                         help="suite: one request per prompt; replay: conversations of --turns requests, each resending "
-                             "the earlier answers with a follow-up")
+                             "the earlier answers with a follow-up; json: chat requests with response_format "
+                             "json_schema (the JSON-extraction suite: docs/structured.md)")
     parser.add_argument("--turns", type=int, default=3, help="requests per conversation (--workload replay)")
     parser.add_argument("--compare-cache", action="store_true",
                         help="also run each speculating mode with the suffix drafter's cross-request cache off")
@@ -62,27 +63,38 @@ FOLLOW_UP = "\n\n# Once more, the whole code above, unchanged:\n"
 
 
 async def closed_loop(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
-                      temperature: float, turns: int = 1) -> dict:
+                      temperature: float, turns: int = 1, schemas: list[str] | None = None) -> dict:
     """``clients`` concurrent clients, each sending ``per_client`` conversations of ``turns``
-    streaming requests in turn (a turn's prompt: the previous prompt, its answer, FOLLOW_UP)."""
+    streaming requests in turn (a turn's prompt: the previous prompt, its answer, FOLLOW_UP).
+    With ``schemas`` (JSON texts, one per prompt), each request is a chat message whose answer
+    must match its schema (response_format json_schema)."""
     import openai
 
     api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
     records = []
 
-    async def one(key: str, prompt: str, seed: int) -> str:
+    async def request(prompt: str, seed: int, schema: str | None):  # -> a stream of (text, usage) chunks
+        options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+                   "stream": True, "stream_options": {"include_usage": True}}
+        if schema is None:
+            async for chunk in await api.completions.create(prompt=prompt, **options):
+                yield (chunk.choices[0].text if chunk.choices else ""), chunk.usage
+            return
+        response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": json.loads(schema)}}
+        async for chunk in await api.chat.completions.create(messages=[{"role": "user", "content": prompt}],
+                                                             response_format=response_format, **options):
+            yield (chunk.choices[0].delta.content or "" if chunk.choices else ""), chunk.usage
+
+    async def one(key: str, prompt: str, seed: int, schema: str | None = None) -> str:
         sent = time.perf_counter()
         arrivals, pieces = [], []
-        stream = await api.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                              temperature=temperature, seed=seed, stream=True,
-                                              stream_options={"include_usage": True})
         tokens = 0
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
+        async for text, usage in request(prompt, seed, schema):
+            if text:
                 arrivals.append(time.perf_counter())
-                pieces.append(chunk.choices[0].text)
-            if chunk.usage:
-                tokens = chunk.usage.completion_tokens
+                pieces.append(text)
+            if usage:
+                tokens = usage.completion_tokens
         first = arrivals[0] if arrivals else time.perf_counter()
         per_token = (arrivals[-1] - first) / (tokens - 1) if tokens > 1 and arrivals else 0.0
         text = "".join(pieces)
@@ -91,8 +103,9 @@ async def closed_loop(url: str, model: str, prompts: list[str], clients: int, pe
 
     async def conversation(index: int) -> None:
         prompt = prompts[index % len(prompts)]
+        schema = schemas[index % len(schemas)] if schemas else None
         for turn in range(turns):
-            answer = await one(f"{index}.{turn}" if turns > 1 else str(index), prompt, index * turns + turn)
+            answer = await one(f"{index}.{turn}" if turns > 1 else str(index), prompt, index * turns + turn, schema)
             prompt = prompt + answer + FOLLOW_UP
 
     async def client(number: int) -> None:
@@ -133,8 +146,18 @@ def acceptance_summary(before: dict, after: dict) -> dict:
             else 1.0, "accepted_from_cache": cached / accepted if accepted else 0.0}
 
 
+def valid_share(texts: dict[str, str], schemas: list[str]) -> float:
+    """The share of a round's answers that match their request's JSON schema (keys: request index)."""
+    from specdec.bench.runner import output_matches
+    from specdec.constraint import Constraint
+
+    checks = [output_matches(Constraint("json_schema", schemas[int(key.split(".")[0]) % len(schemas)]), text)
+              for key, text in texts.items()]
+    return sum(bool(check) for check in checks) / len(checks) if checks else 0.0
+
+
 def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: argparse.Namespace, progress,
-                clients_process) -> dict:
+                clients_process, schemas: list[str] | None = None) -> dict:
     """Every concurrency, every server (a speculation mode, or one with its cache off) in turn; the
     clients run in ``clients_process`` (another process, so that they never hold the server's
     interpreter lock)."""
@@ -154,15 +177,17 @@ def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: ar
                 before, totals = dict(scheduler.steps), dict(scheduler.metrics.totals)
                 load = clients_process.submit(load_test, urls[label], model, prompts, clients,
                                               -(-args.requests // clients), args.max_new_tokens, args.temperature,
-                                              turns).result()
+                                              turns, schemas).result()
                 texts[label] = load.pop("texts")
                 rounds[label].append({**load, **step_summary(before, dict(scheduler.steps)),
                                       **acceptance_summary(totals, scheduler.metrics.totals)})
                 progress(f"concurrency {clients}, speculation {label}: {load['tokens_per_second']:.1f} tokens/s",
                          done=True)
+        valid = {label: valid_share(texts[label], schemas) for label in apps} if schemas else {}
         for label in apps:  # the median round by throughput
             ordered = sorted(rounds[label], key=lambda r: r["tokens_per_second"])
             rows.append({"mode": label, "concurrency": clients, **ordered[len(ordered) // 2],
+                         **({"valid_share": valid[label]} if schemas else {}),
                          "rounds_tokens_per_second": [r["tokens_per_second"] for r in rounds[label]],
                          "rounds_accepted_from_cache": [r["accepted_from_cache"] for r in rounds[label]]})
         if args.temperature == 0:
@@ -202,7 +227,7 @@ def plot(result: dict, path: Path) -> None:
 
 def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
     from specdec.bench.suite import load_prompts, machine_description
-    from specdec.defaults import default_prompts, editing_prompts
+    from specdec.defaults import default_prompts, editing_prompts, json_prompts
     from specdec.drafting.base import suffix_caches
 
     from rich.table import Table
@@ -219,8 +244,14 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             raise ValueError("--compare-cache needs a drafter with a suffix cache (suffix, suffix-tree, suffix-or-X)")
         drafters.update({f"{mode}, no cache": make_drafter(suffix_cache_tokens=0) for mode in args.modes
                          if mode != "off"})
-    default = editing_prompts() if args.workload == "replay" else default_prompts()
-    prompts = [p.text for p in load_prompts(Path(args.prompts) if args.prompts else default)]
+    default = {"replay": editing_prompts(), "json": json_prompts()}.get(args.workload, default_prompts())
+    suite = load_prompts(Path(args.prompts) if args.prompts else default)
+    prompts = [p.text for p in suite]
+    schemas = None
+    if args.workload == "json":
+        if any(p.constraint is None or p.constraint.kind != "json_schema" for p in suite):
+            raise ValueError("--workload json needs a suite whose every prompt has a json_schema")
+        schemas = [p.constraint.source for p in suite if p.constraint is not None]
     max_batch = max(args.concurrency)
     with errors.status("bench-serve") as status:
         costs = None
@@ -240,7 +271,7 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
                 # Finished measurements as lines (readable in a log that is not a terminal).
                 errors.print(label) if done else status.update(f"bench-serve: {label}")
 
-            result = bench_serve(apps, urls, "bench", prompts, args, progress, clients)
+            result = bench_serve(apps, urls, "bench", prompts, args, progress, clients, schemas)
     result.update(
         {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -270,6 +301,9 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
                       f"{row['tokens_per_draft_step']:.2f}", f"{row['accepted_from_cache']:.0%}")
     # In a log (not a terminal) rich would cut the twelve columns to 80 characters.
     console.print(table, width=None if console.is_terminal else 160)
+    if schemas:
+        errors.print("answers that match their schema: " + ", ".join(
+            f"{row['mode']} at {row['concurrency']}: {row['valid_share']:.0%}" for row in result["rows"]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(result, indent=1))

@@ -183,6 +183,14 @@ def machine_description() -> str:
            f"{torch.get_num_threads()} threads"
 
 
+def check_constrained_methods(methods: Sequence[str], prompts: Sequence[Prompt]) -> None:
+    """ValueError if a suite with JSON schemas or regexes meets methods that cannot follow them."""
+    others = [m for m in expand_method_names(methods) if is_llama_cpp_method(m) or is_transformers_method(m)]
+    if others and any(prompt.constraint is not None for prompt in prompts):
+        raise ValueError(f"{', '.join(others)} cannot follow the prompts' JSON schemas or regexes "
+                         "(only specdec's own methods do); leave them out for this suite")
+
+
 def run_bench(
     target: LanguageModel,
     draft: LanguageModel | None,
@@ -199,10 +207,7 @@ def run_bench(
     llama_tools: LlamaCppTools | None = None,
     head=None,
 ) -> dict:
-    constrained = [m for m in expand_method_names(methods) if is_llama_cpp_method(m) or is_transformers_method(m)]
-    if constrained and any(prompt.constraint is not None for prompt in prompts):
-        raise ValueError(f"{', '.join(constrained)} cannot follow the prompts' JSON schemas or regexes "
-                         "(only specdec's own methods do); leave them out for this suite")
+    check_constrained_methods(methods, prompts)
     built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools, head)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
     names = {m.name for m in built}
@@ -240,7 +245,8 @@ def run_bench(
                      # a constrained prompt: whether the output is what was asked, and the forced tokens
                      **({"valid": output_matches(m.prompt.constraint, target.tokenizer.decode(
                          m.token_ids, skip_special_tokens=True)), "forced_tokens": m.stats.forced_tokens if m.stats
-                         else None} if m.prompt.constraint is not None else {})}
+                         else None, "grammar_seconds": m.stats.grammar_seconds if m.stats else None}
+                        if m.prompt.constraint is not None else {})}
                     for m in run.measurements]}
 
     out.mkdir(parents=True, exist_ok=True)
