@@ -91,12 +91,13 @@ class HeadDrafter(BaseDrafter):
             return Draft.empty(device)
         features = state.root_features
 
-        def next_logits(token: torch.Tensor) -> torch.Tensor:  # [1] -> [1, vocab]; reads the last output
+        def next_logits(tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [1, vocab]; each reads the last output
             nonlocal features
-            position = torch.tensor([state.cache.lengths[0]], device=device)
-            draft_logits, features = self.head(token, features, position, state.cache,
-                                               Attention.chain(1, batch_invariant=False))
-            state.cache.commit(0, 1)  # dropped again by the next feed_pending()
+            for token in tokens.split(1):
+                position = torch.tensor([state.cache.lengths[0]], device=device)
+                draft_logits, features = self.head(token, features, position, state.cache,
+                                                   Attention.chain(1, batch_invariant=False))
+                state.cache.commit(0, 1)  # dropped again by the next feed_pending()
             return state.to_target(draft_logits)
 
         return draft_chain(state.root_logits, next_logits, gamma, request)

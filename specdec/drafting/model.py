@@ -106,7 +106,7 @@ def token_confidence(
 
 def draft_chain(
     logits: torch.Tensor,  # [1, vocab]: the draft's logits for the first token
-    next_logits: Callable[[torch.Tensor], torch.Tensor],  # token [1] -> logits [1, vocab] after it
+    next_logits: Callable[[torch.Tensor], torch.Tensor],  # tokens [k] -> logits [1, vocab] after the last
     gamma: int,
     request: DraftRequest,
 ) -> Draft:
@@ -114,12 +114,24 @@ def draft_chain(
     request's policy may stop it early (stop_early, on the chain's probability under the draft).
     A constrained request's q is masked to what its grammar allows along the chain (the matcher
     walks the chain and is rolled back), so the draft never proposes a token the target's masked
-    p must reject."""
+    p must reject; where the grammar forces tokens, they join the chain without a draw (q a point
+    mass, as the masked p is there) and the draft reads them in one forward."""
     sampling, stop_early, matcher = request.sampling, request.stop_early, request.matcher
     first_position = request.context.shape[0]
     tokens, probs, chain_probability = [], [], 1.0
     try:
         while True:
+            forced = matcher.forced()[: gamma - len(tokens)] if matcher is not None else []
+            if forced:
+                block = torch.tensor(forced, dtype=torch.long, device=logits.device)
+                tokens += list(block[:, None])
+                if not sampling.greedy:
+                    probs.append(torch.zeros(len(forced), logits.shape[-1], device=logits.device).scatter_(
+                        -1, block[:, None], 1.0))
+                if not all(matcher.look_ahead(token) for token in forced) or len(tokens) == gamma:
+                    break
+                logits = next_logits(block)
+                continue
             if matcher is not None:
                 logits = matcher.mask_draft_logits(logits)
             token, step_probs = sample_from_logits(logits, request, first_position + len(tokens))
@@ -167,6 +179,6 @@ class ModelDrafter(DraftModelDrafter):
         gamma = state.start_draft(context.shape[0], gamma)
         if gamma == 0:
             return Draft.empty(context.device)
-        draft = draft_chain(state.feed_pending(), state.forward, gamma, request)
+        draft = draft_chain(state.feed_pending(), lambda tokens: state.forward(tokens)[-1:], gamma, request)
         state.drafted = draft.tokens.tolist()
         return draft
