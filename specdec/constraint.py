@@ -76,6 +76,8 @@ class Constraint:
                 raise ConstraintError(f"the JSON schema is not valid JSON: {error}") from None
             if not isinstance(schema, dict):
                 raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
+            if not isinstance(schema.get("x-guidance", {}), dict):
+                raise ConstraintError("a JSON schema's x-guidance must be an object (llguidance's settings)")
             schema = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
             return llguidance.grammar_from("json_schema", json.dumps(schema))
         if self.kind == "regex":

@@ -206,6 +206,7 @@ class Engine:
             request.draft_state = self.drafter.start(tokens[: len(ids)])
         if sampling.constraint is not None:
             request.matcher = compiler_for(self.target).matcher(sampling.constraint)
+            request.matcher.draft_forced = self.draft_forced
         return request
 
     def prefill(self, requests: Sequence[Request], cache: Cache) -> None:
@@ -343,7 +344,9 @@ class Engine:
         widths = tree_widths(outcome.parents)
         if self.drafter is not None:
             self.drafter.observe(request, outcome)
-            if not outcome.forced:  # the grammar's tokens say nothing of how well the drafter guesses
+            # A step of the grammar's tokens says nothing of how well the drafter guesses (tokens forced
+            # inside a draft model's chain are its chain's, and count as its drafts)
+            if not outcome.forced:
                 request.policy.update(
                     request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
                 )

@@ -205,7 +205,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
 
     def target_alone():
         with waiting(errors, "running the target alone on the same prompt, for comparison"):
-            return SpeculativeDecoder(target).generate(prompt, sampling)
+            return SpeculativeDecoder(target, draft_forced=False).generate(prompt, sampling)  # plain decoding
 
     if args.json:
         result = decoder.generate(prompt, sampling)

@@ -108,6 +108,7 @@ class TokenMatcher:
         self.bit = torch.arange(32, dtype=torch.int32)
         self.walked = 0  # tokens look_ahead has consumed since end_look_ahead
         self.seconds, self.timing = 0.0, False  # time in the grammar engine since take_seconds
+        self.draft_forced = True  # forced tokens join drafts (the engine's draft_forced; off to measure them)
 
     def take_seconds(self) -> float:
         """The time spent in the grammar engine since the last call."""
@@ -148,13 +149,15 @@ class TokenMatcher:
         allowed = self.allowed()[: logits.shape[-1]].to(logits.device)
         if logits.shape[-1] > allowed.shape[0]:  # a draft with more (padding) ids than the target
             allowed = torch.cat([allowed, allowed.new_zeros(logits.shape[-1] - allowed.shape[0])])
-        return logits.masked_fill(~allowed, float("-inf")) if allowed.any() else logits
+        masked = logits.masked_fill(~allowed, float("-inf"))
+        # A draft whose own vocabulary (a head's) holds none of the allowed tokens keeps its q.
+        return masked if bool(torch.isfinite(masked).any()) else logits
 
     @timed
     def look_ahead(self, token: int) -> bool:
         """Walk one drafted token (undone by end_look_ahead); False where the grammar refuses it or
         stops after it (nothing to draft past)."""
-        if self.valid_prefix([token]) < 1:
+        if self.matcher.is_stopped() or self.valid_prefix([token]) < 1:
             return False
         self.matcher.consume_token(token)
         self.walked += 1

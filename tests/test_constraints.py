@@ -52,20 +52,46 @@ def constrained_law(target: LanguageModel, prompt: list[int], length: int, sampl
     return law
 
 
+class FixedQDrafter:
+    """Draws its chain from one fixed q that no grammar masks: drafts the grammar often refuses
+    (what fit_draft cuts just after the first refused token)."""
+
+    hidden_layers = ()
+
+    def __init__(self, q: torch.Tensor) -> None:  # q [vocab]
+        self.q, self.vocab_size = q, q.shape[-1]
+
+    def start(self, prompt_ids):
+        return None
+
+    def propose(self, request, gamma):
+        from specdec import Draft
+
+        first = request.context.shape[0]
+        probs = self.q[None].expand(gamma, -1).clone()  # [gamma, vocab]
+        return Draft(request.rule.draw(probs, range(first, first + gamma)), probs)
+
+    def observe(self, request, outcome):
+        pass
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter_kind", ["none", "model", "ngram", "tree", "model-no-forced"])
+@pytest.mark.parametrize("drafter_kind", ["none", "model", "ngram", "tree", "model-no-forced", "unmasked-q"])
 def test_constrained_sampling_has_exactly_the_masked_law(drafter_kind):
     """8k seeded 4-token samples against the enumerated constrained law (temperature and top-k,
     q unmasked: the draft model proposes tokens the grammar refuses, which the masked p rejects).
     Mutation checked: masking only each block's first row (not the rows after drafted tokens)
-    fails every case, "none" too (its forced drafts' rows go unmasked)."""
+    fails every case, "none" too (its forced drafts' rows go unmasked); cutting a q-draft before
+    its first refused token instead of just after it (fit_draft) fails "unmasked-q"."""
     vocab, length, samples = 9, 4, 8000
     target = table_model_with_tokenizer(vocab, seed=100)
     sampling = SamplingParams(temperature=0.9, top_k=5, constraint=Constraint.regex(LAW_REGEX))
-    draft = table_model_with_tokenizer(vocab, seed=101, sharpness=1.0)
+    draft = table_model_with_tokenizer(vocab, seed=101, sharpness=1.0)  # its chains mask q (draft_chain)
     drafter = {"none": None, "model": make_drafter("model", draft), "ngram": make_drafter("ngram", max_n=2),
                "tree": make_drafter("tree", draft, tree_budget=5),
-               "model-no-forced": make_drafter("model", draft)}[drafter_kind]
+               "model-no-forced": make_drafter("model", draft),
+               "unmasked-q": FixedQDrafter(torch.tensor([0.02, 0.02, 0.16, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1])),
+               }[drafter_kind]
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
     decoder.engine.draft_forced = drafter_kind != "model-no-forced"
     prompt = [3, 4, 5, 6, 3, 4, 5]
@@ -77,7 +103,7 @@ def test_constrained_sampling_has_exactly_the_masked_law(drafter_kind):
     # 100000..200000), measured outside the engine, which draws exactly those multinomials.
     counts, accepted, drafted = sample_sequences(decoder, prompt, sampling, length, samples, first_seed=100000)
     assert_matches_law(counts, law, drafter_kind)
-    if drafter_kind in ("model", "tree", "model-no-forced"):
+    if drafter_kind in ("model", "tree", "model-no-forced", "unmasked-q"):
         assert 0 < accepted < drafted
 
 
@@ -355,3 +381,16 @@ def test_a_draft_model_drafts_only_what_the_grammar_allows_and_leaves_the_matche
         free = drafter.propose(ContextRequest.started(drafter, context, sampling=sampling), 5).tokens.tolist()
         refused_unmasked += matcher.valid_prefix(free) < len(free)
     assert refused_unmasked > 0  # the draft model alone does propose refused tokens
+
+
+def test_a_draft_vocabulary_without_an_allowed_token_keeps_its_q_and_a_complete_grammar_looks_no_further():
+    """A head's logits are -inf outside its draft vocabulary: masking them to the grammar may leave
+    nothing finite, and then q stays as it was (sampling from an all -inf row would fail). A
+    complete grammar (only the end token left) takes no look-ahead step."""
+    target = table_model_with_tokenizer(9, seed=100)
+    matcher = compiler_for(target).matcher(Constraint.regex(r"\$"))
+    logits = torch.full((1, 9), float("-inf"))
+    logits[0, 4] = 1.0  # '!': the grammar allows only '$' (7) here
+    assert torch.equal(matcher.mask_draft_logits(logits), logits)
+    matcher.consume([7])
+    assert not matcher.look_ahead(EOS) and matcher.walked == 0

@@ -124,8 +124,12 @@ async def closed_loop(url: str, model: str, prompts: list[str], clients: int, pe
 
 
 def load_test(*args) -> dict:
-    """closed_loop, run to the end (what the client process runs)."""
-    return asyncio.run(closed_loop(*args))
+    """closed_loop, run to the end (what the client process runs). A client's error comes back as
+    a RuntimeError with its text (openai's exceptions cannot cross the process boundary)."""
+    try:
+        return asyncio.run(closed_loop(*args))
+    except Exception as error:  # noqa: BLE001 - re-raised, picklable
+        raise RuntimeError(f"a client failed: {type(error).__name__}: {error}") from None
 
 
 def step_summary(before: dict, after: dict) -> dict:

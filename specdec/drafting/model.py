@@ -121,7 +121,7 @@ def draft_chain(
     tokens, probs, chain_probability = [], [], 1.0
     try:
         while True:
-            forced = matcher.forced()[: gamma - len(tokens)] if matcher is not None else []
+            forced = matcher.forced()[: gamma - len(tokens)] if matcher is not None and matcher.draft_forced else []
             if forced:
                 block = torch.tensor(forced, dtype=torch.long, device=logits.device)
                 tokens += list(block[:, None])

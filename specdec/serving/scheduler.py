@@ -119,9 +119,16 @@ class Scheduler:
 
     def advance(self, admitted: list[tuple[Ticket, int]]) -> None:
         """Admit the newcomers (ticket, free row), then one step for every running request."""
-        if admitted:
-            for ticket, row in admitted:
+        built = []
+        for ticket, row in admitted:
+            try:  # a constraint the grammar engine refuses fails its own request only
                 ticket.request = self.engine.new_request(ticket.prompt_ids, ticket.sampling, row)
+                built.append((ticket, row))
+            except ValueError as error:
+                ticket.emit(error)
+                self.free_rows.append(row)
+        admitted[:] = built
+        if admitted:
             self.engine.prefill([ticket.request for ticket, _ in admitted], self.cache)
             for ticket, _ in admitted:
                 ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
@@ -142,7 +149,8 @@ class Scheduler:
         seconds = time.perf_counter() - started
         draft_seconds = sum(request.stats.draft_seconds for request in batch) - draft_before
         self.controller.observe(len(batch), gamma, seconds - draft_seconds, draft_seconds,
-                                [(o.num_drafted, o.num_accepted) for o in outcomes])
+                                # a grammar's forced tokens are not the drafter's guesses
+                                [(0, 0) if o.forced else (o.num_drafted, o.num_accepted) for o in outcomes])
         now = time.perf_counter()
         if self.metrics is not None:
             self.metrics.observe_step(len(batch), gamma, outcomes)
