@@ -24,9 +24,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument(
         "--quantize",
-        choices=["int8", "none"],
-        help="int8 weights and activations (CPU only); unset: int8 for the default SmolLM2 pair "
-        "on a CPU, none otherwise",
+        choices=["int8", "int4", "none"],
+        help="int8 weights and activations, or int4: 4-bit weight groups on a kernel compiled and "
+        "checked on this CPU (CPU only); unset: int8 for the default SmolLM2 pair on a CPU, none otherwise",
     )
     parser.add_argument(
         "--backend",
@@ -201,8 +201,10 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
             draft = load(draft_path, **options) if want_draft and draft_path else None
         finally:
             int8.KERNELS.on_check = None
-    if quantize == "int8" and int8.kernel_notice():
-        errors.print(f"[dim]{int8.kernel_notice()}[/]", highlight=False, soft_wrap=True)
+    notices = [getattr(model.network, "quantize_notice", None) for model in (target, draft) if model is not None]
+    notices += [int8.kernel_notice()] if quantize else []
+    for notice in dict.fromkeys(notice for notice in notices if notice):
+        errors.print(f"[dim]{notice}[/]", highlight=False, soft_wrap=True)
     return target, draft
 
 

@@ -98,8 +98,8 @@ def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_p
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 module.weight.normal_(0.0, 0.02)
     network.eval()
-    if quantize == "int8":
-        network.quantize_int8()
+    if quantize in ("int8", "int4"):
+        network.quantize(quantize)
     elif quantize is not None:
         raise ValueError(f"unknown quantization {quantize!r}")
     return LanguageModel(network=network, tokenizer=None, name=name, vocab_size=shape.vocab,

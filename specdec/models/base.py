@@ -180,7 +180,7 @@ class LanguageModel:
         """What the weights compute in: int8, a float dtype, or GGUF (llama.cpp keeps the file's types)."""
         if self.backend == "llama.cpp":
             return "GGUF"
-        return "int8" if getattr(self.network, "quantized", False) else str(self.dtype).removeprefix("torch.")
+        return getattr(self.network, "quantized", False) or str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         """The model as it runs: name, backend, precision, device."""

@@ -39,8 +39,8 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
         raise ValueError(f"{path}: specdec's own forward cannot run this model: {reason}") from None
     if exact:
         network.make_batch_invariant()
-    if quantize == "int8":  # (load() checked that the weights are float32)
-        network.quantize_int8()
+    if quantize:  # (load() checked that the weights are float32)
+        network.quantize(quantize)
     context = hf_config.max_position_embeddings
     return LanguageModel(network=network, tokenizer=tokenizer, name=path.stem, vocab_size=hf_config.vocab_size,
                          max_context=min(context, max_context) if max_context else context,

@@ -179,7 +179,8 @@ def load(
 
     backend: "specdec" (own Llama-family forward), "transformers" (AutoModelForCausalLM adapter,
     for any architecture) or "auto" (own forward where the architecture is supported).
-    quantize: None or "int8" (int8 weights, per-row int8 activations; CPU only).
+    quantize: None, "int8" (int8 weights, per-row int8 activations; CPU only) or "int4" (4-bit
+    weight groups on a kernel compiled and checked on this CPU, int8 where it cannot run).
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
     exact: float weights on the own forward score every token of a verify block bit-for-bit as
     alone (make_batch_invariant: linears in fixed 8-row calls, attention per query
@@ -217,10 +218,10 @@ def check_load_options(dtype: str, backend: str, quantize: str | None, device: s
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if quantize not in (None, "int8"):
-        raise ValueError(f"unknown quantization {quantize!r}; the one supported is 'int8'")
-    if quantize == "int8" and dtype != "float32":
-        raise ValueError("int8 quantization starts from float32 weights; use dtype float32 with it")
+    if quantize not in (None, "int8", "int4"):
+        raise ValueError(f"unknown quantization {quantize!r}; choose int8 or int4")
+    if quantize and dtype != "float32":
+        raise ValueError(f"{quantize} quantization starts from float32 weights; use dtype float32 with it")
     if not (device == "cpu" or device == "cuda" or device.startswith("cuda:") and device[5:].isdigit()):
         raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -272,18 +273,19 @@ def _set_precision(network, used_backend: str, folder: Path, exact: bool, quanti
         network.make_batch_invariant()
     if used_backend == "specdec" and (folder / OUTPUT_TOKENS_FILE).is_file():
         network.restrict_output(torch.tensor(read_json(folder / OUTPUT_TOKENS_FILE)["token_ids"], dtype=torch.long))
-    if quantize != "int8":
+    if quantize is None:
         return
     if used_backend == "specdec":
-        network.quantize_int8()
+        network.quantize(quantize)
         return
     import warnings
 
+    from specdec.models.int4 import quantize_int4
     from specdec.models.quantize import quantize_int8
 
-    warnings.warn(f"{folder.name}: int8 through the transformers adapter is not batch-invariant (its "
+    warnings.warn(f"{folder.name}: {quantize} through the transformers adapter is not batch-invariant (its "
                   "attention scores a verify block together), so greedy speculative output may differ "
-                  "from int8 target-only output in near-ties; the own forward (--backend specdec) is exact",
+                  f"from {quantize} target-only output in near-ties; the own forward (--backend specdec) is exact",
                   stacklevel=3)
-    quantize_int8(network.model)
-    network.quantized = True
+    (quantize_int4 if quantize == "int4" else quantize_int8)(network.model)
+    network.quantized = network.model.quantized

@@ -65,7 +65,7 @@ def quantize_int8(module: nn.Module) -> nn.Module:
         raise ValueError("int8 quantization runs on CPU only (torch._int_mm); use --device cpu or drop --quantize")
     module.float()
     _replace_linears(module)
-    module.quantized = True  # what LanguageModel.precision reports
+    module.quantized = "int8"  # what LanguageModel.precision reports
     return module
 
 

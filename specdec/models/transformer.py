@@ -263,14 +263,18 @@ class LlamaFamilyModel(nn.Module):
         self.lm_head = SubsetHead(self.lm_head.weight.detach(), token_ids.to(self.device), self.config.vocab_size)
         return self
 
-    def quantize_int8(self) -> LlamaFamilyModel:
-        """int8 linears, and per-row attention after the prefill, so that a token is scored
-        bit-for-bit the same inside a verify block as alone (the greedy-equality invariant)."""
+    def quantize(self, kind: str = "int8") -> LlamaFamilyModel:
+        """int8 (or 4-bit: "int4") linears, and per-row attention after the prefill, so that a
+        token is scored bit-for-bit the same inside a verify block as alone (the greedy-equality
+        invariant). `quantized` then says which ran ("int8" where int4 could not)."""
+        from specdec.models.int4 import quantize_int4
         from specdec.models.quantize import quantize_int8
 
-        quantize_int8(self)
-        self.quantized = True
-        self.fixed_rows = None  # integer products are exact in any blocking
+        if kind == "int4":
+            quantize_int4(self)
+        else:
+            quantize_int8(self)
+        self.fixed_rows = None  # each row's products are computed alone in any blocking
         return self
 
     def make_batch_invariant(self, fixed_rows: int = DEFAULT_FIXED_ROWS) -> LlamaFamilyModel:

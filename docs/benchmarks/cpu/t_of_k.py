@@ -3,7 +3,7 @@ block scores each token exactly as alone (checked here, on this CPU), and T(k), 
 a k-token forward after a 64-token context, one configuration loaded at a time.
 
     python docs/benchmarks/cpu/t_of_k.py MODEL_DIR [--gguf FILE] [--blocks 1,5,8] [--out runs/t_of_k.json]
-        [--configs int8 float32-exact float32-inexact bfloat16-exact llama.cpp]
+        [--configs int8 int4 float32-exact float32-inexact bfloat16-exact llama.cpp]
 """
 
 import argparse
@@ -19,6 +19,7 @@ from specdec.models.loading import load
 
 CONFIGS = {
     "int8": dict(quantize="int8"),
+    "int4": dict(quantize="int4"),
     "float32-exact": dict(),
     "float32-inexact": dict(exact=False),
     "bfloat16-exact": dict(dtype="bfloat16"),
@@ -48,7 +49,7 @@ def main() -> None:
         time_block(model, cache, 1, 1)  # warm-up
         times = {k: time_block(model, cache, k, args.repeats) * 1e3 for k in blocks}
         row = {"config": name, "exact_blocks": exact, "ms": times,
-               "notice": quantize.kernel_notice() if name == "int8" else None}
+               "notice": quantize.kernel_notice() if name == "int8" else getattr(model.network, "quantize_notice", None)}
         rows.append(row)
         print(f"{name:16s} exact={exact!s:5s} " + "  ".join(f"T({k})={ms:7.1f} ms" for k, ms in times.items())
               + f"  T({blocks[-1]})/T(1)={times[blocks[-1]] / times[blocks[0]]:.2f}", flush=True)

@@ -1,0 +1,285 @@
+"""4-bit weights on CPU, batch-invariant: Int4Linear and the compiled kernel it runs on.
+
+Why: decoding one token streams every weight once, so the weights' bytes set the speed of a
+one-token forward on a CPU (the 1.5B target's int8 linears take ~80% of its step). 4-bit groups
+halve them, the precision llama.cpp users run (Q4_K_M); torch's own int4 kernel
+(`_weight_int4pack_mm_for_cpu`) is fast for one row but compute-bound from two (measured: a 5-row
+call 3.5x a 1-row one), which would make verify blocks expensive.
+
+The scheme: weights in groups of 32 inputs, w ~ scale * q + min with q in 0..15 (scale and min in
+float16, per output and group: 5 bits a weight); activations per row as in int8 (round(x / sx),
+|x| <= 127); the integer dot product of each group is exact (u8 x s8 products, which even AVX2's
+saturating int16 pair sums hold: 15 x 127 x 2), and the float sum over groups runs in one fixed
+order per row (specdec/models/kernels/int4_matmul.cpp has the formula). So a row's result is the
+same whatever else is in the call: the greedy-equality invariant holds as in int8.
+
+The kernel is C++ compiled on first use for this CPU (`g++ -march=native`: AVX-512 VNNI, AVX2 or
+portable code), kept in the cache folder, and checked bit for bit against `reference_matmul` on
+every weight shape before it runs (KernelCheck); a machine without a compiler, or where the check
+fails, gets int8 instead, with a one-line notice saying why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.machine import cache_root, cached_measurement
+
+GROUP = 32  # inputs per scale
+COLS = 16  # outputs per block of the packed layout
+RECORD = 320  # bytes per (block, group): 256 of nibbles, 16 float16 scales, 16 float16 mins
+SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
+
+
+class KernelUnavailable(RuntimeError):
+    """The int4 kernel cannot be built or loaded on this machine."""
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_kernel() -> ctypes.CDLL:
+    """The kernel, compiled once per machine and source into the cache folder."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise KernelUnavailable("no C++ compiler (g++) to build the int4 kernel; install one, or use --quantize int8")
+    library = cache_root() / "kernels" / f"int4_matmul-{_library_key()}.so"
+    if not library.is_file():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        result = subprocess.run([compiler, *_flags(), str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelUnavailable(f"compiling the int4 kernel failed: {result.stderr.strip()[-300:]}")
+        partial.replace(library)
+    handle = ctypes.CDLL(str(library))
+    handle.specdec_int4_isa.restype = ctypes.c_char_p
+    handle.specdec_int4_matmul.restype = None
+    handle.specdec_int4_matmul.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
+    handle.specdec_int4_linear.restype = None
+    handle.specdec_int4_linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+    return handle
+
+
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+# ATEN_CPU_CAPABILITY caps the kernel's instruction set too, so an AVX-512 machine can run what an
+# AVX2 (or plain x86-64) user gets; results are the same bits on every path.
+MARCH = {"avx2": "x86-64-v3", "default": "x86-64"}
+
+
+def _flags() -> list[str]:
+    return [f"-march={MARCH.get(os.environ.get('ATEN_CPU_CAPABILITY', '').lower(), 'native')}", *FLAGS]
+
+
+def _library_key() -> str:
+    """The source, compiler and CPU the kernel is built for: a new key builds and checks anew."""
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
+    text = SOURCE.read_bytes() + " ".join([compiler, *_flags()]).encode() + _cpu_flags().encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def pack_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [out, in] (in a multiple of 32) -> (packed records, q [out_padded, in] uint8,
+    scale and min [out_padded, in / 32] float32 as the kernel reads them). Outputs are padded to a
+    multiple of 16 with zero weights."""
+    out_features, in_features = weight.shape
+    padded = -(-out_features // COLS) * COLS
+    groups = in_features // GROUP
+    grouped = torch.zeros(padded, groups, GROUP)
+    grouped[:out_features] = weight.detach().float().reshape(out_features, groups, GROUP)
+    low, high = grouped.amin(-1), grouped.amax(-1)
+    scale_half = ((high - low) / 15).to(torch.float16)
+    min_half = low.to(torch.float16)
+    scale, minimum = scale_half.float(), min_half.float()  # what the kernel multiplies with
+    safe_scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((grouped - minimum[..., None]) / safe_scale[..., None]).clamp(0, 15).to(torch.uint8)
+    q = q.reshape(padded, in_features)
+    return _records(q, scale_half, min_half), q, scale, minimum
+
+
+def _records(q: torch.Tensor, scale_half: torch.Tensor, min_half: torch.Tensor) -> torch.Tensor:
+    padded, in_features = q.shape
+    blocks, groups = padded // COLS, in_features // GROUP
+    # q [blocks, 16 cols, groups, 4 steps, 2 nibbles, 4 inputs] -> [blocks, groups, steps, cols, inputs]
+    q = q.reshape(blocks, COLS, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+    nibbles = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # [blocks, groups, steps, cols, inputs]
+    nibbles = nibbles.reshape(blocks, groups, 256)
+    scales = scale_half.reshape(blocks, COLS, groups).transpose(1, 2).contiguous().view(torch.uint8)
+    mins = min_half.reshape(blocks, COLS, groups).transpose(1, 2).contiguous().view(torch.uint8)
+    return torch.cat([nibbles, scales, mins], dim=2).contiguous()  # [blocks, groups, 320]
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rows [M, K] float32 -> (int8 [M, K], per-group sums [M, K / 32] float32, scale [M])."""
+    row_scale = rows.abs().amax(dim=1).clamp(min=1e-12) / 127
+    rows_int = torch.round(rows / row_scale[:, None]).to(torch.int8)
+    sums = rows_int.reshape(rows.shape[0], -1, GROUP).sum(-1, dtype=torch.int32).float()
+    return rows_int, sums, row_scale
+
+
+def kernel_matmul(rows_int: torch.Tensor, sums: torch.Tensor, row_scale: torch.Tensor, records: torch.Tensor,
+                  out_padded: int) -> torch.Tensor:
+    """The compiled kernel: [M, out_padded] float32."""
+    rows_int, sums, row_scale = rows_int.contiguous(), sums.contiguous(), row_scale.contiguous()
+    output = torch.empty(rows_int.shape[0], out_padded)
+    compiled_kernel().specdec_int4_matmul(rows_int.data_ptr(), sums.data_ptr(), row_scale.data_ptr(),
+                                          records.data_ptr(), output.data_ptr(), rows_int.shape[0], out_padded,
+                                          rows_int.shape[1])
+    return output
+
+
+def kernel_linear(rows: torch.Tensor, records: torch.Tensor, out_padded: int) -> torch.Tensor:
+    """rows [M, K] float32 through the compiled kernel, activations quantized inside it exactly as
+    quantize_rows does: [M, out_padded] float32."""
+    rows = rows.contiguous()
+    output = torch.empty(rows.shape[0], out_padded)
+    compiled_kernel().specdec_int4_linear(rows.data_ptr(), records.data_ptr(), output.data_ptr(), rows.shape[0],
+                                          out_padded, rows.shape[1])
+    return output
+
+
+def reference_matmul(rows_int: torch.Tensor, sums: torch.Tensor, row_scale: torch.Tensor, q: torch.Tensor,
+                     scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """The kernel's formula in torch, operation for operation (exact integer dots, then float32
+    multiplies and adds in the kernel's order): what the kernel must return bit for bit."""
+    rows, in_features = rows_int.shape
+    groups = in_features // GROUP
+    dots = torch.einsum("mgk,ngk->mng", rows_int.double().reshape(rows, groups, GROUP),
+                        q.double().reshape(-1, groups, GROUP)).float()  # exact: |dot| < 2^24
+    accumulated = torch.zeros(rows, q.shape[0])
+    for group in range(groups):
+        p1 = dots[:, :, group] * scale[:, group]
+        p2 = minimum[:, group] * sums[:, group:group + 1]
+        accumulated = accumulated + (p1 + p2)
+    return accumulated * row_scale[:, None]
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W^T + b with W in 4-bit groups and x in per-row int8 (module doc), on the compiled
+    kernel. Built only for weights whose input size is a multiple of 32 (`fits`)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        records, q, _, _ = pack_weight(linear.weight)
+        self.register_buffer("records", records)  # [blocks, groups, 320] uint8, the kernel's layout
+        self.out_padded = q.shape[0]
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        return linear.in_features % GROUP == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] float32 -> [..., out]
+        y = kernel_linear(x.reshape(-1, self.in_features).float(), self.records, self.out_padded)
+        if self.out_padded != self.out_features:
+            y = y[:, :self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+CHECK_ROWS = (1, 3, 8, 40)  # one token, verify blocks, a prefill-sized call
+CHECK_MAX_OUT = 1024
+
+
+def check_kernel(out_features: int, in_features: int, seed: int = 0,
+                 linear: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None) -> str | None:
+    """None if the kernel returns reference_matmul's bits for this shape, on extreme and random
+    weights and activations, with every row of a block equal to that row alone; else what went
+    wrong. `linear` replaces the kernel (tests inject a wrong one)."""
+    linear = linear or kernel_linear
+    out_features = min(-(-out_features // COLS) * COLS, CHECK_MAX_OUT)
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    weight[0::4] = torch.where(weight[0::4] > 0, 1.0, -1.0)  # groups spanning +-1: q at 0 and 15
+    weight[1::4] = torch.randint(0, 2, (1, in_features), generator=generator).float() * 15  # q 0 / 15, min 0
+    try:
+        records, q, scale, minimum = pack_weight(weight)
+    except RuntimeError as error:
+        return f"unavailable ({type(error).__name__})"
+    for rows in CHECK_ROWS:
+        activations = torch.randn(rows, in_features, generator=generator)
+        activations[0] = 1.0  # every activation at +127 against every weight at 15
+        if rows > 1:
+            activations[1] = -1.0
+        if rows > 2:
+            activations[2, ::2] = 1e-3  # small values next to the row's largest
+        expected = reference_matmul(*quantize_rows(activations), q, scale, minimum)
+        try:
+            product = linear(activations, records, out_features)
+        except (RuntimeError, OSError, KernelUnavailable) as error:
+            return f"unavailable ({error})"
+        if not torch.equal(product, expected):
+            wrong = (product.double() - expected.double()).abs().max().item()
+            return f"wrong results for {rows}-row blocks (off by up to {wrong:.3g})"
+        alone = torch.cat([linear(activations[row:row + 1], records, out_features) for row in range(rows)])
+        if not torch.equal(alone, product):
+            return f"rows of a {rows}-row block differ from the same rows alone"
+    return None
+
+
+def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None] | None = None) -> str | None:
+    """None if the kernel builds and passes check_kernel on every shape (cached per machine in
+    $SPECDEC_CACHE/int4-kernel.json), else why not."""
+    try:
+        compiled_kernel()
+    except KernelUnavailable as error:
+        return str(error)
+    for out_features, in_features in sorted(shapes):
+        def check(out_features=out_features, in_features=in_features) -> dict:
+            if on_check:
+                on_check(f"checking the int4 kernel for a {out_features}x{in_features} weight on this CPU (once)")
+            return {"problem": check_kernel(out_features, in_features)}
+
+        key = f"{_library_key()}:{out_features}x{in_features}"
+        problem = cached_measurement(cache_root() / "int4-kernel.json", key, check)["problem"]
+        if problem:
+            return f"{out_features}x{in_features}: {problem}"
+    return None
+
+
+def kernel_isa() -> str:
+    return compiled_kernel().specdec_int4_isa().decode()
+
+
+def quantize_int4(module: nn.Module) -> nn.Module:
+    """Replace every nn.Linear whose input size fits with an Int4Linear (the rest, and every one
+    if the kernel cannot run here, with an Int8Linear), in place. `module.quantized` says which
+    ran and `module.quantize_notice` is the one line the CLI prints about it."""
+    from specdec.models.quantize import KERNELS, Int8Linear
+
+    if next(module.parameters()).device.type != "cpu":
+        raise ValueError("int4 quantization runs on CPU only; use --device cpu or drop --quantize")
+    module.float()
+    linears = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Linear)]
+    shapes = {(child.out_features, child.in_features) for _, _, child in linears if Int4Linear.fits(child)}
+    problem = checked_shapes(shapes, KERNELS.on_check)
+    for parent, name, child in linears:
+        four_bit = problem is None and Int4Linear.fits(child)
+        setattr(parent, name, Int4Linear(child) if four_bit else Int8Linear(child))
+    eight_bit = sum(not Int4Linear.fits(child) for _, _, child in linears)
+    module.quantized = "int8" if problem else "int4"
+    module.quantize_notice = (
+        f"int4 kernel not used ({problem}): int8 weights instead" if problem else
+        f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {len(shapes)} weight shapes"
+        + (f"; {eight_bit} linears with inputs not a multiple of {GROUP} stay int8" if eight_bit else ""))
+    return module

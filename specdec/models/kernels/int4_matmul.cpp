@@ -1,0 +1,219 @@
+// int8 activations x 4-bit weights -> float32, for specdec's Int4Linear (specdec/models/int4.py).
+//
+// y[m, n] = xscale[m] * sum over groups g (in order) of
+//           (float(dot[m, n, g]) * scale[n, g] + min[n, g] * xsum[m, g])
+// where dot is the exact integer dot product of the row's int8 activations with the 4-bit weights
+// (0..15) of group g (32 inputs), xsum the sum of the row's activations in the group, and every
+// float operation is one IEEE float32 multiply or add in exactly this order (compiled with
+// -ffp-contract=off): specdec.models.int4.reference_matmul computes the same bits with torch.
+// Each row is computed alone by the same instructions whatever else is in the call, so a token
+// scores the same inside a verify block as alone.
+//
+// Weights: column blocks of 16 outputs; per (block, group) a record of 320 bytes: 4 steps of 64
+// bytes (step s: byte 4c + j holds column c's weight for input 8s + j in its low nibble and for
+// input 8s + 4 + j in its high nibble), then 16 float16 scales, then 16 float16 mins.
+// Integer products: u8 weight x s8 activation, at most 15 x 127 x 2 per pair: no saturation even
+// on AVX2's int16 pair sums (vpmaddubsw).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+constexpr int kCols = 16, kGroup = 32, kRecord = 320;
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr int kRows = 8;
+template <int rows>
+void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+                int64_t N, int64_t K, int64_t block) {
+  const int64_t groups = K / kGroup;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 accf[kRows];
+  for (int r = 0; r < rows; ++r) accf[r] = _mm512_setzero_ps();
+  const uint8_t* record = w + block * groups * kRecord;
+  for (int64_t g = 0; g < groups; ++g, record += kRecord) {
+    __m512i acci[kRows];
+    for (int r = 0; r < rows; ++r) acci[r] = _mm512_setzero_si512();
+    for (int s = 0; s < 4; ++s) {
+      const __m512i packed = _mm512_loadu_si512(record + 64 * s);
+      const __m512i low = _mm512_and_si512(packed, nibble);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+      for (int r = 0; r < rows; ++r) {
+        const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+        int32_t x0, x1;
+        std::memcpy(&x0, xs, 4);
+        std::memcpy(&x1, xs + 4, 4);
+        acci[r] = _mm512_dpbusd_epi32(acci[r], low, _mm512_set1_epi32(x0));
+        acci[r] = _mm512_dpbusd_epi32(acci[r], high, _mm512_set1_epi32(x1));
+      }
+    }
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 256)));
+    const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 288)));
+    for (int r = 0; r < rows; ++r) {
+      const __m512 p1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acci[r]), scale);
+      const __m512 p2 = _mm512_mul_ps(mins, _mm512_set1_ps(xsum[r * groups + g]));
+      accf[r] = _mm512_add_ps(accf[r], _mm512_add_ps(p1, p2));
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    _mm512_storeu_ps(y + r * N + block * kCols, _mm512_mul_ps(accf[r], _mm512_set1_ps(xscale[r])));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+constexpr int kRows = 4;
+template <int rows>
+void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+                int64_t N, int64_t K, int64_t block) {
+  const int64_t groups = K / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {  // columns 8 * half .. 8 * half + 7
+    __m256 accf[kRows];
+    for (int r = 0; r < rows; ++r) accf[r] = _mm256_setzero_ps();
+    const uint8_t* record = w + block * groups * kRecord;
+    for (int64_t g = 0; g < groups; ++g, record += kRecord) {
+      __m256i acci[kRows];
+      for (int r = 0; r < rows; ++r) acci[r] = _mm256_setzero_si256();
+      for (int s = 0; s < 4; ++s) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i*)(record + 64 * s + 32 * half));
+        const __m256i low = _mm256_and_si256(packed, nibble);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+        for (int r = 0; r < rows; ++r) {
+          const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+          int32_t x0, x1;
+          std::memcpy(&x0, xs, 4);
+          std::memcpy(&x1, xs + 4, 4);
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(x0)), ones);
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(high, _mm256_set1_epi32(x1)), ones);
+          acci[r] = _mm256_add_epi32(acci[r], _mm256_add_epi32(p0, p1));
+        }
+      }
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 256 + 16 * half)));
+      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 288 + 16 * half)));
+      for (int r = 0; r < rows; ++r) {
+        const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(acci[r]), scale);
+        const __m256 p2 = _mm256_mul_ps(mins, _mm256_set1_ps(xsum[r * groups + g]));
+        accf[r] = _mm256_add_ps(accf[r], _mm256_add_ps(p1, p2));
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      _mm256_storeu_ps(y + r * N + block * kCols + 8 * half, _mm256_mul_ps(accf[r], _mm256_set1_ps(xscale[r])));
+  }
+}
+#else
+constexpr int kRows = 1;
+float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    int shift = 0;
+    uint32_t m = mantissa;
+    while (!(m & 0x400)) { m <<= 1; ++shift; }
+    bits = sign | ((113 - shift) << 23) | ((m & 0x3FF) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+template <int rows>
+void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+                int64_t N, int64_t K, int64_t block) {
+  const int64_t groups = K / kGroup;
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < kCols; ++c) {
+      float accf = 0.0f;
+      const uint8_t* record = w + block * groups * kRecord;
+      for (int64_t g = 0; g < groups; ++g, record += kRecord) {
+        int32_t dot = 0;
+        for (int s = 0; s < 4; ++s)
+          for (int j = 0; j < 4; ++j) {
+            const uint8_t byte = record[64 * s + 4 * c + j];
+            const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+            dot += int32_t(byte & 0x0F) * xs[j] + int32_t(byte >> 4) * xs[4 + j];
+          }
+        uint16_t scale_bits, min_bits;
+        std::memcpy(&scale_bits, record + 256 + 2 * c, 2);
+        std::memcpy(&min_bits, record + 288 + 2 * c, 2);
+        const float p1 = float(dot) * half_to_float(scale_bits);
+        const float p2 = half_to_float(min_bits) * xsum[r * groups + g];
+        accf = accf + (p1 + p2);
+      }
+      y[r * N + block * kCols + c] = accf * xscale[r];
+    }
+  }
+}
+#endif
+
+template <int rows>
+void rows_of_block(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+                   int left, int64_t N, int64_t K, int64_t block) {
+  if constexpr (rows > 1) {
+    if (left < rows) return rows_of_block<rows - 1>(x, xsum, xscale, w, y, left, N, K, block);
+  }
+  block_rows<rows>(x, xsum, xscale, w, y, N, K, block);
+}
+
+// Per-row int8 activations, as torch computes them in specdec.models.int4.quantize_rows:
+// scale = max|x| / 127 (at least 1e-12 / 127), q = round-half-even(x / scale), and each group's sum.
+void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_t M, int64_t K) {
+  const int64_t groups = K / kGroup;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    float largest = 0.0f;
+    for (int64_t k = 0; k < K; ++k) largest = std::max(largest, std::fabs(row[k]));
+    const float scale = std::max(largest, 1e-12f) / 127.0f;
+    scales[m] = scale;
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t sum = 0;
+      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
+        const int32_t value = int32_t(std::nearbyint(row[k] / scale));
+        q[m * K + k] = int8_t(value);
+        sum += value;
+      }
+      sums[m * groups + g] = float(sum);
+    }
+  }
+}
+}  // namespace
+
+extern "C" {
+// The instruction set this build uses (for the one-line notice).
+const char* specdec_int4_isa() {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return "AVX-512 VNNI";
+#elif defined(__AVX2__) && defined(__F16C__)
+  return "AVX2";
+#else
+  return "portable C++";
+#endif
+}
+
+// x [M, K] int8, xsum [M, K / 32] float32, xscale [M] float32, w: N / 16 blocks of K / 32
+// records, y [M, N] float32. N a multiple of 16, K of 32.
+void specdec_int4_matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+                         int64_t M, int64_t N, int64_t K) {
+  const int64_t blocks = N / kCols, groups = K / kGroup;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block)
+    for (int64_t r0 = 0; r0 < M; r0 += kRows)
+      rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(M - r0), N, K, block);
+}
+
+// The same from float32 rows x [M, K]: quantized here (quantize_rows above), then multiplied.
+void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
+  std::vector<int8_t> q(M * K);
+  std::vector<float> sums(M * (K / kGroup)), scales(M);
+  quantize_rows(x, q.data(), sums.data(), scales.data(), M, K);
+  specdec_int4_matmul(q.data(), sums.data(), scales.data(), w, y, M, N, K);
+}
+}
