@@ -118,12 +118,14 @@ def test_int8_quantized_forward_is_close(model_dir):
     assert (full_logits - int8_logits).abs().max() < 0.05 * full_logits.abs().max()
 
 
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
 @pytest.mark.parametrize("model_type, settings", [("llama", {}), ("mistral", {"sliding_window": 6})])
-def test_int8_block_scores_each_token_exactly_as_alone(model_dir, model_type, settings):
+def test_int8_block_scores_each_token_exactly_as_alone(model_dir, model_type, settings, quantize):
     """Speculative greedy output equals target-only output only if a verify block gives each
-    token bit-for-bit the logits it gets alone."""
+    token bit-for-bit the logits it gets alone (int8, and int4's kernel)."""
     folder = save_random_model(model_dir / f"int8-rows-{model_type}", model_type, seed=6, **settings)
-    model = load(folder, quantize="int8")
+    model = load(folder, quantize=quantize)
+    assert model.precision == quantize
     tokens = torch.arange(3, 23)
     block_cache, single_cache = model.new_cache(), model.new_cache()
     model.extend(tokens[:8], block_cache)

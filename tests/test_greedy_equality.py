@@ -81,9 +81,10 @@ def test_transformers_adapter_equals_target_only(tiny_pair):
 
 
 @pytest.mark.slow
-def test_int8_models_equal_int8_target_only(tiny_pair):
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_int8_models_equal_int8_target_only(tiny_pair, quantize):
     # int8 activations amplify float noise unless a token is scored the same in a block as alone
-    load_one = lambda path: load(path, quantize="int8")  # noqa: E731
+    load_one = lambda path: load(path, quantize=quantize)  # noqa: E731
     target, drafts = load_one(tiny_pair["target"]), {kind: load_one(tiny_pair[kind]) for kind in DRAFT_KINDS}
     counts = check_equality(target, {kind: make_drafter("model", drafts[kind]) for kind in DRAFT_KINDS}, "fixed")
     assert counts["same"][0] == counts["same"][1] > 0

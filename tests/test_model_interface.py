@@ -54,9 +54,11 @@ def test_tree_nodes_get_the_logits_of_their_root_to_node_chain(tree_models, kind
         torch.testing.assert_close(logits[node], expected, atol=1e-10, rtol=0, msg=f"node {node}")
 
 
-def test_int8_tree_nodes_are_bit_identical_to_their_chains(tree_models):
-    """int8 attends one query at a time over exactly its keys: a tree changes no bit."""
-    model = load(tree_models["llama"], quantize="int8")
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_int8_tree_nodes_are_bit_identical_to_their_chains(tree_models, quantize):
+    """int8 (and int4) attend one query at a time over exactly its keys: a tree changes no bit."""
+    model = load(tree_models["llama"], quantize=quantize)
+    assert model.precision == quantize
     generator = torch.Generator().manual_seed(1)
     prefix = torch.randint(0, model.vocab_size, (PREFIX,), generator=generator)
     nodes = torch.randint(0, model.vocab_size, (len(PARENTS),), generator=generator)

@@ -28,7 +28,8 @@ def test_gguf_dequantized_gives_the_converted_folders_logits():
     assert torch.equal(folder.extend(ids, folder.new_cache()), from_gguf.extend(ids, from_gguf.new_cache()))
 
 
-@pytest.mark.parametrize("precision", [dict(quantize="int8"), dict(dtype="bfloat16")], ids=["int8", "bf16"])
+@pytest.mark.parametrize("precision", [dict(quantize="int8"), dict(quantize="int4"), dict(dtype="bfloat16")],
+                         ids=["int8", "int4", "bf16"])
 def test_speculation_equals_target_only_on_the_real_pair(precision):
     """int8 is exact by design; bf16 through exact blocks (load's default): greedy speculative
     output == target-only output, chains and trees, a batch of three prompts. (With exact=False

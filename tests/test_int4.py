@@ -1,0 +1,142 @@
+"""The int4 kernel (specdec/models/int4.py): bit for bit what its torch reference says, on every
+instruction-set path; rows alone as in a block; refused, with a notice, when wrong or unbuildable."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from specdec.models import int4
+from specdec.models.int4 import GROUP, Int4Linear, check_kernel, kernel_linear, pack_weight, quantize_rows
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # each test checks (and builds) afresh
+
+
+def _saturating_case(out_features: int, in_features: int, rows: int, seed: int):
+    """Weights whose groups quantize to all 15s (q at the top) and random ones; activations at
+    +-127 (each row's largest magnitude everywhere) and random ones."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    weight[: out_features // 2] = torch.where(weight[: out_features // 2] > 0, 2.0, -1.0)
+    x = torch.randn(rows, in_features, generator=generator)
+    x[0] = 3.0
+    x[-1] = -3.0
+    return weight, x
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (40, 96), (512, 1536)])
+def test_the_kernel_returns_the_references_bits_on_saturation_prone_inputs(shape):
+    """Every integer dot at its largest (127 x 15 x 32 a group) and the float sum in the
+    kernel's order: the same bits as reference_matmul, and close to the float product.
+    Mutation checked: summing a group into the AVX-512 accumulator as (acc + p1) + p2 instead of
+    acc + (p1 + p2) fails this test and four others."""
+    weight, x = _saturating_case(*shape, rows=5, seed=0)
+    records, q, scale, minimum = pack_weight(weight)
+    got = kernel_linear(x, records, q.shape[0])
+    assert torch.equal(got, int4.reference_matmul(*quantize_rows(x), q, scale, minimum))
+    exact = (x.double() @ weight.double().t()).float()
+    error = (got[:, : shape[0]] - exact).norm() / exact.norm()
+    assert error < 0.1, error  # 4-bit groups of 32: a few percent on random weights
+
+
+def test_a_row_gets_the_same_bits_in_any_block():
+    weight, x = _saturating_case(48, 64, rows=19, seed=1)
+    records, q, _, _ = pack_weight(weight)
+    block = kernel_linear(x, records, q.shape[0])
+    for start, stop in ((0, 1), (3, 8), (5, 19), (18, 19)):
+        assert torch.equal(kernel_linear(x[start:stop], records, q.shape[0]), block[start:stop])
+
+
+def test_packing_round_trips_the_weights_within_half_a_step():
+    weight = torch.randn(20, 64)
+    _, q, scale, minimum = pack_weight(weight)
+    dequantized = (q.float().reshape(q.shape[0], -1, GROUP) * scale[..., None] + minimum[..., None]).reshape(q.shape[0], -1)
+    assert q.shape[0] == 32 and torch.all(dequantized[20:] == 0)  # outputs padded to blocks of 16 with zeros
+    step = scale.repeat_interleave(GROUP, dim=1)[:20]
+    assert torch.all((dequantized[:20] - weight).abs() <= step * 0.5 + 1e-3 * weight.abs().max())
+
+
+def test_int4_linear_matches_the_float_linear_closely():
+    linear = nn.Linear(96, 40)
+    quantized = Int4Linear(linear)
+    x = torch.randn(2, 3, 96)
+    expected = linear(x)
+    got = quantized(x)
+    assert got.shape == expected.shape
+    assert (got - expected).norm() / expected.norm() < 0.1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo") or "avx2" not in open("/proc/cpuinfo").read(),
+                    reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
+def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
+    """The AVX-512 VNNI, AVX2 and portable builds (ATEN_CPU_CAPABILITY caps the build's -march)
+    compute the same formula: the same bits, so a user's output does not depend on the path."""
+    inputs = tmp_path / "inputs.pt"  # made here: torch's own random numbers differ between ISA paths
+    torch.save((torch.randn(48, 96), torch.randn(9, 96) * 4), inputs)
+    script = ("import sys, torch; from specdec.models import int4; w, x = torch.load(sys.argv[2]); "
+              "r, q, _, _ = int4.pack_weight(w); "
+              "torch.save((int4.kernel_isa(), int4.kernel_linear(x, r, q.shape[0])), sys.argv[1])")
+    outputs = {}
+    for capability in ("", "avx2", "default"):
+        path = tmp_path / f"out-{capability or 'native'}.pt"
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "SPECDEC_CACHE": str(tmp_path / "cache")}
+        if not capability:
+            env.pop("ATEN_CPU_CAPABILITY")
+        subprocess.run([sys.executable, "-c", script, str(path), str(inputs)], env=env, check=True, capture_output=True)
+        outputs[capability] = torch.load(path)
+    assert outputs["avx2"][0] == "AVX2" and outputs["default"][0] == "portable C++"
+    assert all(torch.equal(output[1], outputs[""][1]) for output in outputs.values())
+
+
+def _slightly_wrong_kernel(rows, records, out_padded):
+    """A wrong kernel: 1e-3 off everywhere (as a lost term or a reordered sum would be)."""
+    return kernel_linear(rows, records, out_padded) + 1e-3
+
+
+def _row_dependent_kernel(rows, records, out_padded):
+    """A wrong kernel: right alone, but rows of a block see the block's largest activation."""
+    if rows.shape[0] == 1:
+        return kernel_linear(rows, records, out_padded)
+    largest = rows.abs().amax()
+    padded = torch.cat([rows, torch.full((1, rows.shape[1]), float(largest))])
+    return kernel_linear(padded, records, out_padded)[:-1] * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("wrong, says", [(_slightly_wrong_kernel, "wrong results"),
+                                         (_row_dependent_kernel, "wrong results")])
+def test_the_self_check_refuses_a_wrong_kernel(wrong, says):
+    assert check_kernel(64, 96) is None
+    assert says in check_kernel(64, 96, linear=wrong)
+
+
+def test_a_wrong_kernel_falls_back_to_int8_with_a_one_line_notice(monkeypatch):
+    monkeypatch.setattr(int4, "kernel_linear", _row_dependent_kernel)
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
+    int4.quantize_int4(model)
+    assert model.quantized == "int8"
+    assert "int4 kernel not used" in model.quantize_notice and "\n" not in model.quantize_notice
+    assert all(type(layer).__name__ == "Int8Linear" for layer in model)
+
+
+def test_without_a_compiler_int4_falls_back_to_int8_and_says_why(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    int4.compiled_kernel.cache_clear()
+    try:
+        model = nn.Sequential(nn.Linear(64, 32))
+        int4.quantize_int4(model)
+    finally:
+        int4.compiled_kernel.cache_clear()
+    assert model.quantized == "int8" and "no C++ compiler" in model.quantize_notice
+
+
+def test_inputs_not_a_multiple_of_32_stay_int8():
+    model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 16))
+    int4.quantize_int4(model)
+    assert [type(layer).__name__ for layer in model] == ["Int4Linear", "Int8Linear"]
+    assert model.quantized == "int4" and "1 linears with inputs not a multiple of 32 stay int8" in model.quantize_notice
