@@ -49,6 +49,8 @@ class KernelUnavailable(RuntimeError):
 def compiled_kernel() -> ctypes.CDLL:
     """The kernel, compiled once per machine and source into the cache folder."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if not SOURCE.is_file():
+        raise KernelUnavailable(f"the int4 kernel's source is missing from the installed package ({SOURCE})")
     if compiler is None:
         raise KernelUnavailable("no C++ compiler (g++) to build the int4 kernel; install one, or use --quantize int8")
     library = cache_root() / "kernels" / f"int4_matmul-{_library_key()}.so"
@@ -81,7 +83,7 @@ def _flags() -> list[str]:
 def _library_key() -> str:
     """The source, compiler and CPU the kernel is built for: a new key builds and checks anew."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
-    text = SOURCE.read_bytes() + " ".join([compiler, *_flags()]).encode() + _cpu_flags().encode()
+    text = (SOURCE.read_bytes() if SOURCE.is_file() else b"") + " ".join([compiler, *_flags()]).encode() + _cpu_flags().encode()
     return hashlib.sha256(text).hexdigest()[:16]
 
 
