@@ -56,7 +56,8 @@ def test_a_row_gets_the_same_bits_in_any_block():
 def test_packing_round_trips_the_weights_within_half_a_step():
     weight = torch.randn(20, 64)
     _, q, scale, minimum = pack_weight(weight)
-    dequantized = (q.float().reshape(q.shape[0], -1, GROUP) * scale[..., None] + minimum[..., None]).reshape(q.shape[0], -1)
+    grouped = q.float().reshape(q.shape[0], -1, GROUP) * scale[..., None] + minimum[..., None]
+    dequantized = grouped.reshape(q.shape[0], -1)
     assert q.shape[0] == 32 and torch.all(dequantized[20:] == 0)  # outputs padded to blocks of 16 with zeros
     step = scale.repeat_interleave(GROUP, dim=1)[:20]
     assert torch.all((dequantized[:20] - weight).abs() <= step * 0.5 + 1e-3 * weight.abs().max())

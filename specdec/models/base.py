@@ -180,7 +180,8 @@ class LanguageModel:
         """What the weights compute in: int8, a float dtype, or GGUF (llama.cpp keeps the file's types)."""
         if self.backend == "llama.cpp":
             return "GGUF"
-        return getattr(self.network, "quantized", False) or str(self.dtype).removeprefix("torch.")
+        quantized = getattr(self.network, "quantized", False)  # "int8" / "int4" once quantized
+        return quantized if isinstance(quantized, str) else str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         """The model as it runs: name, backend, precision, device."""

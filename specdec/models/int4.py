@@ -83,7 +83,7 @@ def _flags() -> list[str]:
 def _library_key() -> str:
     """The source, compiler and CPU the kernel is built for: a new key builds and checks anew."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
-    text = (SOURCE.read_bytes() if SOURCE.is_file() else b"") + " ".join([compiler, *_flags()]).encode() + _cpu_flags().encode()
+    text = (SOURCE.read_bytes() if SOURCE.is_file() else b"") + " ".join([compiler, *_flags(), _cpu_flags()]).encode()
     return hashlib.sha256(text).hexdigest()[:16]
 
 
@@ -177,10 +177,12 @@ class Int4Linear(nn.Module):
     """y = x @ W^T + b with W in 4-bit groups and x in per-row int8 (module doc), on the compiled
     kernel. Built only for weights whose input size is a multiple of 32 (`fits`)."""
 
+    records: torch.Tensor  # [blocks, groups, 320] uint8, the kernel's layout
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         records, q, _, _ = pack_weight(linear.weight)
-        self.register_buffer("records", records)  # [blocks, groups, 320] uint8, the kernel's layout
+        self.register_buffer("records", records)
         self.out_padded = q.shape[0]
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -279,9 +281,9 @@ def quantize_int4(module: nn.Module) -> nn.Module:
         four_bit = problem is None and Int4Linear.fits(child)
         setattr(parent, name, Int4Linear(child) if four_bit else Int8Linear(child))
     eight_bit = sum(not Int4Linear.fits(child) for _, _, child in linears)
-    module.quantized = "int8" if problem else "int4"
-    module.quantize_notice = (
-        f"int4 kernel not used ({problem}): int8 weights instead" if problem else
-        f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {len(shapes)} weight shapes"
-        + (f"; {eight_bit} linears with inputs not a multiple of {GROUP} stay int8" if eight_bit else ""))
+    notice = (f"int4 kernel not used ({problem}): int8 weights instead" if problem else
+              f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {len(shapes)} weight shapes"
+              + (f"; {eight_bit} linears with inputs not a multiple of {GROUP} stay int8" if eight_bit else ""))
+    setattr(module, "quantized", "int8" if problem else "int4")  # what LanguageModel.precision reports
+    setattr(module, "quantize_notice", notice)  # the one line the CLI prints
     return module

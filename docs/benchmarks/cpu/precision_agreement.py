@@ -36,8 +36,8 @@ def main() -> None:
         decoder = SpeculativeDecoder(load(args.model, **options))
         outputs[name] = [decoder.generate(prompt, SamplingParams(max_new_tokens=args.tokens)).token_ids
                          for prompt in prompts]
-    agreement = {name: [tokens_in_common(tokens, reference) for tokens, reference in zip(outputs[name], outputs["float32"])]
-                 for name in ("int8", "int4")}
+    agreement = {name: [tokens_in_common(tokens, reference)
+                        for tokens, reference in zip(outputs[name], outputs["float32"])] for name in ("int8", "int4")}
     for name, counts in agreement.items():
         print(f"{name}: {counts} tokens before the first difference from float32 (of {args.tokens}); "
               f"{sum(count == args.tokens for count in counts)} of {len(counts)} prompts identical")

@@ -49,7 +49,8 @@ def main() -> None:
         time_block(model, cache, 1, 1)  # warm-up
         times = {k: time_block(model, cache, k, args.repeats) * 1e3 for k in blocks}
         row = {"config": name, "exact_blocks": exact, "ms": times,
-               "notice": quantize.kernel_notice() if name == "int8" else getattr(model.network, "quantize_notice", None)}
+               "notice": quantize.kernel_notice() if name == "int8"
+               else getattr(model.network, "quantize_notice", None)}
         rows.append(row)
         print(f"{name:16s} exact={exact!s:5s} " + "  ".join(f"T({k})={ms:7.1f} ms" for k, ms in times.items())
               + f"  T({blocks[-1]})/T(1)={times[blocks[-1]] / times[blocks[0]]:.2f}", flush=True)
