@@ -63,7 +63,7 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     synthetic.add_argument("--synthetic-prompts", type=int, default=4, help="random prompts (16 tokens each)")
     synthetic.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     synthetic.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 8])
-    synthetic.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
+    synthetic.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8", "int4"])
     bench.add_argument(
         "--repeats",
         type=int,

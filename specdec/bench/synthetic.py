@@ -34,7 +34,7 @@ from specdec.sampling import SamplingParams
 
 REFERENCE = "target-only"
 HEAD_DIM = 64
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,10 @@ def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_p
 
 
 def streamed_weight_bytes(network: nn.Module) -> int:
-    """Bytes one decoding step reads: every linear weight (float or int8) and norm; the embedding
-    table is only indexed one row per token, so it counts only where it doubles as the LM head."""
+    """Bytes one decoding step reads: every linear weight (float, int8 or int4) and norm; the
+    embedding table is only indexed one row per token, so it counts only where it doubles as the
+    LM head."""
+    from specdec.models.int4 import Int4Linear
     from specdec.models.quantize import Int8Linear
 
     total = 0
@@ -118,6 +120,8 @@ def streamed_weight_bytes(network: nn.Module) -> int:
         tensors = list(module.parameters(recurse=False))
         if isinstance(module, Int8Linear):  # int8 weight and its per-channel scales live in buffers
             tensors += [module.weight_int8, module.weight_scale]
+        if isinstance(module, Int4Linear):  # 4-bit codes, scales and minimums in one buffer
+            tensors += [module.records]
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 
@@ -171,10 +175,10 @@ Progress = Callable[[str, int], None]
 
 
 def measure_precision(config: SyntheticConfig, precision: str, progress: Progress | None = None) -> dict:
-    """Cost curve, bandwidth bound and decoding runs for one precision ("fp32" or "int8")."""
+    """Cost curve, bandwidth bound and decoding runs for one precision ("fp32", "int8" or "int4")."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
-    quantize = "int8" if precision == "int8" else None
+    quantize = None if precision == "fp32" else precision
     say = progress or (lambda label, advance: None)
     say(f"{precision}: building random models", 0)
     target = random_model(config.target, f"random-{config.target.hidden}x{config.target.layers}", config.seed, quantize)
