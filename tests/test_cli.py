@@ -206,3 +206,17 @@ def test_parsing_imports_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "[]"
+
+
+def test_int4_says_in_one_line_which_kernel_runs_and_the_output_equals_target_only(tiny_pair, capsys, tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    common = ["generate", "--target", str(tiny_pair["target"]), "hello", "--max-new-tokens", "12", "--quantize", "int4",
+              "--no-echo"]
+    assert main([*common, "--draft", str(tiny_pair["perturbed"]), "--gamma", "3"]) == 0
+    speculative = capsys.readouterr()
+    notices = [line for line in speculative.err.splitlines() if "int4 kernel on this CPU" in line]
+    assert len(notices) == 1 and "checked bit for bit" in notices[0]
+    assert "(specdec backend, int4, cpu)" in speculative.err  # the banner says the precision that runs
+    assert main([*common, "--no-draft"]) == 0
+    assert capsys.readouterr().out == speculative.out
