@@ -15,8 +15,8 @@ same whatever else is in the call: the greedy-equality invariant holds as in int
 
 The kernel is C++ compiled on first use for this CPU (`g++ -march=native`: AVX-512 VNNI, AVX2 or
 portable code), kept in the cache folder, and checked bit for bit against `reference_matmul` on
-every weight shape before it runs (KernelCheck); a machine without a compiler, or where the check
-fails, gets int8 instead, with a one-line notice saying why.
+every weight shape before it runs (check_kernel, cached per machine); a machine without a
+compiler, or where the check fails, gets int8 instead, with a one-line notice saying why.
 """
 
 from __future__ import annotations
@@ -63,8 +63,6 @@ def compiled_kernel() -> ctypes.CDLL:
         partial.replace(library)
     handle = ctypes.CDLL(str(library))
     handle.specdec_int4_isa.restype = ctypes.c_char_p
-    handle.specdec_int4_matmul.restype = None
-    handle.specdec_int4_matmul.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
     handle.specdec_int4_linear.restype = None
     handle.specdec_int4_linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     return handle
@@ -134,17 +132,6 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     rows_int = torch.round(rows / row_scale[:, None]).to(torch.int8)
     sums = rows_int.reshape(rows.shape[0], -1, GROUP).sum(-1, dtype=torch.int32).float()
     return rows_int, sums, row_scale
-
-
-def kernel_matmul(rows_int: torch.Tensor, sums: torch.Tensor, row_scale: torch.Tensor, records: torch.Tensor,
-                  out_padded: int) -> torch.Tensor:
-    """The compiled kernel: [M, out_padded] float32."""
-    rows_int, sums, row_scale = rows_int.contiguous(), sums.contiguous(), row_scale.contiguous()
-    output = torch.empty(rows_int.shape[0], out_padded)
-    compiled_kernel().specdec_int4_matmul(rows_int.data_ptr(), sums.data_ptr(), row_scale.data_ptr(),
-                                          records.data_ptr(), output.data_ptr(), rows_int.shape[0], out_padded,
-                                          rows_int.shape[1])
-    return output
 
 
 def kernel_linear(rows: torch.Tensor, records: torch.Tensor, out_padded: int) -> torch.Tensor:
