@@ -3,8 +3,9 @@
 Why: decoding one token streams every weight once, so the weights' bytes set the speed of a
 one-token forward on a CPU (the 1.5B target's int8 linears take ~80% of its step). 4-bit groups
 halve them, the precision llama.cpp users run (Q4_K_M); torch's own int4 kernel
-(`_weight_int4pack_mm_for_cpu`) is fast for one row but compute-bound from two (measured: a 5-row
-call 3.5x a 1-row one), which would make verify blocks expensive.
+(`_weight_int4pack_mm_for_cpu`) is fast for one row but compute-bound from two (measured with
+docs/benchmarks/cpu/int4_kernels.py: a step's linears 3.2x slower for 5 rows than for 1), which
+would make verify blocks expensive.
 
 The scheme: weights in groups of 32 inputs, w ~ scale * q + min with q in 0..15 (scale and min in
 float16, per output and group: 5 bits a weight); activations per row as in int8 (round(x / sx),
@@ -33,11 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.machine import cache_root, cached_measurement
+from specdec.machine import cache_root, cached_measurement, machine_key
 
 GROUP = 32  # inputs per scale
 COLS = 16  # outputs per block of the packed layout
-RECORD = 320  # bytes per (block, group): 256 of nibbles, 16 float16 scales, 16 float16 mins
 SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
 
 
@@ -79,20 +79,11 @@ def _flags() -> list[str]:
 
 
 def _library_key() -> str:
-    """The source, compiler and CPU the kernel is built for: a new key builds and checks anew."""
+    """The source, compiler and machine (CPU, flags, ISA caps) the kernel is built for: a new key
+    builds and checks anew."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
-    text = (SOURCE.read_bytes() if SOURCE.is_file() else b"") + " ".join([compiler, *_flags(), _cpu_flags()]).encode()
+    text = (SOURCE.read_bytes() if SOURCE.is_file() else b"") + " ".join([compiler, *_flags(), machine_key()]).encode()
     return hashlib.sha256(text).hexdigest()[:16]
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return ""
 
 
 def pack_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -234,13 +225,14 @@ def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None]
         compiled_kernel()
     except KernelUnavailable as error:
         return str(error)
+    library = _library_key()
     for out_features, in_features in sorted(shapes):
         def check(out_features=out_features, in_features=in_features) -> dict:
             if on_check:
                 on_check(f"checking the int4 kernel for a {out_features}x{in_features} weight on this CPU (once)")
             return {"problem": check_kernel(out_features, in_features)}
 
-        key = f"{_library_key()}:{out_features}x{in_features}"
+        key = f"{library}:{out_features}x{in_features}"
         problem = cached_measurement(cache_root() / "int4-kernel.json", key, check)["problem"]
         if problem:
             return f"{out_features}x{in_features}: {problem}"

@@ -9,7 +9,7 @@
 // Each row is computed alone by the same instructions whatever else is in the call, so a token
 // scores the same inside a verify block as alone.
 //
-// Weights: column blocks of 16 outputs; per (block, group) a record of 320 bytes: 4 steps of 64
+// Weights (specdec.models.int4.pack_weight): column blocks of 16 outputs; per (block, group) a record of 320 bytes: 4 steps of 64
 // bytes (step s: byte 4c + j holds column c's weight for input 8s + j in its low nibble and for
 // input 8s + 4 + j in its high nibble), then 16 float16 scales, then 16 float16 mins.
 // Integer products: u8 weight x s8 activation, at most 15 x 127 x 2 per pair: no saturation even
