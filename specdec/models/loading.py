@@ -280,12 +280,11 @@ def _set_precision(network, used_backend: str, folder: Path, exact: bool, quanti
         return
     import warnings
 
-    from specdec.models.int4 import quantize_int4
-    from specdec.models.quantize import quantize_int8
+    from specdec.models.quantize import quantize_linears
 
     warnings.warn(f"{folder.name}: {quantize} through the transformers adapter is not batch-invariant (its "
                   "attention scores a verify block together), so greedy speculative output may differ "
                   f"from {quantize} target-only output in near-ties; the own forward (--backend specdec) is exact",
                   stacklevel=3)
-    (quantize_int4 if quantize == "int4" else quantize_int8)(network.model)
+    quantize_linears(network.model, quantize)
     network.quantized = network.model.quantized
