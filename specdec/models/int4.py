@@ -266,3 +266,11 @@ def quantize_int4(module: nn.Module) -> nn.Module:
     setattr(module, "quantized", "int8" if problem else "int4")  # what LanguageModel.precision reports
     setattr(module, "quantize_notice", notice)  # the one line the CLI prints
     return module
+
+
+def quantize_linears(module: nn.Module, kind: str) -> nn.Module:
+    """quantize_int4 for kind "int4" (int8 where its kernel cannot run here), else quantize_int8;
+    `module.quantized` says which ran."""
+    from specdec.models.quantize import quantize_int8
+
+    return quantize_int4(module) if kind == "int4" else quantize_int8(module)

@@ -69,16 +69,6 @@ def quantize_int8(module: nn.Module) -> nn.Module:
     return module
 
 
-def quantize_linears(module: nn.Module, kind: str) -> nn.Module:
-    """quantize_int8, or specdec.models.int4.quantize_int4 for kind "int4" (int8 where its
-    kernel cannot run here); `module.quantized` says which ran."""
-    if kind == "int4":
-        from specdec.models.int4 import quantize_int4
-
-        return quantize_int4(module)
-    return quantize_int8(module)
-
-
 def kernel_notice() -> str | None:
     """One line: the int8 kernels this process chose, on how many weight shapes, and the first
     reason each other candidate was not used (None if nothing was quantized)."""
