@@ -72,6 +72,15 @@ def isa_summary() -> str:
     return ", ".join(words)
 
 
+def has_fast_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX-512 BF16): where autocast to
+    bfloat16 pays for training (~3.5x a float32 step of a 1.5B target's head on AMX, measured)."""
+    try:
+        return bool({"amx_bf16", "avx512_bf16"} & set(Path("/proc/cpuinfo").read_text().split()))
+    except OSError:
+        return False
+
+
 Measured = TypeVar("Measured")
 
 

@@ -87,6 +87,20 @@ def test_heads_in_merges_and_with_the_cost_policy(float64_target, heads):
     check_equality(target, drafters, "cost")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_a_head_drafts_in_its_targets_quantization(tiny_pair, heads, tmp_path, quantize):
+    """A quantized target loads its head quantized the same way (its linears int8 / int4), and the
+    head's drafts still leave the target's greedy text unchanged, chain and tree."""
+    target = load(tiny_pair["target"], quantize=quantize)
+    folder = save_head(heads["trained"], tmp_path / "head", dtype=torch.float32)
+    drafters = {kind: make_drafter(kind, target=target, head=folder, tree_budget=8) for kind in ("head", "head-tree")}
+    for drafter in drafters.values():
+        assert drafter.head.quantized == target.precision == quantize
+    counts = check_equality(target, drafters, "fixed")
+    assert all(accepted > 0 for accepted, _ in counts.values()), counts
+
+
 def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
     """After each step the identity head's first draft token is the context's last token (which
     the target chose greedily): the features paired with each emitted token are those that
@@ -259,10 +273,10 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
     train = ["train-head", "--target", target, "--out", str(tmp_path), "--data", str(Path(specdec.__file__).parent),
              "--steps", "20", "--sequence-length", "48", "--corpus-sequences", "24", "--continuation-sequences", "4",
              "--heldout-sequences", "2", "--draft-vocab", "256", "--batch-size", "4"]
-    assert main([*train, "--eval-every", "10"]) == 0
+    assert main([*train, "--eval-every", "10", "--precision", "bfloat16"]) == 0
     card = (tmp_path / "head" / "README.md").read_text()
-    assert "specdec train-head --target" in card and "depth 1:" in card
-    assert main(train) == 0
+    assert "specdec train-head --target" in card and "depth 1:" in card and "matmuls in bfloat16" in card
+    assert main(train) == 0  # resumed with --precision auto: the precision may change between runs
     assert "resumed from" in capsys.readouterr().err  # the finished run is resumed, not redone
     capsys.readouterr()
     outputs = []
@@ -272,6 +286,18 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
         )
         outputs.append(json.loads(capsys.readouterr().out)["text"])
     assert outputs[0] == outputs[1]
+
+
+def test_training_precision_follows_the_option_and_the_hardware():
+    from specdec.machine import has_fast_bfloat16
+    from specdec.training.head_train import training_dtype
+
+    cpu = torch.device("cpu")
+    assert training_dtype("float32", cpu) == torch.float32
+    assert training_dtype("bfloat16", cpu) == torch.bfloat16
+    assert training_dtype("auto", cpu) == (torch.bfloat16 if has_fast_bfloat16() else torch.float32)
+    with pytest.raises(ValueError, match="precision"):
+        training_dtype("float8", cpu)
 
 
 @pytest.mark.slow

@@ -161,12 +161,13 @@ def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageMo
                   head=None) -> list[Method]:
     """head: a DraftHead or an EAGLE-3 folder for the head methods (loaded once, shared)."""
     from specdec.drafting import DraftHead, load_head
+    from specdec.drafting.head_format import head_quantization
 
     names = expand_method_names(names)
     if llama_tools is not None:
         llama_tools.check([name for name in names if is_llama_cpp_method(name)])
     if head is not None and not isinstance(head, DraftHead):
-        head = load_head(head, target)
+        head = load_head(head, target, quantize=head_quantization(target))
     return [make_method(name, target, draft, gamma, ngram_max, ngram_min, llama_tools, head) for name in names]
 
 

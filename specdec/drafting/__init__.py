@@ -5,7 +5,7 @@ from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.edits import EditingNGramDrafter
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_drafter import HeadDrafter, HeadTreeDrafter
-from specdec.drafting.head_format import load_head
+from specdec.drafting.head_format import head_quantization, load_head
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
@@ -76,7 +76,7 @@ def make_drafter(
         if target is None or head is None:
             raise ValueError(f"the {kind!r} drafter needs a draft head (--draft-head DIR) and the target it reads")
         if not isinstance(head, DraftHead):
-            head = load_head(head, target)
+            head = load_head(head, target, quantize=head_quantization(target))
         if kind == "head":
             return HeadDrafter(head, target.max_context)
         return HeadTreeDrafter(head, target.max_context, budget=tree_budget)

@@ -133,12 +133,12 @@ class DraftHead(nn.Module):
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+    def dtype(self) -> torch.dtype:  # the norm's: it stays float when the linears are quantized
+        return self.norm.weight.dtype
 
     def new_cache(self, max_length: int, rows: int = 1) -> KVCache:
         c = self.config
-        return KVCache(1, c.num_kv_heads, c.head_dim, max_length, self.dtype, self.fc.weight.device, rows)
+        return KVCache(1, c.num_kv_heads, c.head_dim, max_length, self.dtype, self.norm.weight.device, rows)
 
     def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:  # [n, features] -> [n, hidden]
         """The target's features at several depths as one vector (the first draft position only)."""

@@ -130,8 +130,10 @@ def target_embedding(target: LanguageModel) -> torch.Tensor:  # [vocab, hidden]
     return module.weight.detach().float()
 
 
-def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = torch.float32) -> DraftHead:
-    """An EAGLE-3 head from ``folder``, checked against the target it drafts for."""
+def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = torch.float32,
+              quantize: str | None = None) -> DraftHead:
+    """An EAGLE-3 head from ``folder``, checked against the target it drafts for. quantize: None,
+    "int8" or "int4" for the head's linears (``head_quantization(target)``: as the target runs)."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists():
         raise FileNotFoundError(f"draft head not found: no {CONFIG_FILE} in {folder}")
@@ -168,7 +170,18 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
     ids = head.draft_token_ids
     if ids.min() < 0 or ids.max() >= config.vocab_size or ids.unique().shape != ids.shape:
         raise ValueError(f"the head at {folder} has a d2t that maps outside the target's vocabulary or twice")
-    return head.to(device=target.device, dtype=dtype).eval()
+    head = head.to(device=target.device, dtype=dtype).eval()
+    if quantize is not None:
+        from specdec.models.int4 import quantize_linears
+
+        quantize_linears(head, quantize)  # q stays the law the draft is drawn from: lossless either way
+    return head
+
+
+def head_quantization(target: LanguageModel) -> str | None:
+    """A head drafts in the target's quantization (int8 / int4 linears) when the target has one:
+    a float head's weights would cost more to read per draft token than its matmuls."""
+    return target.precision if target.precision in ("int8", "int4") else None
 
 
 def draft_mask(head: DraftHead) -> torch.Tensor:  # [vocab] bool

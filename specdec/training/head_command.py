@@ -38,6 +38,11 @@ def add_parser(commands, add_model_options) -> None:
     ):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument(
+        "--precision", default=defaults.precision, choices=["auto", "float32", "bfloat16"],
+        help="the head's matmuls while training: bfloat16 autocast (auto: on a GPU, or a CPU with AMX or "
+             "AVX-512 BF16), else float32; the saved head is bfloat16 either way",
+    )
     parser.add_argument("--intermediate-size", type=int, help="the head's MLP width (default: the target's)")
 
 

@@ -20,6 +20,7 @@ class HeadTraining:
     batch_size: int = 8
     learning_rate: float = 1e-3
     intermediate_size: int | None = None
+    precision: str = "auto"  # the head's matmuls while training: float32, bfloat16 (autocast) or auto
     eval_every: int = 200
     checkpoint_every: int = 100
     seed: int = 0

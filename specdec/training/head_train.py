@@ -3,6 +3,7 @@ training-time-test loop with checkpoints and progress, the saved folder and its 
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from dataclasses import asdict
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.drafting.head import default_feature_layers
-from specdec.machine import isa_summary
+from specdec.machine import has_fast_bfloat16, isa_summary
 from specdec.drafting.head_format import new_head, save_head, target_shape
 from specdec.training.head_settings import HeadTraining
 
@@ -73,14 +74,18 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         trainable = [p for p in head.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=0.0)
         generator = torch.Generator().manual_seed(settings.seed)
+        matmuls = training_dtype(settings.precision, device)  # the head's weights stay float32 (autocast)
+        autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16,
+                                     enabled=matmuls == torch.bfloat16)
         step, history = resume(out, head, optimizer, generator, settings, console)
         task = progress.add_task("head", total=settings.steps, completed=step, info="")
         while step < settings.steps:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, settings.steps, settings.learning_rate)
-            result = unrolled_loss(
-                head, sample_batch(train, settings.batch_size, generator), output_rows, settings.ttt_steps
-            )
+            with autocast():
+                result = unrolled_loss(
+                    head, sample_batch(train, settings.batch_size, generator), output_rows, settings.ttt_steps
+                )
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 0.5)
@@ -88,7 +93,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
             step += 1
             info = f"loss {float(result.loss.detach()):.3f} top-1 " + " ".join(f"{a:.2f}" for a in result.agreement)
             if step % settings.eval_every == 0 or step == settings.steps:
-                held = evaluate(head, heldout, output_rows, settings.ttt_steps)
+                with autocast():
+                    held = evaluate(head, heldout, output_rows, settings.ttt_steps)
                 history.append(
                     {
                         "step": step,
@@ -102,8 +108,16 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
             if step % settings.checkpoint_every == 0 or step == settings.steps:
                 save_checkpoint(out, head, optimizer, generator, step, history, settings)
     hours = (time.perf_counter() - started) / 3600
-    card = model_card(target, settings, history, hours, len(train), plan)
+    card = model_card(target, settings, history, hours, len(train), plan, str(matmuls).removeprefix("torch."))
     return save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+
+
+def training_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """bfloat16 where asked, or with ``auto`` where the hardware multiplies bfloat16; else float32."""
+    if precision not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"precision must be auto, float32 or bfloat16, not {precision!r}")
+    fast = device.type == "cuda" or has_fast_bfloat16()
+    return torch.bfloat16 if precision == "bfloat16" or (precision == "auto" and fast) else torch.float32
 
 
 @torch.inference_mode()
@@ -133,11 +147,12 @@ def save_checkpoint(out: Path, head, optimizer, generator, step: int, history: l
 
 
 def training_identity(settings: HeadTraining) -> dict:
-    """What must match for a checkpoint to be resumed (not the step budget or the command)."""
+    """What must match for a checkpoint to be resumed (not the step budget, the command, or the
+    matmuls' precision: a run may go on on other hardware)."""
     return {
         key: value
         for key, value in asdict(settings).items()
-        if key not in ("steps", "command", "eval_every", "checkpoint_every")
+        if key not in ("steps", "command", "eval_every", "checkpoint_every", "precision")
     }
 
 
@@ -157,7 +172,8 @@ def resume(out: Path, head, optimizer, generator, settings: HeadTraining, consol
     return state["step"], state["history"]
 
 
-def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan) -> str:
+def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan,
+               matmul_dtype: str) -> str:
     last = history[-1] if history else {}
     agreement = ", ".join(f"depth {i + 1}: {a:.3f}" for i, a in enumerate(last.get("heldout_top1", [])))
     data = ", ".join(settings.data) or "Python's standard library (this machine's)"
@@ -176,7 +192,7 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
             f"{settings.intermediate_size or 'the target’s'}",
             f"- steps: {settings.steps} x {settings.batch_size} sequences, "
             f"training-time test {settings.ttt_steps} steps, "
-            f"peak learning rate {settings.learning_rate}",
+            f"peak learning rate {settings.learning_rate}, matmuls in {matmul_dtype}",
             f"- time: {hours:.2f} h (this run; a resumed run counts from its resume) on {platform.machine()}, "
             f"{isa_summary()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
             f"- held-out top-1 agreement with the target's greedy token: {agreement or 'not evaluated'}"

@@ -1,6 +1,7 @@
 """A draft head's cost per draft token as a fraction of the target's T(1), on this machine.
 
-    python docs/benchmarks/cpu/head_cost.py --head DIR [--target DIR] [--quantize int8] [--out FILE.json]
+    python docs/benchmarks/cpu/head_cost.py --head DIR [--target DIR] [--quantize int8|int4|none]
+        [--head-quantize auto|none|int8|int4] [--out FILE.json]
 
 Times, after a 200-token context (medians of --repeats): the target's one-token forward T(1), one
 chain draft step of the head (a one-token head forward and the mapping of its logits into the
@@ -17,6 +18,7 @@ import torch
 
 from specdec import load
 from specdec.drafting import load_head
+from specdec.drafting.head_format import head_quantization
 from specdec.drafting.head_drafter import HeadState
 from specdec.machine import isa_summary, write_measurement
 from specdec.models.base import Attention, Segment
@@ -36,7 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", required=True)
     parser.add_argument("--target", help="default: the default pair's target")
-    parser.add_argument("--quantize", default="int8", choices=["int8", "none"])
+    parser.add_argument("--quantize", default="int8", choices=["int8", "int4", "none"])
+    parser.add_argument("--head-quantize", default="auto", choices=["auto", "none", "int8", "int4"],
+                        help="the head's linears (auto: as the drafters load it, like the target)")
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--out", default="runs/head-cost.json")
@@ -46,7 +50,8 @@ def main() -> None:
 
         args.target = str(default_pair().target)
     target = load(args.target, quantize=None if args.quantize == "none" else args.quantize)
-    head = load_head(args.head, target)
+    head_quantize = {"auto": head_quantization(target), "none": None}.get(args.head_quantize, args.head_quantize)
+    head = load_head(args.head, target, quantize=head_quantize)
     t1 = time_block(target, prefilled_cache(target, 1, args.context), 1, args.repeats)
 
     state = HeadState(head, target.max_context)
@@ -68,7 +73,7 @@ def main() -> None:
         state.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
 
     chain, tree = median_seconds(chain_step, args.repeats), median_seconds(tree_depth, args.repeats)
-    result = {"target": target.name, "quantize": args.quantize, "head": str(args.head),
+    result = {"target": target.name, "quantize": args.quantize, "head": str(args.head), "head_quantize": head_quantize,
               "draft_vocab": head.config.draft_vocab_size, "target_T1_ms": 1000 * t1,
               "head_chain_step_ms": 1000 * chain, "head_tree_depth4_ms": 1000 * tree,
               "chain_step_over_T1": chain / t1, "tree_depth4_over_T1": tree / t1}
