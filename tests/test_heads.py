@@ -288,6 +288,22 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
     assert outputs[0] == outputs[1]
 
 
+def test_training_goes_on_from_a_saved_head(float64_target, heads, tmp_path):
+    """--init-head: the run starts from the saved head's weights (with a zero learning rate it
+    saves them unchanged) and keeps its draft vocabulary (64 tokens, not the data's 32)."""
+    start = save_head(heads["trained"], tmp_path / "start", dtype=torch.float32)
+    settings = HeadTraining(out=str(tmp_path / "run"), data=(str(Path(specdec.__file__).parent),), steps=3,
+                            draft_vocab=32, sequence_length=48, corpus_sequences=8, heldout_sequences=2, batch_size=4,
+                            learning_rate=0.0, eval_every=3, checkpoint_every=3, init_head=str(start))
+    saved = train_head(float64_target, settings, Console(file=io.StringIO()))
+    head = load_head(saved, float64_target, dtype=torch.float64)
+    assert torch.equal(head.draft_token_ids, heads["trained"].draft_token_ids)
+    for name, tensor in eagle3_tensors(heads["trained"]).items():
+        expected = tensor.float().to(torch.bfloat16) if tensor.is_floating_point() else tensor  # saved as bf16
+        assert torch.equal(eagle3_tensors(head)[name].to(expected.dtype), expected), name
+    assert "started from the head at" in (saved / "README.md").read_text()
+
+
 def test_training_precision_follows_the_option_and_the_hardware():
     from specdec.machine import has_fast_bfloat16
     from specdec.training.head_train import training_dtype

@@ -44,6 +44,8 @@ def add_parser(commands, add_model_options) -> None:
              "AVX-512 BF16), else float32; the saved head is bfloat16 either way",
     )
     parser.add_argument("--intermediate-size", type=int, help="the head's MLP width (default: the target's)")
+    parser.add_argument("--init-head", help="an EAGLE-3 head folder to start from (its draft vocabulary and sizes), "
+                                            "e.g. to go on training a head on the target's own continuations")
 
 
 def run(args: argparse.Namespace, errors: Console, load_target) -> int:

@@ -20,6 +20,7 @@ class HeadTraining:
     batch_size: int = 8
     learning_rate: float = 1e-3
     intermediate_size: int | None = None
+    init_head: str | None = None  # a saved head to go on from (its vocabulary and shape), e.g. on new data
     precision: str = "auto"  # the head's matmuls while training: float32, bfloat16 (autocast) or auto
     eval_every: int = 200
     checkpoint_every: int = 100

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specdec.drafting.head import default_feature_layers
 from specdec.machine import has_fast_bfloat16, isa_summary
-from specdec.drafting.head_format import new_head, save_head, target_shape
+from specdec.drafting.head_format import load_head, new_head, save_head, target_shape
 from specdec.training.head_settings import HeadTraining
 
 
@@ -67,8 +67,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
 
         train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar)
         torch.manual_seed(settings.seed)
-        head = new_head(target, vocabulary, settings.intermediate_size, layers)
-        head = head.float().train()
+        head = initial_head(target, settings, vocabulary, layers).float().train()
         device = head.fc.weight.device
         output_rows = target_output_rows(target)[head.draft_token_ids.cpu()].to(device)  # [draft_vocab, hidden]
         trainable = [p for p in head.parameters() if p.requires_grad]
@@ -110,6 +109,18 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     hours = (time.perf_counter() - started) / 3600
     card = model_card(target, settings, history, hours, len(train), plan, str(matmuls).removeprefix("torch."))
     return save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+
+
+def initial_head(target, settings: HeadTraining, vocabulary: torch.Tensor, layers: tuple[int, ...]):
+    """A new head over ``vocabulary`` (the data's most frequent tokens), or the saved one of
+    ``--init-head`` (its own vocabulary and sizes: training goes on from its weights)."""
+    if settings.init_head is None:
+        return new_head(target, vocabulary, settings.intermediate_size, layers)
+    head = load_head(settings.init_head, target)
+    if head.config.feature_layers != layers:
+        raise ValueError(f"the head at {settings.init_head} reads target layers {head.config.feature_layers}; "
+                         f"the features computed here are of layers {layers}")
+    return head
 
 
 def training_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -189,7 +200,8 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
             f"({settings.corpus_sequences} corpus windows requested, "
             f"{settings.continuation_sequences} target continuations)",
             f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
-            f"{settings.intermediate_size or 'the target’s'}",
+            f"{settings.intermediate_size or 'the target’s'}" if settings.init_head is None else
+            f"- started from the head at {settings.init_head} (its draft vocabulary and sizes)",
             f"- steps: {settings.steps} x {settings.batch_size} sequences, "
             f"training-time test {settings.ttt_steps} steps, "
             f"peak learning rate {settings.learning_rate}, matmuls in {matmul_dtype}",
