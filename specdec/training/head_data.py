@@ -1,6 +1,6 @@
-"""Training data for a draft head: token sequences (the target's own continuations of code
-prompts, and corpus windows), the draft vocabulary, and the target's features computed once
-and cached on disk.
+"""Training data for a draft head: token sequences (corpus windows, and the target's own
+continuations of code prompts: head_continuations.py), the draft vocabulary, and the target's
+features computed once and cached on disk.
 
 Per sequence of S tokens the cache holds, for every position t: the target's hidden states at the
 head's feature layers (what predicted token t + 1), the target's final normed hidden state (its
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.base import Attention, LanguageModel, Segment
-from specdec.training.data import code_prompts, collect_files, read_text, split_files
+from specdec.training.data import collect_files, read_text, split_files
 
 
 @dataclass
@@ -38,6 +38,12 @@ class HeadFeatures:
     def select(self, rows: torch.Tensor | slice) -> HeadFeatures:
         """These sequences only (an index tensor or a slice)."""
         return HeadFeatures(self.tokens[rows], self.features[rows], self.final[rows], self.greedy[rows])
+
+    @staticmethod
+    def cat(parts: Sequence[HeadFeatures]) -> HeadFeatures:
+        """The sequences of every part, in order."""
+        return HeadFeatures(*(torch.cat([getattr(part, name) for part in parts])
+                              for name in ("tokens", "features", "final", "greedy")))
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
@@ -76,29 +82,6 @@ def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: i
     return windows[:max_windows]
 
 
-def continuation_windows(target: LanguageModel, files: Sequence[Path], length: int, count: int,
-                         progress: Callable[[int], None] | None = None, batch: int = 8) -> list[list[int]]:
-    """Code prompts (signature and the lines before it) continued by the target itself, greedy, to
-    ``length`` tokens: the text the head will see the target write."""
-    from specdec.decoder import SpeculativeDecoder
-    from specdec.sampling import SamplingParams
-
-    decoder = SpeculativeDecoder(target)
-    prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
-               for p in code_prompts(files, count)]
-    windows = []
-    for first in range(0, len(prompts), batch):
-        group = prompts[first : first + batch]
-        settings = [SamplingParams(max_new_tokens=length - len(prompt)) for prompt in group]
-        for prompt, result in zip(group, decoder.generate(group, settings)):
-            window = prompt + result.token_ids
-            if len(window) == length:  # stopped early at EOS: too short to train on unpadded
-                windows.append(window)
-        if progress is not None:
-            progress(len(group))
-    return windows
-
-
 def draft_vocabulary(windows: Sequence[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:  # [size] int64
     """The ``size`` most frequent tokens of the data (ties: lower id first), as EAGLE-3 chooses."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
@@ -110,18 +93,28 @@ def draft_vocabulary(windows: Sequence[Sequence[int]], size: int, vocab_size: in
 
 
 @torch.inference_mode()
+def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, layers + 1, hidden]
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # features, final, greedy
+    """HeadFeatures' tensors from the target's hidden states at the feature layers and its last
+    layer: the features (float16), the final normed state (float16) and the greedy token."""
+    network = target.network
+    count, length = states.shape[:2]
+    features = states[:, :, :-1].reshape(count, length, -1).half()
+    final = network.norm(states[:, :, -1].to(device=target.device, dtype=target.dtype))
+    greedy = torch.stack([network.lm_head(row).argmax(-1).cpu() for row in final])  # a sequence at a time
+    return features, final.float().half().cpu(), greedy
+
+
+@torch.inference_mode()
 def extract_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
                      progress: Callable[[int], None] | None = None, batch: int = 4) -> HeadFeatures:
     """One teacher-forced target forward per batch of windows (each in its own cache row)."""
     network = target.network
-    last = network.config.num_layers - 1
-    layers = (*feature_layers, last)
+    layers = (*feature_layers, network.config.num_layers - 1)
     hidden = network.config.hidden_size
     length = len(windows[0])
     tokens = torch.tensor(windows, dtype=torch.long)
-    features = torch.empty(len(windows), length, len(feature_layers) * hidden, dtype=torch.float16)
-    final = torch.empty(len(windows), length, hidden, dtype=torch.float16)
-    greedy = torch.empty(len(windows), length, dtype=torch.long)
+    parts = []
     cache = target.new_cache(rows=batch)
     for first in range(0, len(windows), batch):
         rows = range(first, min(first + batch, len(windows)))
@@ -130,14 +123,12 @@ def extract_features(target: LanguageModel, windows: Sequence[Sequence[int]], fe
         block = tokens[rows.start : rows.stop].reshape(-1).to(target.device)
         positions = torch.arange(length, device=target.device).repeat(len(rows))
         attention = Attention(tuple(Segment(row, length) for row in range(len(rows))), batch_invariant=False)
-        output = target.forward(block, positions, cache, attention, hidden_layers=layers)
+        output = target.forward(block, positions, cache, attention, want_logits=False, hidden_layers=layers)
         states = output.hidden.float().view(len(rows), length, len(layers), hidden)
-        features[rows.start : rows.stop] = states[:, :, :-1].reshape(len(rows), length, -1).half()
-        final[rows.start : rows.stop] = network.norm(states[:, :, -1].to(target.dtype)).float().half()
-        greedy[rows.start : rows.stop] = output.logits.argmax(-1).view(len(rows), length).cpu()
+        parts.append(HeadFeatures(tokens[rows.start : rows.stop], *features_from_states(target, states)))
         if progress is not None:
             progress(len(rows))
-    return HeadFeatures(tokens, features, final, greedy)
+    return HeadFeatures.cat(parts)
 
 
 @dataclass(frozen=True)
@@ -169,23 +160,28 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     train_files, heldout_files = split_files(files, 0.05)
     length = plan.sequence_length
     windows = corpus_windows(target.tokenizer, train_files, length, plan.corpus_sequences)
-    if plan.continuation_sequences:
-        windows += continuation_windows(
-            target,
-            train_files,
-            length,
-            plan.continuation_sequences,
-            progress_bar("target continuations", plan.continuation_sequences),
-        )
     heldout = corpus_windows(target.tokenizer, heldout_files, length, plan.heldout_sequences)
-    if not windows or not heldout:
+    if not (windows or plan.continuation_sequences) or not heldout:
         raise ValueError(
             f"the data gives no {length}-token sequences to train on (or none held out): "
             "give more files with --data, or a shorter --sequence-length"
         )
-    vocabulary = draft_vocabulary(windows, plan.draft_vocab, target.vocab_size)
-    train = extract_features(target, windows, plan.feature_layers, progress_bar("target features", len(windows)))
-    held = extract_features(target, heldout, plan.feature_layers, progress_bar("held-out features", len(heldout)))
+    train_parts, held_parts = [], []
+    for parts, chosen, name in ((train_parts, windows, "target features"), (held_parts, heldout, "held-out features")):
+        if chosen:
+            parts.append(extract_features(target, chosen, plan.feature_layers, progress_bar(name, len(chosen))))
+    if plan.continuation_sequences:  # held out: as many continuations of held-out files as corpus windows
+        from specdec.training.head_continuations import continuation_features
+
+        for parts, source, count, name in ((train_parts, train_files, plan.continuation_sequences, "continuations"),
+                                           (held_parts, heldout_files, len(heldout), "heldout-continuations")):
+            continued = continuation_features(target, source, length, count, plan.feature_layers, folder / name,
+                                              progress_bar(f"target {name}", count))
+            parts.extend([continued] if continued is not None else [])
+    if not train_parts:
+        raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
+    train, held = HeadFeatures.cat(train_parts), HeadFeatures.cat(held_parts)
+    vocabulary = draft_vocabulary(train.tokens.tolist(), plan.draft_vocab, target.vocab_size)
     train.save(paths[0])
     held.save(paths[1])
     paths[2].write_text(json.dumps(vocabulary.tolist()))

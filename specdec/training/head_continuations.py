@@ -1,0 +1,102 @@
+"""The target's own continuations of code prompts, with its features recorded while it writes them.
+
+EAGLE trains its heads on the target's own responses: that is the text a head drafts against.
+Generating them is the slow part of the data on a CPU, so the generation itself records what
+training needs: a drafter that drafts nothing (``FeatureRecorder``) asks the engine for the
+target's hidden states at the head's feature layers and the last layer, which every prefill and
+step forward returns anyway. No second, teacher-forced pass over the text. Batches are saved as
+they finish, so an interrupted run goes on from the last whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.drafting.head_format import target_shape
+from specdec.models.base import LanguageModel
+from specdec.training.data import code_prompts
+from specdec.training.head_data import HeadFeatures, features_from_states
+
+
+class FeatureRecorder(BaseDrafter):
+    """Drafts nothing; keeps, per request, the target's hidden states at ``hidden_layers`` of every
+    position the engine runs (the prompt's from its prefill, then one per emitted token)."""
+
+    def __init__(self, hidden_layers: tuple[int, ...]) -> None:
+        self.hidden_layers = hidden_layers
+        self.records: list[tuple[list[int], list[torch.Tensor]]] = []  # (prompt ids, [rows, layers * hidden] pieces)
+
+    def start(self, prompt_ids: torch.Tensor) -> list[torch.Tensor]:
+        pieces: list[torch.Tensor] = []
+        self.records.append((prompt_ids.tolist(), pieces))
+        return pieces
+
+    def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # [prompt - 1, layers * hidden]
+        request.draft_state.append(hidden.float().cpu())
+
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:  # hidden [emitted, layers * hidden]
+        if outcome.hidden is not None:
+            request.draft_state.append(outcome.hidden.float().cpu())
+
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        return Draft.empty(request.context.device)
+
+
+def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]], length: int,
+                         feature_layers: tuple[int, ...]) -> HeadFeatures | None:
+    """Greedy continuations of ``prompts`` (one batch) to ``length`` tokens, with the target's
+    features at every position; those that stop early (EOS) are left out. None when all do."""
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.sampling import SamplingParams
+
+    layers = (*feature_layers, target_shape(target).num_layers - 1)
+    recorder = FeatureRecorder(layers)
+    decoder = SpeculativeDecoder(target, recorder)
+    # One token past the window: its step forward runs the window's last position.
+    settings = [SamplingParams(max_new_tokens=length + 1 - len(prompt)) for prompt in prompts]
+    results = decoder.generate([list(prompt) for prompt in prompts], settings)
+    assert isinstance(results, list)  # a list of prompts gives a list of results
+    windows, states = [], []
+    for prompt, result, (recorded_prompt, pieces) in zip(prompts, results, recorder.records):
+        if recorded_prompt != list(prompt):
+            raise RuntimeError("the engine started its requests out of order")
+        sequence = list(prompt) + result.token_ids
+        if len(sequence) < length + 1:  # stopped at EOS: too short to train on unpadded
+            continue
+        rows = torch.cat(pieces)[:length]  # [length, layers * hidden]: positions 0 .. length - 1
+        windows.append(sequence[:length])
+        states.append(rows.view(length, len(layers), -1))
+    if not windows:
+        return None
+    features, final, greedy = features_from_states(target, torch.stack(states))
+    return HeadFeatures(torch.tensor(windows, dtype=torch.long), features, final, greedy)
+
+
+def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
+                          feature_layers: tuple[int, ...], folder: Path,
+                          progress: Callable[[int], None] | None = None, batch: int = 32) -> HeadFeatures | None:
+    """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
+    lines before it, at most half the window) with their features; each batch is saved in
+    ``folder`` when done and read back from there on a later run."""
+    prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
+               for p in code_prompts(files, count)]
+    parts = []
+    for index, first in enumerate(range(0, len(prompts), batch)):
+        group = prompts[first : first + batch]
+        path = folder / f"part-{index:05d}.safetensors"
+        part: HeadFeatures | None = None
+        if path.exists():
+            part = HeadFeatures.load(path)
+        else:
+            part = record_continuations(target, group, length, feature_layers)
+            if part is not None:
+                part.save(path)
+        if part is not None and len(part):
+            parts.append(part)
+        if progress is not None:
+            progress(len(group))
+    return HeadFeatures.cat(parts) if parts else None

@@ -1,0 +1,59 @@
+"""A head's training data: the features recorded while the target writes its own continuations
+are the ones a teacher-forced pass over the same text computes, and a run goes on from the
+batches it already saved."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec import SamplingParams, SpeculativeDecoder, load
+from specdec.drafting.head import default_feature_layers
+from specdec.training import head_continuations
+from specdec.training.head_continuations import continuation_features, record_continuations
+from specdec.training.head_data import extract_features
+
+
+@pytest.fixture(scope="module")
+def float64_target(tiny_pair):
+    return load(tiny_pair["target"], dtype="float64")
+
+
+def test_recorded_features_equal_a_teacher_forced_pass(float64_target):
+    """Positions 0 .. length - 1 of each continuation: the prompt's from the prefill, the rest from
+    one decode step each. Mutation checked: shifting the recorded rows by one position (the first
+    row twice) fails it."""
+    target = float64_target
+    layers = default_feature_layers(target.network.config.num_layers)
+    prompts = [[5, 17, 3, 40], [9, 2, 33, 61, 8, 70, 12]]
+    length = 16
+    recorded = record_continuations(target, prompts, length, layers)
+    assert recorded is not None and recorded.tokens.shape == (2, length)
+    alone = SpeculativeDecoder(target)
+    for prompt, tokens in zip(prompts, recorded.tokens.tolist()):
+        result = alone.generate(prompt, SamplingParams(max_new_tokens=length - len(prompt)))
+        assert tokens == prompt + result.token_ids  # the target's own greedy continuation
+    forced = extract_features(target, recorded.tokens.tolist(), layers)
+    torch.testing.assert_close(recorded.features.float(), forced.features.float(), rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(recorded.final.float(), forced.final.float(), rtol=2e-3, atol=2e-3)
+    assert torch.equal(recorded.greedy, forced.greedy)
+    # In the generated part, the greedy token after a position is the next token of the text.
+    assert torch.equal(recorded.greedy[1, 6:-1], recorded.tokens[1, 7:])
+
+
+def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, monkeypatch):
+    target = float64_target
+    layers = default_feature_layers(target.network.config.num_layers)
+    files = [Path(specdec.__file__).parent / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
+    first = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
+    assert first is not None and len(first) >= 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["part-00000.safetensors", "part-00001.safetensors"]
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("a saved batch was generated again")
+
+    monkeypatch.setattr(head_continuations, "record_continuations", no_generation)
+    again = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
+    assert again is not None and torch.equal(again.tokens, first.tokens)
+    assert torch.equal(again.features, first.features)
