@@ -5,6 +5,7 @@ are exact and fast."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,28 +44,35 @@ def write_json_cache(path: Path, contents: dict) -> None:
         pass
 
 
-def machine_key() -> str:
-    """What decides which kernels are exact and fast: the CPU, its flags, torch, the ISA caps."""
-    flags = model = ""
+@functools.cache
+def cpu_description() -> tuple[str, tuple[str, ...]]:
+    """The CPU's model name and flags in /proc/cpuinfo's order (the first processor's; no flags
+    where there is no such file)."""
+    flags: tuple[str, ...] = ()
+    model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags") and not flags:
-                flags = line.split(":", 1)[1]
+                flags = tuple(line.split(":", 1)[1].split())
             if line.startswith("model name") and not model:
                 model = line.split(":", 1)[1].strip()
     except OSError:
-        model = platform.processor()
+        pass
+    return model or platform.processor(), flags
+
+
+def machine_key() -> str:
+    """What decides which kernels are exact and fast: the CPU, its flags, torch, the ISA caps."""
+    model, flags = cpu_description()
     caps = {name: os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
-    text = json.dumps([model, flags, torch.__version__, caps, platform.machine()])
+    text = json.dumps([model, " " + " ".join(flags), torch.__version__, caps, platform.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def isa_summary() -> str:
     """'AVX2, no AVX-512 VNNI, no AMX'-style words for the CLI's notice."""
-    try:
-        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
+    flags = set(cpu_description()[1])
+    if not flags:
         return platform.machine()
     words = [name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags][:1]
     words.append("VNNI" if flags & {"avx512_vnni", "avx_vnni"} else "no VNNI")
@@ -75,10 +83,7 @@ def isa_summary() -> str:
 def has_fast_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX-512 BF16): where autocast to
     bfloat16 pays for training (~3.5x a float32 step of a 1.5B target's head on AMX, measured)."""
-    try:
-        return bool({"amx_bf16", "avx512_bf16"} & set(Path("/proc/cpuinfo").read_text().split()))
-    except OSError:
-        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(cpu_description()[1]))
 
 
 Measured = TypeVar("Measured")
