@@ -48,7 +48,8 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
     files = [Path(specdec.__file__).parent / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
     first = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
     assert first is not None and len(first) >= 1
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["part-00000.safetensors", "part-00001.safetensors"]
+    parts = sorted(path.name for path in tmp_path.iterdir())
+    assert parts == ["part-000000-2.safetensors", "part-000002-1.safetensors"]  # named by first prompt and count
 
     def no_generation(*args, **kwargs):
         raise AssertionError("a saved batch was generated again")
@@ -57,3 +58,6 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
     again = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
     assert again is not None and torch.equal(again.tokens, first.tokens)
     assert torch.equal(again.features, first.features)
+    # Fewer: the first whole batch is reused as it is.
+    fewer = continuation_features(target, files, 24, 2, layers, tmp_path, batch=2)
+    assert fewer is not None and torch.equal(fewer.tokens, first.tokens[: len(fewer)])

@@ -81,13 +81,14 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
                           progress: Callable[[int], None] | None = None, batch: int = 32) -> HeadFeatures | None:
     """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
     lines before it, at most half the window) with their features; each batch is saved in
-    ``folder`` when done and read back from there on a later run."""
+    ``folder`` when done and read back from there on a later run (code_prompts' first N prompts
+    are the same for any larger count: a run that asks for more reuses these)."""
     prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
                for p in code_prompts(files, count)]
     parts = []
-    for index, first in enumerate(range(0, len(prompts), batch)):
+    for first in range(0, len(prompts), batch):
         group = prompts[first : first + batch]
-        path = folder / f"part-{index:05d}.safetensors"
+        path = folder / f"part-{first:06d}-{len(group)}.safetensors"  # a short last batch is its own part
         part: HeadFeatures | None = None
         if path.exists():
             part = HeadFeatures.load(path)

@@ -142,8 +142,10 @@ class DataPlan:
     feature_layers: tuple[int, ...]
     target: str  # the target's name and precision: a cache is valid for one target only
 
-    def key(self) -> str:
-        return hashlib.sha1(json.dumps(self.__dict__, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    def key(self, *fields: str) -> str:
+        """A short hash of these fields (all when none are named)."""
+        chosen = {name: self.__dict__[name] for name in fields} if fields else self.__dict__
+        return hashlib.sha1(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callable[[str], None],
@@ -173,9 +175,13 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     if plan.continuation_sequences:  # held out: as many continuations of held-out files as corpus windows
         from specdec.training.head_continuations import continuation_features
 
+        # Not keyed by the counts: the first N prompts are the same for any larger count, so a run
+        # asking for more continuations (or fewer) reuses every batch generated before.
+        generated = cache_dir / f"continuations-{plan.key('data', 'sequence_length', 'feature_layers', 'target')}"
+
         for parts, source, count, name in ((train_parts, train_files, plan.continuation_sequences, "continuations"),
                                            (held_parts, heldout_files, len(heldout), "heldout-continuations")):
-            continued = continuation_features(target, source, length, count, plan.feature_layers, folder / name,
+            continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
                                               progress_bar(f"target {name}", count))
             parts.extend([continued] if continued is not None else [])
     if not train_parts:
