@@ -34,7 +34,7 @@ def progress_bar(console: Console) -> Progress:
 
 def train_head(target, settings: HeadTraining, console: Console | None = None) -> Path:
     """Train (or resume) a head for ``target``; returns the saved EAGLE-3 folder."""
-    from specdec.training.head_data import DataPlan, prepare
+    from specdec.training.head_dataset import DataPlan, prepare
     from specdec.training.head_trainer import evaluate, learning_rate, sample_batch, unrolled_loss
 
     console = console or Console(stderr=True)
