@@ -63,7 +63,6 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
         # Not keyed by the counts: the first N prompts are the same for any larger count, so a run
         # asking for more continuations (or fewer) reuses every batch generated before.
         generated = cache_dir / f"continuations-{plan.key('data', 'sequence_length', 'feature_layers', 'target')}"
-
         for parts, source, count, name in ((train_parts, train_files, plan.continuation_sequences, "continuations"),
                                            (held_parts, heldout_files, len(heldout), "heldout-continuations")):
             continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
