@@ -65,6 +65,7 @@ def machine_key() -> str:
     """What decides which kernels are exact and fast: the CPU, its flags, torch, the ISA caps."""
     model, flags = cpu_description()
     caps = {name: os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    # The flags as /proc/cpuinfo's line writes them, so keys (and the measurements cached under them) stay valid.
     text = json.dumps([model, " " + " ".join(flags), torch.__version__, caps, platform.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

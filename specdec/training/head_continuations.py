@@ -16,10 +16,9 @@ from pathlib import Path
 import torch
 
 from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
-from specdec.drafting.head_format import target_shape
 from specdec.models.base import LanguageModel
 from specdec.training.data import code_prompts
-from specdec.training.head_data import HeadFeatures, features_from_states
+from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers
 
 
 class FeatureRecorder(BaseDrafter):
@@ -53,7 +52,7 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
     from specdec.decoder import SpeculativeDecoder
     from specdec.sampling import SamplingParams
 
-    layers = (*feature_layers, target_shape(target).num_layers - 1)
+    layers = recorded_layers(target, feature_layers)
     recorder = FeatureRecorder(layers)
     decoder = SpeculativeDecoder(target, recorder)
     # One token past the window: its step forward runs the window's last position.
@@ -96,7 +95,7 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
             part = record_continuations(target, group, length, feature_layers)
             if part is not None:
                 part.save(path)
-        if part is not None and len(part):
+        if part is not None:
             parts.append(part)
         if progress is not None:
             progress(len(group))

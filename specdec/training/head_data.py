@@ -90,6 +90,12 @@ def draft_vocabulary(windows: Sequence[Sequence[int]], size: int, vocab_size: in
     return torch.tensor(sorted(order[:size]), dtype=torch.long)
 
 
+def recorded_layers(target: LanguageModel, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The target layers whose outputs a head's data keeps: the feature layers, then the last (its
+    normed output gives the soft labels)."""
+    return (*feature_layers, target.network.config.num_layers - 1)
+
+
 @torch.inference_mode()
 def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, layers + 1, hidden]
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # features, final, greedy
@@ -107,9 +113,8 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
 def extract_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
                      progress: Callable[[int], None] | None = None, batch: int = 4) -> HeadFeatures:
     """One teacher-forced target forward per batch of windows (each in its own cache row)."""
-    network = target.network
-    layers = (*feature_layers, network.config.num_layers - 1)
-    hidden = network.config.hidden_size
+    layers = recorded_layers(target, feature_layers)
+    hidden = target.network.config.hidden_size
     length = len(windows[0])
     tokens = torch.tensor(windows, dtype=torch.long)
     parts = []

@@ -67,7 +67,8 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
                                            (held_parts, heldout_files, len(heldout), "heldout-continuations")):
             continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
                                               progress_bar(f"target {name}", count))
-            parts.extend([continued] if continued is not None else [])
+            if continued is not None:
+                parts.append(continued)
     if not train_parts:
         raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
     train, held = HeadFeatures.cat(train_parts), HeadFeatures.cat(held_parts)
