@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 
 from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
-from specdec.drafting.base import Draft, Drafter, ReadsHidden, StepOutcome, StopRule
+from specdec.drafting.base import Draft, Drafter, ReadsHidden, StepOutcome, StopRule, propose_many
 from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
@@ -243,10 +243,10 @@ class Engine:
         commit the accepted entries, and append the emitted tokens to each request's context
         (cut at EOS or the end of the budget, which finish the request). ``max_draft`` caps every
         request's draft length this step (a server's choice for the whole batch; 0: no drafting)."""
-        drafts, draft_seconds, masks = [], [], []
-        for request in requests:
+        proposed, draft_seconds = self.propose_all(requests, max_draft)
+        drafts, masks = [], []
+        for index, (request, draft) in enumerate(zip(requests, proposed)):
             began = time.perf_counter()
-            draft = self.propose(request, max_draft)
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.target.max_context - request.length))
             # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
@@ -254,7 +254,7 @@ class Engine:
                          request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents))
             if request.matcher is not None:
                 request.stats.grammar_seconds += request.matcher.take_seconds()
-            draft_seconds.append(time.perf_counter() - began)
+            draft_seconds[index] += time.perf_counter() - began
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
         device = self.target.device
@@ -297,21 +297,39 @@ class Engine:
             self.check_finished(request, outcome)
         return outcomes
 
-    def propose(self, request: Request, max_draft: int | None) -> Draft:
-        """This step's draft: the tokens the request's grammar forces, else the drafter's (cut
-        where the grammar refuses it), else nothing."""
-        device = request.tokens.device
-        if request.matcher is not None and self.draft_forced and max_draft != 0:
-            forced = forced_draft(request.matcher, request.budget_end - request.length - 1, device)
+    def propose_all(self, requests: Sequence[Request], max_draft: int | None) -> tuple[list[Draft], list[float]]:
+        """This step's drafts and the seconds each took: the tokens a request's grammar forces,
+        else the drafter's (cut where the grammar refuses them), else nothing. The drafter drafts
+        for all the requests that ask in one call (a head: one forward per depth for the batch),
+        its time shared evenly between them."""
+        drafts: list[Draft] = [Draft.empty(request.tokens.device) for request in requests]
+        seconds = [0.0] * len(requests)
+        asking, gammas = [], []
+        for index, request in enumerate(requests):
+            began = time.perf_counter()
+            forced = None
+            if request.matcher is not None and self.draft_forced and max_draft != 0:
+                forced = forced_draft(request.matcher, request.budget_end - request.length - 1, request.tokens.device)
             if forced is not None:
-                return forced
-        gamma = self.draft_length(request, max_draft)
-        if self.drafter is None or gamma == 0:
-            return Draft.empty(device)
-        draft = self.drafter.propose(request, gamma)
-        if draft.translation is not None:
-            request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
-        return draft if request.matcher is None else fit_draft(request.matcher, draft)
+                drafts[index] = forced
+            elif self.drafter is not None and (gamma := self.draft_length(request, max_draft)) > 0:
+                asking.append(index)
+                gammas.append(gamma)
+            seconds[index] += time.perf_counter() - began
+        if not asking:
+            return drafts, seconds
+        assert self.drafter is not None  # only then does a request ask
+        began = time.perf_counter()
+        batch = propose_many(self.drafter, [requests[index] for index in asking], gammas)
+        share = (time.perf_counter() - began) / len(asking)
+        for index, draft in zip(asking, batch, strict=True):
+            began = time.perf_counter()
+            request = requests[index]
+            if draft.translation is not None:
+                request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
+            drafts[index] = draft if request.matcher is None else fit_draft(request.matcher, draft)
+            seconds[index] += share + time.perf_counter() - began
+        return drafts, seconds
 
     def through_eos(self, tokens: list[int]) -> list[int]:
         """tokens up to and including the first end token (what stays in the context)."""

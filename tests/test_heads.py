@@ -119,6 +119,38 @@ def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
             assert draft.tokens.tolist() == request.context[-1:].tolist()
 
 
+@pytest.mark.parametrize("kind", ["head", "head-tree"])
+def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind):
+    """The head scores each row of a batch as it would alone (one forward per depth for all
+    requests): each request's draft, tokens and q bit for bit, is the same whether it drafts
+    alone or beside others, after the prefill and after steps, so its seeded samples never depend
+    on its neighbours. float32, where a matmul's blocking shows in the last bits. Mutation,
+    checked: the head's forwards without batch invariance (fixed_rows None, no per-query
+    attention) fail it."""
+    target = load(tiny_pair["target"])
+    torch.manual_seed(3)
+    drafter = make_drafter(kind, target=target, head=new_head(target), tree_budget=6)
+    engine = SpeculativeDecoder(target, drafter, gamma=3).engine
+    prompts = [[(start * 7 + i * 3) % 96 for i in range(5 + 3 * start)] for start in range(5)]
+
+    def drafts(indices: list[int], steps: int):
+        cache = target.new_cache(rows=len(indices))
+        requests = [engine.new_request(prompts[i], SamplingParams(temperature=1.0, seed=i, max_new_tokens=32), row)
+                    for row, i in enumerate(indices)]
+        engine.prefill(requests, cache)
+        for _ in range(steps):
+            engine.step(requests, cache)
+        return drafter.propose_many(requests, [3] * len(requests))
+
+    for steps in (0, 3):
+        together = drafts(list(range(5)), steps)
+        assert all(draft.num_nodes for draft in together)
+        for index in range(5):
+            alone = drafts([index], steps)[0]
+            assert torch.equal(alone.tokens, together[index].tokens), (steps, index)
+            assert alone.probs is not None and torch.equal(alone.probs, together[index].probs), (steps, index)
+
+
 def test_training_time_test_matches_drafting(float64_target, heads):
     """The unrolled training forward at step k scores exactly what the drafter's cached forward
     scores k tokens ahead (same positions, same visible entries)."""

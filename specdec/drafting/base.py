@@ -151,6 +151,15 @@ class Drafter(Protocol):
         """After verification: request.context now ends with outcome.emitted."""
 
 
+def propose_many(drafter: Drafter, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+    """Each request's draft of up to its gamma tokens: in one call where the drafter drafts a batch
+    at once (``propose_many``: a head, one forward per depth for all), else one request at a time."""
+    batched = getattr(drafter, "propose_many", None)
+    if callable(batched):
+        return batched(requests, gammas)
+    return [drafter.propose(request, gamma) for request, gamma in zip(requests, gammas, strict=True)]
+
+
 class ReadsHidden(Protocol):
     """What a drafter with hidden_layers also has: the prompt's features, once, after its prefill."""
 

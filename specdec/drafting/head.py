@@ -26,7 +26,7 @@ from torch import nn
 from specdec.models.attention import AttentionPlan, plan_attention
 from specdec.models.base import Attention
 from specdec.models.cache import KVCache
-from specdec.models.transformer import DecoderLayer, RMSNorm, attend_planned, rotate_half
+from specdec.models.transformer import DEFAULT_FIXED_ROWS, DecoderLayer, RMSNorm, attend_planned, project, rotate_half
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -79,23 +79,25 @@ class HeadLayer(nn.Module):
         features: torch.Tensor,  # [n, hidden]
         cos: torch.Tensor,  # [n, head_dim]
         sin: torch.Tensor,  # [n, head_dim]
+        fixed_rows: int | None = None,  # see transformer.project()
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [heads, n, d], k and v [kv_heads, n, d]
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(features)], dim=-1)
-        qkv = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim).transpose(0, 1)
+        qkv = project(self.qkv_proj, x, fixed_rows).view(x.shape[0], -1, self.head_dim).transpose(0, 1)
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)
         qk = qk * cos + rotate_half(qk) * sin
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=0)
         return q, k, v
 
-    def finish(self, features: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:  # [n, hidden] x2 -> [n, hidden]
-        x = features + self.o_proj(attended)
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+    def finish(self, features: torch.Tensor, attended: torch.Tensor,
+               fixed_rows: int | None = None) -> torch.Tensor:  # [n, hidden] x2 -> [n, hidden]
+        x = features + project(self.o_proj, attended, fixed_rows)
+        gate, up = project(self.gate_up_proj, self.post_attention_layernorm(x), fixed_rows).chunk(2, dim=-1)
+        return x + project(self.down_proj, F.silu(gate) * up, fixed_rows)
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                plan: AttentionPlan, cache: KVCache) -> torch.Tensor:  # [n, hidden]
-        q, k, v = self.queries_keys_values(embeds, features, cos, sin)
-        return self.finish(features, attend_planned(self, q, k, v, plan, cache, 0))
+                plan: AttentionPlan, cache: KVCache, fixed_rows: int | None = None) -> torch.Tensor:  # [n, hidden]
+        q, k, v = self.queries_keys_values(embeds, features, cos, sin, fixed_rows)
+        return self.finish(features, attend_planned(self, q, k, v, plan, cache, 0), fixed_rows)
 
 
 class DraftHead(nn.Module):
@@ -140,9 +142,13 @@ class DraftHead(nn.Module):
         c = self.config
         return KVCache(1, c.num_kv_heads, c.head_dim, max_length, self.dtype, self.norm.weight.device, rows)
 
-    def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:  # [n, features] -> [n, hidden]
-        """The target's features at several depths as one vector (the first draft position only)."""
-        return self.fc(target_hidden.to(self.dtype))
+    def fuse(self, target_hidden: torch.Tensor,  # [n, features] -> [n, hidden]
+             batch_invariant: bool = False) -> torch.Tensor:
+        """The target's features at several depths as one vector (the first draft position only);
+        batch_invariant: each row's as it is alone (see forward)."""
+        fixed_rows = DEFAULT_FIXED_ROWS if batch_invariant else None
+        fused = project(self.fc, pad_rows(target_hidden.to(self.dtype), fixed_rows), fixed_rows)
+        return fused[: target_hidden.shape[0]]
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [n] -> cos, sin [n, head_dim]
         angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
@@ -162,12 +168,22 @@ class DraftHead(nn.Module):
         attention: Attention,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # draft logits [n, draft_vocab], output features [n, hidden]
         """Score a ragged block as the target's forward does (models/base.py): chains or trees,
-        written past each row's committed length and not committed."""
+        written past each row's committed length and not committed. Where the attention asks for
+        batch invariance, each row gets what it gets alone, in any batch: linears in calls of
+        DEFAULT_FIXED_ROWS rows and attention per query after a row's first entries (the
+        target's own scheme, transformer.make_batch_invariant), so that a request's drafts never
+        depend on the requests drafting beside it."""
         cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
-        plan = plan_attention(attention, positions, cache, {None}, per_query=False)
+        fixed_rows = DEFAULT_FIXED_ROWS if attention.batch_invariant else None
+        plan = plan_attention(attention, positions, cache, {None}, per_query=attention.batch_invariant)
         cos, sin = self.rope(positions)
         embeds = F.embedding(tokens, self.embed_weight).to(self.dtype)
-        out = self.midlayer(embeds, features.to(self.dtype), cos, sin, plan, cache)
-        return self.logits(out), out
+        embeds, features, cos, sin = (pad_rows(x, fixed_rows) for x in (embeds, features.to(self.dtype), cos, sin))
+        out = self.midlayer(embeds, features, cos, sin, plan, cache, fixed_rows)
+        count = tokens.shape[0]
+        return project(self.lm_head, self.norm(out), fixed_rows)[:count], out[:count]
 
 
+def pad_rows(x: torch.Tensor, fixed_rows: int | None) -> torch.Tensor:  # [n, ...] -> [n + padding, ...]
+    """x with zero rows up to a multiple of fixed_rows (None: as it is), as transformer.project() needs."""
+    return x if fixed_rows is None else F.pad(x, (0, 0, 0, -x.shape[0] % fixed_rows))

@@ -1,78 +1,77 @@
 """Drafters built on a draft head (drafting/head.py): ``head`` drafts a chain, ``head-tree`` a
-dynamic tree (EAGLE-2: the nodes with the highest cumulative draft probability, grow_tree).
+dynamic tree (EAGLE-2: the nodes with the highest cumulative draft probability, tree_steps).
 
 q is the head's softmax over its draft vocabulary mapped into the target's (zero outside it), after
 the request's sampling settings, so verification stays exact; greedy drafts take the argmax.
+
+Every request of an engine step drafts in lockstep (drafting/lockstep.py): one head forward feeds
+them all the target's new features, then one head forward per depth scores every request's next
+token (a chain) or next depth of nodes (a tree). Each request has its own row of the drafter's
+head cache, and the head scores each row as it would alone (DraftHead.forward's batch
+invariance), so a request's drafts, and so its seeded samples, never depend on its neighbours.
 """
 
 from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
 
 import torch
 
 from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.drafting.head import DraftHead
-from specdec.drafting.model import draft_chain
-from specdec.drafting.tree import check_tree_shape, draft_distribution, grow_tree
+from specdec.drafting.lockstep import run_in_lockstep
+from specdec.drafting.model import chain_steps
+from specdec.drafting.tree import NewNodes, check_tree_shape, draft_distribution, tree_steps
 from specdec.models.base import Attention, Segment, tree_depths
 
 
 class HeadState:
-    """One request's head cache and the (target features, next token) pairs not yet fed to it.
+    """One request's row of the head cache and the (target features, next token) pairs not yet fed.
 
-    Invariant: the cache's first ``fed`` entries are pairs (target features at t, token t + 1)
-    for t = 0 .. fed - 1; entries past them are the last draft's, dropped by the next feed_pending().
+    Invariant: the row's first ``fed`` entries are pairs (target features at t, token t + 1) for
+    t = 0 .. fed - 1; entries past them are the last draft's, dropped by the next feed.
     ``root_logits`` / ``root_features`` are the head's output at the last fed pair: q for the
     first draft token and the features the second draft position reads."""
 
-    def __init__(self, head: DraftHead, max_context: int) -> None:
-        self.head = head
-        self.cache = head.new_cache(max_context)
+    def __init__(self, row: int) -> None:
+        self.row = row
         self.fed = 0
         self.pending_tokens: list[torch.Tensor] = []  # [m] int64 pieces
         self.pending_hidden: list[torch.Tensor] = []  # [m, features] pieces, the target's
         self.root_logits: torch.Tensor | None = None  # [1, vocab]
         self.root_features: torch.Tensor | None = None  # [1, hidden]
 
-    def queue(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:  # [m], [m, features]
+    def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:  # [m], [m, features]
         if hidden is None or hidden.shape[0] != tokens.shape[0]:
             raise ValueError("a head drafter needs the target's hidden states of every emitted token "
                              "(run it with the engine, which asks the target for its hidden_layers)")
         self.pending_tokens.append(tokens)
         self.pending_hidden.append(hidden)
 
-    def feed_pending(self) -> bool:
-        """Feed the queued pairs (one chain forward, committed); False when there is nothing to draft from."""
-        self.cache.rollback(0, self.fed)  # the last draft's entries: only target-feature pairs stay
-        if self.pending_tokens:
-            tokens, hidden = torch.cat(self.pending_tokens), torch.cat(self.pending_hidden)
-            self.pending_tokens, self.pending_hidden = [], []
-            positions = torch.arange(self.fed, self.fed + tokens.shape[0], device=tokens.device)
-            logits, features = self.head(tokens, self.head.fuse(hidden), positions, self.cache,
-                                         Attention.chain(tokens.shape[0], batch_invariant=False))
-            self.cache.commit(0, tokens.shape[0])
-            self.fed += tokens.shape[0]
-            self.root_logits, self.root_features = self.to_target(logits[-1:]), features[-1:]
-        return self.root_logits is not None
-
-    def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab]
-        """Logits over the target's vocabulary: -inf outside the draft vocabulary (q = 0 there)."""
-        logits = draft_logits.new_full((draft_logits.shape[0], self.head.config.vocab_size), float("-inf"))
-        return logits.index_copy_(1, self.head.draft_token_ids, draft_logits)
-
 
 class HeadDrafter(BaseDrafter):
-    """Drafts a chain with a draft head, one head forward per token."""
+    """Drafts a chain with a draft head, one head forward per token for every request at once."""
 
     def __init__(self, head: DraftHead, max_context: int) -> None:
         self.head, self.max_context = head, max_context
         self.vocab_size = head.config.vocab_size
         self.hidden_layers = head.config.feature_layers
+        self.cache = head.new_cache(max_context)  # one row per request drafting; more as needed
+        self.free_rows = [0]
+        self.device = head.d2t.device
 
     def describe(self) -> str:
         return f"EAGLE-3 head ({self.head.config.draft_vocab_size}-token draft vocabulary)"
 
     def start(self, prompt_ids: torch.Tensor) -> HeadState:
-        return HeadState(self.head, self.max_context)
+        if not self.free_rows:
+            self.free_rows = list(range(self.cache.rows, 2 * self.cache.rows))
+            self.cache.add_rows(len(self.free_rows))
+        state = HeadState(self.free_rows.pop())
+        self.cache.rollback(state.row, 0)
+        weakref.finalize(state, self.free_rows.append, state.row)  # the row is free once its request is gone
+        return state
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
         request.draft_state.queue(request.context[1 : hidden.shape[0] + 1], hidden)
@@ -80,32 +79,79 @@ class HeadDrafter(BaseDrafter):
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         request.draft_state.queue(outcome.emitted, outcome.hidden)
 
-    def room(self, state: HeadState, count: int) -> int:
-        """count clamped to the head cache's free entries (after feed_pending)."""
-        return max(0, min(count, self.max_context - state.fed))
+    def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab]
+        """Logits over the target's vocabulary: -inf outside the draft vocabulary (q = 0 there)."""
+        logits = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
+        return logits.index_copy_(1, self.head.draft_token_ids, draft_logits)
+
+    def feed(self, states: Sequence[HeadState]) -> None:
+        """Drop each row's last draft and feed every request's queued pairs, in one forward (committed)."""
+        for state in states:
+            self.cache.rollback(state.row, state.fed)
+        feeding = [state for state in states if state.pending_tokens]
+        if not feeding:
+            return
+        blocks = [torch.cat(state.pending_tokens) for state in feeding]
+        hidden = torch.cat([piece for state in feeding for piece in state.pending_hidden])  # [sum m, features]
+        positions = torch.cat([torch.arange(state.fed, state.fed + block.shape[0], device=block.device)
+                               for state, block in zip(feeding, blocks)])
+        attention = Attention(tuple(Segment(state.row, block.shape[0]) for state, block in zip(feeding, blocks)))
+        logits, features = self.head(torch.cat(blocks), self.head.fuse(hidden, batch_invariant=True), positions,
+                                     self.cache, attention)
+        for state, block, end in zip(feeding, blocks, attention.offsets[1:]):
+            self.cache.commit(state.row, block.shape[0])
+            state.fed += block.shape[0]
+            state.pending_tokens, state.pending_hidden = [], []
+            state.root_logits, state.root_features = self.to_target(logits[end - 1 : end]), features[end - 1 : end]
+
+    def drafting(self, requests: Sequence[DraftRequest], gammas: Sequence[int],
+                 budget: int | None = None) -> list[tuple[int, int]]:
+        """Feed every request; (index, depth or node limit) of those that draft: gamma > 0, and
+        room left in the head cache (``budget`` per request instead of gamma, for trees)."""
+        self.feed([request.draft_state for request in requests])
+        drafting = []
+        for index, (request, gamma) in enumerate(zip(requests, gammas, strict=True)):
+            state: HeadState = request.draft_state
+            wanted = gamma if budget is None else request.node_budget or budget
+            limit = max(0, min(wanted, self.max_context - state.fed))
+            if gamma > 0 and limit > 0 and state.root_logits is not None:
+                drafting.append((index, limit))
+        return drafting
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
-        state: HeadState = request.draft_state
-        device = request.context.device
-        if gamma <= 0 or not state.feed_pending() or (gamma := self.room(state, gamma)) == 0:
-            return Draft.empty(device)
-        features = state.root_features
+        return self.propose_many([request], [gamma])[0]
 
-        def next_logits(tokens: torch.Tensor) -> torch.Tensor:  # [k] -> [1, vocab]; each reads the last output
-            nonlocal features
-            for token in tokens.split(1):
-                position = torch.tensor([state.cache.lengths[0]], device=device)
-                draft_logits, features = self.head(token, features, position, state.cache,
-                                                   Attention.chain(1, batch_invariant=False))
-                state.cache.commit(0, 1)  # dropped again by the next feed_pending()
-            return state.to_target(draft_logits)
+    def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+        drafts = [Draft.empty(request.context.device) for request in requests]
+        drafting = self.drafting(requests, gammas)
+        states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
+        features = [state.root_features for state in states]  # [1, hidden] each: what the next position reads
+        routines = [chain_steps(state.root_logits, gamma, requests[index])
+                    for state, (index, gamma) in zip(states, drafting)]
 
-        return draft_chain(state.root_logits, next_logits, gamma, request)
+        def score(asking: list[int], blocks: list[torch.Tensor]) -> list[torch.Tensor]:  # blocks [k] -> [1, vocab]
+            # A block of forced tokens goes one token per forward: each position reads the output before it.
+            logits: list[torch.Tensor] = [torch.empty(0)] * len(asking)
+            for depth in range(max(block.shape[0] for block in blocks)):
+                live = [i for i, block in enumerate(blocks) if block.shape[0] > depth]
+                rows = [states[asking[i]].row for i in live]
+                positions = torch.tensor([self.cache.lengths[row] for row in rows], device=self.device)
+                draft_logits, out = self.head(torch.cat([blocks[i][depth : depth + 1] for i in live]),
+                                              torch.cat([features[asking[i]] for i in live]), positions, self.cache,
+                                              Attention(tuple(Segment(row, 1) for row in rows)))
+                for j, (i, row) in enumerate(zip(live, rows)):
+                    self.cache.commit(row, 1)  # dropped again by the next feed
+                    features[asking[i]], logits[i] = out[j : j + 1], draft_logits[j : j + 1]
+            return [self.to_target(row_logits) for row_logits in logits]
+
+        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
+            drafts[index] = draft
+        return drafts
 
 
 class HeadTreeDrafter(HeadDrafter):
-    """Drafts a tree with a draft head (grow_tree, as EAGLE-2): one head forward per depth, each
-    node reading its parent's output features."""
+    """Drafts a tree with a draft head (tree_steps, as EAGLE-2): one head forward per depth for
+    every request at once, each node reading its parent's output features."""
 
     def __init__(self, head: DraftHead, max_context: int, budget: int = 16, branching: int = 4) -> None:
         check_tree_shape(budget, branching)
@@ -115,30 +161,34 @@ class HeadTreeDrafter(HeadDrafter):
     def describe(self) -> str:
         return f"{super().describe()} tree, up to {self.budget} nodes"
 
-    def propose(self, request: DraftRequest, gamma: int) -> Draft:
-        state: HeadState = request.draft_state
-        sampling, device = request.sampling, request.context.device
-        if (
-            gamma <= 0
-            or not state.feed_pending()
-            or (budget := self.room(state, request.node_budget or self.budget)) == 0
-        ):
-            return Draft.empty(device)
-        node_features: list[torch.Tensor] = []  # [hidden] per node: the head's output there
+    def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+        drafts = [Draft.empty(request.context.device) for request in requests]
+        drafting = self.drafting(requests, gammas, self.budget)
+        states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
+        samplings = [requests[index].sampling for index, _ in drafting]
+        node_features: list[list[torch.Tensor]] = [[] for _ in drafting]  # [hidden] per node: the head's output
+        routines = [tree_steps(draft_distribution(state.root_logits, sampling), gammas[index], budget,
+                               self.branching, requests[index])
+                    for state, sampling, (index, budget) in zip(states, samplings, drafting)]
 
-        def expand(tokens: list[int], parents: list[int], new_nodes: list[int]) -> torch.Tensor:
-            written = new_nodes[0]
-            depths = tree_depths(parents)
-            positions = torch.tensor([state.fed + depths[node] for node in new_nodes], device=device)
-            block = torch.tensor(tokens[written:], dtype=torch.long, device=device)
-            features = torch.cat(
-                [state.root_features if parents[node] < 0 else node_features[parents[node]][None] for node in new_nodes]
-            )
-            segment = Segment(0, len(new_nodes), tuple(parents), written)
-            draft_logits, out = self.head(block, features, positions, state.cache, Attention((segment,), False))
-            node_features.extend(out)
-            return draft_distribution(state.to_target(draft_logits), sampling)
+        def score(asking: list[int], questions: list[NewNodes]) -> list[torch.Tensor]:  # -> q [new, vocab] each
+            blocks, positions, features, segments = [], [], [], []
+            for i, (tokens, parents, new_nodes) in zip(asking, questions):
+                state, written, depths = states[i], new_nodes[0], tree_depths(parents)
+                blocks.append(torch.tensor(tokens[written:], dtype=torch.long, device=self.device))
+                positions.append(torch.tensor([state.fed + depths[node] for node in new_nodes], device=self.device))
+                features.append(torch.cat([state.root_features if parents[node] < 0
+                                           else node_features[i][parents[node]][None] for node in new_nodes]))
+                segments.append(Segment(state.row, len(new_nodes), tuple(parents), written))
+            attention = Attention(tuple(segments))
+            draft_logits, out = self.head(torch.cat(blocks), torch.cat(features), torch.cat(positions), self.cache,
+                                          attention)
+            scores = []
+            for i, start, end in zip(asking, attention.offsets, attention.offsets[1:]):
+                node_features[i].extend(out[start:end])
+                scores.append(draft_distribution(self.to_target(draft_logits[start:end]), samplings[i]))
+            return scores
 
-        return grow_tree(
-            draft_distribution(state.root_logits, sampling), expand, gamma, budget, self.branching, request
-        )
+        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
+            drafts[index] = draft
+        return drafts

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter,
-                                   node_paths, suffix_caches)
+                                   node_paths, propose_many, suffix_caches)
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
@@ -104,9 +104,18 @@ class MergedDrafter(BaseDrafter):
         return [drafter.start(prompt_ids) for drafter in self.drafters]
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        return self.propose_many([request], [gamma])[0]
+
+    def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+        """Each member drafts for every request (in one call where it batches), then each
+        request's drafts are merged."""
+        member_drafts = [propose_many(drafter, [SubRequest(request, request.draft_state[member])
+                                                for request in requests], gammas)
+                         for member, drafter in enumerate(self.drafters)]
+        return [self.merge(request, list(drafts)) for request, drafts in zip(requests, zip(*member_drafts))]
+
+    def merge(self, request: DraftRequest, drafts: list[Draft]) -> Draft:
         device = request.context.device
-        drafts = [drafter.propose(SubRequest(request, state), gamma)
-                  for drafter, state in zip(self.drafters, request.draft_state)]
         proposals = [root_paths(draft) for draft in drafts]
         # Paths taken in turns from each drafter, so that one big tree cannot use up the budget.
         paths = [path for turn in itertools.zip_longest(*proposals) for path in turn if path is not None]

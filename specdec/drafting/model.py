@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.drafting.lockstep import DraftSteps, run_alone
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams, logits_to_probs
 
@@ -110,12 +111,22 @@ def draft_chain(
     gamma: int,
     request: DraftRequest,
 ) -> Draft:
+    """chain_steps for one request, each block scored by ``next_logits``."""
+    return run_alone(chain_steps(logits, gamma, request), next_logits)
+
+
+def chain_steps(
+    logits: torch.Tensor,  # [1, vocab]: the draft's logits for the first token
+    gamma: int,
+    request: DraftRequest,
+) -> DraftSteps[torch.Tensor]:  # yields token blocks [k], is sent the logits [1, vocab] after each block's last
     """Up to gamma tokens, one at a time, each drawn from q (or the argmax when greedy); the
     request's policy may stop it early (stop_early, on the chain's probability under the draft).
     A constrained request's q is masked to what its grammar allows along the chain (the matcher
     walks the chain and is rolled back), so the draft never proposes a token the target's masked
     p must reject; where the grammar forces tokens, they join the chain without a draw (q a point
-    mass, as the masked p is there) and the draft reads them in one forward."""
+    mass, as the masked p is there) and the draft reads them in one forward. A generator
+    (drafting/lockstep.py), so that a batch of requests can draft in lockstep."""
     sampling, stop_early, matcher = request.sampling, request.stop_early, request.matcher
     first_position = request.context.shape[0]
     tokens, probs, chain_probability = [], [], 1.0
@@ -130,7 +141,7 @@ def draft_chain(
                         -1, block[:, None], 1.0))
                 if not all(matcher.look_ahead(token) for token in forced) or len(tokens) == gamma:
                     break
-                logits = next_logits(block)
+                logits = yield block
                 continue
             if matcher is not None:
                 logits = matcher.mask_draft_logits(logits)
@@ -144,7 +155,7 @@ def draft_chain(
                 chain_probability *= token_confidence(logits, step_probs, token, sampling)
                 if stop_early(len(tokens), chain_probability):
                     break
-            logits = next_logits(token)
+            logits = yield token
     finally:
         if matcher is not None:
             matcher.end_look_ahead()

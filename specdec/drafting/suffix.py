@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome,
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, propose_many,
                                    describe_drafter, suffix_caches)
 from specdec.drafting.merge import SubRequest
 
@@ -240,14 +241,24 @@ class SuffixFirstDrafter(BaseDrafter):
         return self.suffix.start(prompt_ids), self.fallback.start(prompt_ids)
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
-        suffix_state, fallback_state = request.draft_state
-        if gamma > 0:
-            match = self.suffix.matches(suffix_state, gamma)
-            if match.length >= self.min_match:
-                draft = self.suffix.draft(SubRequest(request, suffix_state), gamma, match)
-                if draft.num_nodes:
-                    return draft
-        return self.fallback.propose(SubRequest(request, fallback_state), gamma)
+        return self.propose_many([request], [gamma])[0]
+
+    def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+        """The suffix drafts where they match; the other drafter's for the rest, in one call."""
+        drafts: list[Draft | None] = []
+        for request, gamma in zip(requests, gammas, strict=True):
+            drafts.append(None)
+            if gamma > 0:
+                match = self.suffix.matches(request.draft_state[0], gamma)
+                if match.length >= self.min_match:
+                    draft = self.suffix.draft(SubRequest(request, request.draft_state[0]), gamma, match)
+                    drafts[-1] = draft if draft.num_nodes else None
+        rest = [index for index, draft in enumerate(drafts) if draft is None]
+        fallback = propose_many(self.fallback, [SubRequest(requests[i], requests[i].draft_state[1]) for i in rest],
+                                [gammas[i] for i in rest])
+        for index, draft in zip(rest, fallback):
+            drafts[index] = draft
+        return cast(list[Draft], drafts)
 
     def suffix_caches(self) -> list[SuffixCache]:
         return self.suffix.suffix_caches() + suffix_caches(self.fallback)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.drafting.base import Draft, DraftRequest
+from specdec.drafting.lockstep import DraftSteps, run_alone
 from specdec.drafting.model import DraftModelDrafter, DraftModelState
 from specdec.models.base import Attention, LanguageModel, Segment, tree_depths
 from specdec.sampling import SamplingParams, logits_to_probs
@@ -56,9 +57,25 @@ def grow_tree(
     branching: int,
     request: DraftRequest,
 ) -> Draft:
+    """tree_steps for one request, each depth scored by ``expand``."""
+    return run_alone(tree_steps(root_q, depth_limit, budget, branching, request), lambda nodes: expand(*nodes))
+
+
+#: What tree_steps asks scored: (tokens, parents of every node so far, the new nodes' indices).
+NewNodes = tuple[list[int], list[int], list[int]]
+
+
+def tree_steps(
+    root_q: torch.Tensor,  # [1, vocab]: draft_distribution at the root
+    depth_limit: int,
+    budget: int,
+    branching: int,
+    request: DraftRequest,
+) -> DraftSteps[NewNodes]:  # yields each depth's NewNodes, is sent q at them [new, vocab]
     """A tree of at most ``budget`` nodes and ``depth_limit`` depths, ``branching`` children per
     node at most; each depth gets an equal share of the budget (at least one node), so trees
-    are as deep as the policy asks, not wide and shallow. One ``expand`` call per depth."""
+    are as deep as the policy asks, not wide and shallow. One question per depth; a generator
+    (drafting/lockstep.py), so that a batch of requests can draft in lockstep."""
     device, sampling = root_q.device, request.sampling
     first_position = request.context.shape[0]  # the output position of the root's children
     frontier = [-1]  # nodes whose children are drawn next (-1 = the root)
@@ -89,7 +106,7 @@ def grow_tree(
                 new_nodes.append(len(tokens) - 1)
         if depth == depth_limit - 1 or len(tokens) >= budget or not new_nodes:
             break
-        frontier_q = expand(tokens, parents, new_nodes)
+        frontier_q = yield tokens, parents, new_nodes
         frontier, frontier_scores = new_nodes, [scores[node] for node in new_nodes]
     block = torch.tensor(tokens, dtype=torch.long, device=device)
     if sampling.greedy:

@@ -19,7 +19,7 @@ import torch
 from specdec import load
 from specdec.drafting import load_head
 from specdec.drafting.head_format import head_quantization
-from specdec.drafting.head_drafter import HeadState
+from specdec.drafting.head_drafter import HeadDrafter
 from specdec.machine import isa_summary, write_measurement
 from specdec.models.base import Attention, Segment
 from specdec.models.timing import prefilled_cache, time_block
@@ -54,23 +54,25 @@ def main() -> None:
     head = load_head(args.head, target, quantize=head_quantize)
     t1 = time_block(target, prefilled_cache(target, 1, args.context), 1, args.repeats)
 
-    state = HeadState(head, target.max_context)
-    features = torch.randn(args.context, head.config.feature_size)
-    state.queue(torch.arange(args.context) % target.vocab_size, features)
-    state.feed_pending()
+    # The forwards the drafters run, for one request (batch-invariant, as every draft is).
+    drafter = HeadDrafter(head, target.max_context)
+    context = torch.arange(args.context) % target.vocab_size
+    state = drafter.start(context)
+    state.queue(context, torch.randn(args.context, head.config.feature_size))
+    drafter.feed([state])
     token, position = torch.tensor([5]), torch.tensor([state.fed])
 
     def chain_step():
-        logits, _ = head(token, state.root_features, position, state.cache, Attention.chain(1, batch_invariant=False))
-        state.to_target(logits).argmax(-1).tolist()
+        logits, _ = head(token, state.root_features, position, drafter.cache, Attention.chain(1, state.row))
+        drafter.to_target(logits).argmax(-1).tolist()
 
     nodes = torch.tensor([5, 6, 7, 8])
-    segment = Segment(0, 4, (-1, -1, -1, -1))
+    segment = Segment(state.row, 4, (-1, -1, -1, -1))
 
     def tree_depth():
-        logits, _ = head(nodes, state.root_features.expand(4, -1), position.expand(4), state.cache,
-                         Attention((segment,), batch_invariant=False))
-        state.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
+        logits, _ = head(nodes, state.root_features.expand(4, -1), position.expand(4), drafter.cache,
+                         Attention((segment,)))
+        drafter.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
 
     chain, tree = median_seconds(chain_step, args.repeats), median_seconds(tree_depth, args.repeats)
     result = {"target": target.name, "quantize": args.quantize, "head": str(args.head), "head_quantize": head_quantize,
