@@ -61,3 +61,9 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
     # Fewer: the first whole batch is reused as it is.
     fewer = continuation_features(target, files, 24, 2, layers, tmp_path, batch=2)
     assert fewer is not None and torch.equal(fewer.tokens, first.tokens[: len(fewer)])
+    # From a later prompt on (--continuation-start): the batch of prompts 2 and 3 is new and
+    # named by its first prompt; prompt 2's continuation is the one generated before.
+    monkeypatch.undo()
+    later = continuation_features(target, files, 24, 2, layers, tmp_path, batch=2, start=2)
+    assert "part-000002-2.safetensors" in {path.name for path in tmp_path.iterdir()}
+    assert later is not None and torch.equal(later.tokens[0], first.tokens[-1])

@@ -30,6 +30,7 @@ def add_parser(commands, add_model_options) -> None:
         "sequence_length",
         "corpus_sequences",
         "continuation_sequences",
+        "continuation_start",
         "heldout_sequences",
         "batch_size",
         "eval_every",

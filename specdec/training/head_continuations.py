@@ -77,16 +77,17 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
 
 def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
                           feature_layers: tuple[int, ...], folder: Path,
-                          progress: Callable[[int], None] | None = None, batch: int = 32) -> HeadFeatures | None:
+                          progress: Callable[[int], None] | None = None, batch: int = 32,
+                          start: int = 0) -> HeadFeatures | None:
     """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
-    lines before it, at most half the window) with their features; each batch is saved in
-    ``folder`` when done and read back from there on a later run (code_prompts' first N prompts
-    are the same for any larger count: a run that asks for more reuses these)."""
+    lines before it, at most half the window), from prompt ``start`` on, with their features; each
+    batch is saved in ``folder`` when done and read back from there on a later run (code_prompts'
+    first N prompts are the same for any larger count: a run that asks for more reuses these)."""
     prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
-               for p in code_prompts(files, count)]
+               for p in code_prompts(files, start + count)[start:]]
     parts = []
-    for first in range(0, len(prompts), batch):
-        group = prompts[first : first + batch]
+    for first in range(start, start + len(prompts), batch):
+        group = prompts[first - start : first - start + batch]
         path = folder / f"part-{first:06d}-{len(group)}.safetensors"  # a short last batch is its own part
         part: HeadFeatures | None = None
         if path.exists():

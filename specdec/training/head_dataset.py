@@ -27,6 +27,7 @@ class DataPlan:
     draft_vocab: int
     feature_layers: tuple[int, ...]
     target: str  # the target's name and precision: a cache is valid for one target only
+    continuation_start: int = 0  # the training continuations' first prompt (held-out ones start at 0)
 
     def key(self, *fields: str) -> str:
         """A short hash of these fields (all when none are named)."""
@@ -63,10 +64,11 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
         # Not keyed by the counts: the first N prompts are the same for any larger count, so a run
         # asking for more continuations (or fewer) reuses every batch generated before.
         generated = cache_dir / f"continuations-{plan.key('data', 'sequence_length', 'feature_layers', 'target')}"
-        for parts, source, count, name in ((train_parts, train_files, plan.continuation_sequences, "continuations"),
-                                           (held_parts, heldout_files, len(heldout), "heldout-continuations")):
+        for parts, source, start, count, name in (
+                (train_parts, train_files, plan.continuation_start, plan.continuation_sequences, "continuations"),
+                (held_parts, heldout_files, 0, len(heldout), "heldout-continuations")):
             continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
-                                              progress_bar(f"target {name}", count))
+                                              progress_bar(f"target {name}", count), start=start)
             if continued is not None:
                 parts.append(continued)
     if not train_parts:

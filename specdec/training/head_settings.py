@@ -16,6 +16,7 @@ class HeadTraining:
     sequence_length: int = 256
     corpus_sequences: int = 400
     continuation_sequences: int = 0
+    continuation_start: int = 0  # skip the first prompts (those an --init-head was trained on)
     heldout_sequences: int = 16
     batch_size: int = 8
     learning_rate: float = 1e-3

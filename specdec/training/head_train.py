@@ -50,6 +50,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         settings.draft_vocab,
         layers,
         f"{target.name}:{target.dtype}:{target.path}",
+        settings.continuation_start,
     )
     started = time.perf_counter()
     with progress_bar(console) as progress:
@@ -198,7 +199,8 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
             f"- target: {target.name} ({target.precision}, {target.path}); feature layers {plan.feature_layers}",
             f"- data: {data}; {sequences} training sequences of {settings.sequence_length} tokens "
             f"({settings.corpus_sequences} corpus windows requested, "
-            f"{settings.continuation_sequences} target continuations)",
+            f"{settings.continuation_sequences} target continuations"
+            + (f" of prompts {settings.continuation_start} on)" if settings.continuation_start else ")"),
             f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
             f"{settings.intermediate_size or 'the target’s'}" if settings.init_head is None else
             f"- started from the head at {settings.init_head} (its draft vocabulary and sizes)",
