@@ -151,6 +151,21 @@ def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind):
             assert alone.probs is not None and torch.equal(alone.probs, together[index].probs), (steps, index)
 
 
+def test_head_cache_rows_are_reused_once_requests_are_gone(float64_target, heads):
+    """Each request drafts in its own row of the head's cache; a finished request's row is free
+    again, so batch after batch the cache keeps the rows of its largest batch."""
+    import gc
+
+    drafter = make_drafter("head", target=float64_target, head=heads["trained"])
+    decoder = SpeculativeDecoder(float64_target, drafter, gamma=2)
+    prompts = [[(start * 5 + i) % 96 for i in range(4 + start)] for start in range(5)]
+    for _ in range(3):
+        results = decoder.generate(prompts, max_new_tokens=6)
+        assert sum(result.stats.drafted for result in results) > 0
+        gc.collect()
+        assert drafter.cache.rows == 8 and sorted(drafter.free_rows) == list(range(8))
+
+
 def test_training_time_test_matches_drafting(float64_target, heads):
     """The unrolled training forward at step k scores exactly what the drafter's cached forward
     scores k tokens ahead (same positions, same visible entries)."""

@@ -65,9 +65,9 @@ class HeadDrafter(BaseDrafter):
         return f"EAGLE-3 head ({self.head.config.draft_vocab_size}-token draft vocabulary)"
 
     def start(self, prompt_ids: torch.Tensor) -> HeadState:
-        if not self.free_rows:
-            self.free_rows = list(range(self.cache.rows, 2 * self.cache.rows))
-            self.cache.add_rows(len(self.free_rows))
+        if not self.free_rows:  # extended in place: the finalizers below append to this very list
+            self.free_rows.extend(range(self.cache.rows, 2 * self.cache.rows))
+            self.cache.add_rows(self.cache.rows)
         state = HeadState(self.free_rows.pop())
         self.cache.rollback(state.row, 0)
         weakref.finalize(state, self.free_rows.append, state.row)  # the row is free once its request is gone
