@@ -119,17 +119,22 @@ def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
             assert draft.tokens.tolist() == request.context[-1:].tolist()
 
 
-@pytest.mark.parametrize("kind", ["head", "head-tree"])
-def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind):
+@pytest.mark.parametrize("kind,quantize", [("head", None), ("head-tree", None), ("head", "int8")])
+def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind, quantize):
     """The head scores each row of a batch as it would alone (one forward per depth for all
     requests): each request's draft, tokens and q bit for bit, is the same whether it drafts
     alone or beside others, after the prefill and after steps, so its seeded samples never depend
-    on its neighbours. float32, where a matmul's blocking shows in the last bits. Mutation,
-    checked: the head's forwards without batch invariance (fixed_rows None, no per-query
-    attention) fail it."""
+    on its neighbours. float32, where a matmul's blocking shows in the last bits, and an int8 head
+    (exact integer products: per-query attention alone keeps it). Mutation, checked: the head's
+    forwards without batch invariance (fixed_rows None, no per-query attention) fail it."""
     target = load(tiny_pair["target"])
     torch.manual_seed(3)
-    drafter = make_drafter(kind, target=target, head=new_head(target), tree_budget=6)
+    head = new_head(target)
+    if quantize is not None:
+        from specdec.models.int4 import quantize_linears
+
+        quantize_linears(head, quantize)
+    drafter = make_drafter(kind, target=target, head=head, tree_budget=6)
     engine = SpeculativeDecoder(target, drafter, gamma=3).engine
     prompts = [[(start * 7 + i * 3) % 96 for i in range(5 + 3 * start)] for start in range(5)]
 

@@ -116,6 +116,7 @@ class DraftHead(nn.Module):
         self.midlayer = HeadLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.quantized: str | None = None  # "int8" / "int4" once quantize_linears ran (it sets this)
         # Draft token i is target token i + d2t[i]; t2d marks the target tokens the head can draft.
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
@@ -146,9 +147,14 @@ class DraftHead(nn.Module):
              batch_invariant: bool = False) -> torch.Tensor:
         """The target's features at several depths as one vector (the first draft position only);
         batch_invariant: each row's as it is alone (see forward)."""
-        fixed_rows = DEFAULT_FIXED_ROWS if batch_invariant else None
+        fixed_rows = self.fixed_rows(batch_invariant)
         fused = project(self.fc, pad_rows(target_hidden.to(self.dtype), fixed_rows), fixed_rows)
         return fused[: target_hidden.shape[0]]
+
+    def fixed_rows(self, batch_invariant: bool) -> int | None:
+        """Rows per linear call for batch invariance: integer products are exact in any blocking,
+        so a quantized head needs none (as the target: transformer.quantize)."""
+        return DEFAULT_FIXED_ROWS if batch_invariant and not self.quantized else None
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [n] -> cos, sin [n, head_dim]
         angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
@@ -169,12 +175,12 @@ class DraftHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # draft logits [n, draft_vocab], output features [n, hidden]
         """Score a ragged block as the target's forward does (models/base.py): chains or trees,
         written past each row's committed length and not committed. Where the attention asks for
-        batch invariance, each row gets what it gets alone, in any batch: linears in calls of
+        batch invariance, each row gets what it gets alone, in any batch: float linears in calls of
         DEFAULT_FIXED_ROWS rows and attention per query after a row's first entries (the
         target's own scheme, transformer.make_batch_invariant), so that a request's drafts never
         depend on the requests drafting beside it."""
         cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
-        fixed_rows = DEFAULT_FIXED_ROWS if attention.batch_invariant else None
+        fixed_rows = self.fixed_rows(attention.batch_invariant)
         plan = plan_attention(attention, positions, cache, {None}, per_query=attention.batch_invariant)
         cos, sin = self.rope(positions)
         embeds = F.embedding(tokens, self.embed_weight).to(self.dtype)
