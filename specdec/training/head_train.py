@@ -49,7 +49,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         settings.heldout_sequences,
         settings.draft_vocab,
         layers,
-        f"{target.name}:{target.dtype}:{target.path}",
+        f"{target.name}:{target.precision}:{target.path}",  # int8 and float32 targets share a dtype
         settings.continuation_start,
     )
     started = time.perf_counter()
