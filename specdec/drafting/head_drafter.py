@@ -142,7 +142,7 @@ class HeadDrafter(BaseDrafter):
                 for j, (i, row) in enumerate(zip(live, rows)):
                     self.cache.commit(row, 1)  # dropped again by the next feed
                     features[asking[i]], logits[i] = out[j : j + 1], draft_logits[j : j + 1]
-            return [self.to_target(row_logits) for row_logits in logits]
+            return list(self.to_target(torch.cat(logits)).split(1))  # one mapping for the batch
 
         for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
             drafts[index] = draft
@@ -183,10 +183,11 @@ class HeadTreeDrafter(HeadDrafter):
             attention = Attention(tuple(segments))
             draft_logits, out = self.head(torch.cat(blocks), torch.cat(features), torch.cat(positions), self.cache,
                                           attention)
+            target_logits = self.to_target(draft_logits)  # one mapping for the batch
             scores = []
             for i, start, end in zip(asking, attention.offsets, attention.offsets[1:]):
                 node_features[i].extend(out[start:end])
-                scores.append(draft_distribution(self.to_target(draft_logits[start:end]), samplings[i]))
+                scores.append(draft_distribution(target_logits[start:end], samplings[i]))
             return scores
 
         for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):

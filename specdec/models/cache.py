@@ -62,7 +62,7 @@ class KVCache:
 
     def add_rows(self, count: int) -> None:
         """``count`` more rows, empty (a cache whose rows follow requests that come and go)."""
-        layers, rows, heads, _, head_dim = self._shape
+        layers, _, heads, _, head_dim = self._shape
         empty = torch.zeros((layers, count, heads, self.capacity, head_dim), dtype=self._dtype, device=self._device)
         self.keys, self.values = torch.cat([self.keys, empty], dim=1), torch.cat([self.values, empty], dim=1)
         self.rows += count
