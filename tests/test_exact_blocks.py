@@ -49,7 +49,7 @@ def alone_logits(model, prefix, tokens, path_parents=None):
         model.extend(prefix, cache)
         for position, node in enumerate(chain):
             out = model.forward(
-                tokens[node : node + 1], torch.tensor([len(prefix) + position]), cache, Attention.chain(1)
+                tokens[node : node + 1], torch.tensor([len(prefix) + position], device=model.device), cache, Attention.chain(1)
             )
             cache.commit(0, 1)
         rows.append(out.logits[0])

@@ -103,7 +103,7 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
     layer: the features (float16), the final normed state (float16) and the greedy token."""
     network = target.network
     count, length = states.shape[:2]
-    features = states[:, :, :-1].reshape(count, length, -1).half()
+    features = states[:, :, :-1].reshape(count, length, -1).half().cpu()  # the cache lives on the host
     final = network.norm(states[:, :, -1].to(device=target.device, dtype=target.dtype))
     greedy = torch.stack([network.lm_head(row).argmax(-1).cpu() for row in final])  # a sequence at a time
     return features, final.float().half().cpu(), greedy
