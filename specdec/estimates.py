@@ -123,15 +123,19 @@ class TreeAcceptance:
             self.stats.setdefault((depth, widths[depth]), RunningMean()).add(1.0 if depth < num_accepted else 0.0)
 
 
-def fit_line(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Least-squares line through (x, y) points, its slope clipped at 0 (a longer block never
-    costs less), evaluated at x."""
-    n = len(points)
-    mean_x = sum(px for px, _ in points) / n
-    mean_y = sum(py for _, py in points) / n
-    variance = sum((px - mean_x) ** 2 for px, _ in points)
-    slope = max(0.0, sum((px - mean_x) * (py - mean_y) for px, py in points) / variance)
-    return max(1e-9, mean_y + slope * (x - mean_x))
+def fit_line(points: Sequence[tuple[float, float]], x: float, weights: Sequence[float] | None = None) -> float | None:
+    """Least-squares line through (x, y) points (weighted: a point's weight is the evidence behind
+    it), its slope clipped at 0 (a longer block never costs less), evaluated at x; None when the
+    weight sits on one x (no slope to fit)."""
+    weights = weights or [1.0] * len(points)
+    total = sum(weights)
+    mean_x = sum(w * px for w, (px, _) in zip(weights, points)) / total
+    mean_y = sum(w * py for w, (_, py) in zip(weights, points)) / total
+    variance = sum(w * (px - mean_x) ** 2 for w, (px, _) in zip(weights, points))
+    if variance <= 1e-6 * total:
+        return None
+    covariance = sum(w * (px - mean_x) * (py - mean_y) for w, (px, py) in zip(weights, points))
+    return max(1e-9, mean_y + max(0.0, covariance / variance) * (x - mean_x))
 
 
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
@@ -149,10 +153,14 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 @dataclass
 class VerifyCost:
     """T(k), the measured seconds of a k-token verify block of one request: a straight-line fit
-    over the sizes seen (with one size seen, a mild 5% slope per token: the int8 CPU / GPU
-    regime), or with ``prefer_measured`` the decayed mean where k itself was seen (trees try many
-    sizes, and T has steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens,
-    then double)."""
+    over the sizes seen, each weighed by its decayed count (with one size seen, or nearly all the
+    weight on one, a mild 5% slope per token: the int8 CPU / GPU regime), or with
+    ``prefer_measured`` the decayed mean where k itself was seen (trees try many sizes, and T has
+    steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens, then double).
+    The weights matter: a size a policy stopped drafting keeps its old mean forever (decay scales
+    its sum and count alike), and one slow sample there (measured: a 4-token block once, on an
+    int4 target) tilted an unweighted line so far that the cost policy stopped drafting for the
+    rest of the run and never measured that size again."""
 
     decay: float = 0.98
     prefer_measured: bool = False
@@ -164,15 +172,17 @@ class VerifyCost:
         self.by_block.setdefault(block, RunningMean()).add(seconds)
 
     def seconds(self, block: int) -> float | None:
-        points = [(k, m.mean) for k, m in self.by_block.items() if m.mean is not None]
-        if not points:
+        measured = [(k, m) for k, m in self.by_block.items() if m.mean is not None]
+        if not measured:
             return None
         if self.prefer_measured and block in self.by_block and self.by_block[block].count >= 1.0:
             return self.by_block[block].mean
-        if len(points) == 1:
-            k0, t0 = points[0]
-            return max(1e-9, t0 * (1 + 0.05 * (block - k0)))
-        return fit_line(points, block)
+        points, weights = [(k, m.total / m.count) for k, m in measured], [m.count for _, m in measured]
+        fitted = fit_line(points, block, weights)
+        if fitted is not None:
+            return fitted
+        k0, t0 = max(zip(weights, points))[1]  # the size measured most
+        return max(1e-9, t0 * (1 + 0.05 * (block - k0)))
 
 
 class VerifyCostTable:

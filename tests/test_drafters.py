@@ -9,7 +9,7 @@ from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 from specdec.drafting.base import ContextRequest
 from specdec.metrics import predicted_speedup
-from specdec.estimates import AcceptanceByPosition
+from specdec.estimates import AcceptanceByPosition, VerifyCost, best_chain_length
 from specdec.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
 
@@ -146,6 +146,22 @@ def test_cost_model_decodes_plainly_with_probes_where_drafting_does_not_pay():
     assert lengths[-96:].count(0) == 84 and lengths[-96:].count(1) == 12
     paying = synthetic_steps(CostModelPolicy(probe_every=8), 0.2, 300, random.Random(2), draft_seconds=0.01)
     assert 0 not in paying[-100:]  # cheap drafts and verify (slope 0.05) at the same alpha: always drafting
+
+
+def test_one_slow_block_long_ago_does_not_stop_the_cost_policy_drafting():
+    """A block size drafted once, in a slow moment, and never again keeps its mean (decay scales
+    sum and count alike); the line through the sizes weighs it by its faded count, so the sizes
+    measured every step decide. Measured on an int4 target: one slow 4-token block, and the policy
+    stopped drafting for the rest of the run. Unweighted, the line here gives T(1) 0.9 and T(2)
+    2.2, and the policy chooses plain decoding."""
+    verify = VerifyCost()
+    verify.add(4, 5.0)  # one 4-token block, 2.3x its real cost
+    for _ in range(100):  # then blocks of 1 and 2 tokens, T(k) = 1 + 0.3 k
+        verify.add(2, 1.6)
+        verify.add(1, 1.3)
+    assert abs(verify.seconds(1) - 1.3) < 0.05 and abs(verify.seconds(2) - 1.6) < 0.05
+    # alpha 0.6: drafting pays (one token: 1.6 tokens for 1.61 s, two: 1.96 for 1.92, against 1 for 1.3)
+    assert best_chain_length(AcceptanceByPosition(), 0.01, verify.seconds, 4) == 2
 
 
 def test_threshold_policy_shortens_drafts_when_acceptance_falls():

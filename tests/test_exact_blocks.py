@@ -48,9 +48,8 @@ def alone_logits(model, prefix, tokens, path_parents=None):
         cache = model.new_cache()
         model.extend(prefix, cache)
         for position, node in enumerate(chain):
-            out = model.forward(
-                tokens[node : node + 1], torch.tensor([len(prefix) + position], device=model.device), cache, Attention.chain(1)
-            )
+            position_ids = torch.tensor([len(prefix) + position], device=model.device)
+            out = model.forward(tokens[node : node + 1], position_ids, cache, Attention.chain(1))
             cache.commit(0, 1)
         rows.append(out.logits[0])
     return torch.stack(rows)
