@@ -67,3 +67,16 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
     later = continuation_features(target, files, 24, 2, layers, tmp_path, batch=2, start=2)
     assert "part-000002-2.safetensors" in {path.name for path in tmp_path.iterdir()}
     assert later is not None and torch.equal(later.tokens[0], first.tokens[-1])
+
+
+def test_a_continuation_start_past_the_datas_prompts_is_an_error(float64_target, tmp_path):
+    """Two files give four prompts (two per file). Asking to start past them once trained a head
+    on corpus windows alone, silently; now it is an error, and a short supply is said."""
+    target = float64_target
+    layers = default_feature_layers(target.network.config.num_layers)
+    files = [Path(specdec.__file__).parent / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
+    with pytest.raises(ValueError, match="--continuation-start 4: the data gives 4 prompts"):
+        continuation_features(target, files, 24, 2, layers, tmp_path, start=4)
+    said: list[str] = []
+    continuation_features(target, files, 24, 5, layers, tmp_path, start=3, say=said.append)
+    assert said == ["continuations: prompts 3-3, the last the data gives (1 of the 5 asked for)"]

@@ -78,13 +78,22 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
 def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
                           feature_layers: tuple[int, ...], folder: Path,
                           progress: Callable[[int], None] | None = None, batch: int = 32,
-                          start: int = 0) -> HeadFeatures | None:
+                          start: int = 0, say: Callable[[str], None] | None = None) -> HeadFeatures | None:
     """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
     lines before it, at most half the window), from prompt ``start`` on, with their features; each
     batch is saved in ``folder`` when done and read back from there on a later run (code_prompts'
-    first N prompts are the same for any larger count: a run that asks for more reuses these)."""
+    first N prompts are the same for any larger count: a run that asks for more reuses these).
+    The data gives a limited number of prompts (two per file): none from ``start`` on is an error
+    (the run would train on corpus windows alone), fewer than ``count`` is told through ``say``."""
+    available = code_prompts(files, start + count)
+    if count and len(available) <= start:
+        raise ValueError(f"--continuation-start {start}: the data gives {len(available)} prompts (two per file), "
+                         "none from there on; give more files with --data, or a smaller --continuation-start")
+    if len(available) < start + count and say is not None:
+        say(f"continuations: prompts {start}-{len(available) - 1}, the last the data gives ({len(available) - start} "
+            f"of the {count} asked for)")
     prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
-               for p in code_prompts(files, start + count)[start:]]
+               for p in available[start:]]
     parts = []
     for first in range(start, start + len(prompts), batch):
         group = prompts[first - start : first - start + batch]

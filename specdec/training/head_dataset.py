@@ -68,7 +68,7 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
                 (train_parts, train_files, plan.continuation_start, plan.continuation_sequences, "continuations"),
                 (held_parts, heldout_files, 0, len(heldout), "heldout-continuations")):
             continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
-                                              progress_bar(f"target {name}", count), start=start)
+                                              progress_bar(f"target {name}", count), start=start, say=say)
             if continued is not None:
                 parts.append(continued)
     if not train_parts:
