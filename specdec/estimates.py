@@ -158,9 +158,10 @@ class VerifyCost:
     ``prefer_measured`` the decayed mean where k itself was seen (trees try many sizes, and T has
     steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens, then double).
     The weights matter: a size a policy stopped drafting keeps its old mean forever (decay scales
-    its sum and count alike), and one slow sample there (measured: a 4-token block once, on an
-    int4 target) tilted an unweighted line so far that the cost policy stopped drafting for the
-    rest of the run and never measured that size again."""
+    its sum and count alike), so one slow sample there can tilt an unweighted line until plain
+    decoding looks best, and that size is never measured again (seen once on an int4 target: the
+    cost policy drafted on a run's first prompt, then only probed on the other seven; the slow
+    sample itself was not captured)."""
 
     decay: float = 0.98
     prefer_measured: bool = False
