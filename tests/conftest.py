@@ -28,3 +28,11 @@ def tiny_pair(model_dir):
         "independent": save_random_model(model_dir / "independent", "llama", seed=1, init_scale=0.3),
         "perturbed": save_random_model(model_dir / "perturbed", perturb_from=target, perturb_scale=0.03, seed=2),
     }
+
+
+@pytest.fixture(scope="session")
+def wide_model_dir(tmp_path_factory):
+    """A 256-wide qwen2 model: wide enough that a matmul's blocking shows in float32's last bits."""
+    from test_exact_blocks import WIDE
+
+    return save_random_model(tmp_path_factory.mktemp("wide") / "qwen2", "qwen2", init_scale=0.05, **WIDE)

@@ -16,17 +16,12 @@ import specdec
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.drafting.head_format import new_head
 from specdec.models.base import Attention
-from test_exact_blocks import WIDE, alone_logits
+from test_exact_blocks import TREE_DEPTHS, TREE_PARENTS, alone_logits
 from test_greedy_equality import random_cases
 from tiny import save_random_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = "cuda"
-
-
-@pytest.fixture(scope="module")
-def wide_model_dir(tmp_path_factory):
-    return save_random_model(tmp_path_factory.mktemp("wide") / "qwen2", "qwen2", init_scale=0.05, **WIDE)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -45,15 +40,12 @@ def test_cuda_blocks_equal_each_token_alone(wide_model_dir, dtype):
         block = model.forward(tokens[:count], positions, cache, Attention.chain(count)).logits
         expected = alone_logits(model, prefix, tokens[:count], list(range(-1, count - 1)))
         assert torch.equal(block, expected), f"{dtype}, block of {count}"
-    parents = [-1, -1, 0, 0, 1, 2, 2, 4, 5, 3]
     cache = model.new_cache()
     model.extend(prefix, cache)
-    depths = [0] * len(parents)
-    for node, parent in enumerate(parents):
-        depths[node] = 0 if parent < 0 else depths[parent] + 1
-    positions = torch.tensor([40 + depth for depth in depths], device=CUDA)
-    tree = model.forward(tokens[:len(parents)], positions, cache, Attention.tree(parents)).logits
-    assert torch.equal(tree, alone_logits(model, prefix, tokens[:len(parents)], parents)), f"{dtype}, tree"
+    positions = torch.tensor([40 + depth for depth in TREE_DEPTHS], device=CUDA)
+    nodes = tokens[:len(TREE_PARENTS)]
+    tree = model.forward(nodes, positions, cache, Attention.tree(TREE_PARENTS)).logits
+    assert torch.equal(tree, alone_logits(model, prefix, nodes, TREE_PARENTS)), f"{dtype}, tree"
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,11 @@ import torch
 
 from specdec.models.base import Attention
 from specdec.models.loading import load
-from tiny import save_random_model
 
 WIDE = dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=256)
-
-
-@pytest.fixture(scope="module")
-def wide_model_dir(tmp_path_factory):
-    return save_random_model(tmp_path_factory.mktemp("wide") / "qwen2", "qwen2", init_scale=0.05, **WIDE)
+TREE_PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4, 5, 3]
+TREE_DEPTHS = (0, 0, 1, 1, 1, 2, 2, 2, 3, 2)  # of each node of TREE_PARENTS
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -75,12 +71,12 @@ def test_every_block_row_equals_that_token_alone(wide_model_dir, dtype, context,
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_tree_block_equals_each_node_alone(wide_model_dir, dtype, threads):
     model = load(wide_model_dir, dtype=dtype)
-    parents = [-1, -1, 0, 0, 1, 2, 2, 4, 5, 3]
+    parents = TREE_PARENTS
     tokens = torch.arange(100, 100 + len(parents))
     prefix = torch.arange(30)
     cache = model.new_cache()
     model.extend(prefix, cache)
-    positions = torch.tensor([30 + depth for depth in (0, 0, 1, 1, 1, 2, 2, 2, 3, 2)])
+    positions = torch.tensor([30 + depth for depth in TREE_DEPTHS])
     block = model.forward(tokens, positions, cache, Attention.tree(parents)).logits
     assert torch.equal(block, alone_logits(model, prefix, tokens, parents))
 

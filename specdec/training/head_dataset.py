@@ -57,9 +57,7 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
         )
     train_parts: list[HeadFeatures] = []
     held_parts: list[HeadFeatures] = []
-    for parts, chosen, name in ((train_parts, windows, "target features"), (held_parts, heldout, "held-out features")):
-        if chosen:
-            parts.append(extract_features(target, chosen, plan.feature_layers, progress_bar(name, len(chosen))))
+    # Continuations first: a start past the data's prompts fails before minutes of corpus features.
     if plan.continuation_sequences:  # held out: as many continuations of held-out files as corpus windows
         # Not keyed by the counts: the first N prompts are the same for any larger count, so a run
         # asking for more continuations (or fewer) reuses every batch generated before.
@@ -71,6 +69,9 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
                                               progress_bar(f"target {name}", count), start=start, say=say)
             if continued is not None:
                 parts.append(continued)
+    for parts, chosen, name in ((train_parts, windows, "target features"), (held_parts, heldout, "held-out features")):
+        if chosen:  # corpus windows ahead of continuations, as the cache has always held them
+            parts.insert(0, extract_features(target, chosen, plan.feature_layers, progress_bar(name, len(chosen))))
     if not train_parts:
         raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
     train, held = HeadFeatures.cat(train_parts), HeadFeatures.cat(held_parts)
