@@ -193,6 +193,8 @@ def check_kernel(out_features: int, in_features: int, seed: int = 0,
     weight = torch.randn(out_features, in_features, generator=generator)
     weight[0::4] = torch.where(weight[0::4] > 0, 1.0, -1.0)  # groups spanning +-1: q at 0 and 15
     weight[1::4] = torch.randint(0, 2, (1, in_features), generator=generator).float() * 15  # q 0 / 15, min 0
+    weight[2::4] = 15.0  # q 15 but for each group's input 2 (q 0): a kernel's int16 lanes at their fullest
+    weight[2::4, 2::32] = 0.0
     try:
         records, q, scale, minimum = pack_weight(weight)
     except RuntimeError as error:

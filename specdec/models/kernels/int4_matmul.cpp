@@ -66,49 +66,58 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
     _mm512_storeu_ps(y + r * N + block * kCols, _mm512_mul_ps(accf[r], _mm512_set1_ps(xscale[r])));
 }
 #elif defined(__AVX2__) && defined(__F16C__)
-constexpr int kRows = 4;
+constexpr int kRows = 3;  // 3 rows x 16 columns: the most whose accumulators fit 16 ymm registers (measured)
+constexpr int kAhead = 8 * kRecord;  // prefetch distance in bytes (8 groups)
 template <int rows>
 void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int half = 0; half < 2; ++half) {  // columns 8 * half .. 8 * half + 7
-    __m256 accf[kRows];
-    for (int r = 0; r < rows; ++r) accf[r] = _mm256_setzero_ps();
-    const uint8_t* record = w + block * groups * kRecord;
-    for (int64_t g = 0; g < groups; ++g, record += kRecord) {
-      __m256i acci[kRows];
-      for (int r = 0; r < rows; ++r) acci[r] = _mm256_setzero_si256();
-      for (int s = 0; s < 4; ++s) {
-        const __m256i packed = _mm256_loadu_si256((const __m256i*)(record + 64 * s + 32 * half));
-        const __m256i low = _mm256_and_si256(packed, nibble);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-        for (int r = 0; r < rows; ++r) {
-          const int8_t* xs = x + r * K + g * kGroup + 8 * s;
-          int32_t x0, x1;
-          std::memcpy(&x0, xs, 4);
-          std::memcpy(&x1, xs + 4, 4);
-          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(x0)), ones);
-          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(high, _mm256_set1_epi32(x1)), ones);
-          acci[r] = _mm256_add_epi32(acci[r], _mm256_add_epi32(p0, p1));
-        }
+  __m256 accf[rows][2];  // a ymm register holds 8 of the block's 16 columns: two halves
+  for (int r = 0; r < rows; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
+  const uint8_t* record = w + block * groups * kRecord;
+  for (int64_t g = 0; g < groups; ++g, record += kRecord) {
+    for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + kAhead + line, _MM_HINT_T0);
+    // Each int16 lane sums 8 pair sums of the group: at most 16 x 15 x 127 = 30480 < 2^15, so
+    // the lanes are exact in int16 and widen to int32 once per group (one vpmaddwd, not eight).
+    __m256i acc16[rows][2];
+    for (int r = 0; r < rows; ++r) acc16[r][0] = acc16[r][1] = _mm256_setzero_si256();
+    for (int s = 0; s < 4; ++s) {
+      __m256i low[2], high[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i*)(record + 64 * s + 32 * h));
+        low[h] = _mm256_and_si256(packed, nibble);
+        high[h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
       }
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 256 + 16 * half)));
-      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 288 + 16 * half)));
       for (int r = 0; r < rows; ++r) {
-        const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(acci[r]), scale);
+        const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+        int32_t x0, x1;
+        std::memcpy(&x0, xs, 4);
+        std::memcpy(&x1, xs + 4, 4);
+        const __m256i x0s = _mm256_set1_epi32(x0), x1s = _mm256_set1_epi32(x1);
+        for (int h = 0; h < 2; ++h)
+          acc16[r][h] = _mm256_add_epi16(
+              acc16[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], x0s), _mm256_maddubs_epi16(high[h], x1s)));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 256 + 16 * h)));
+      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 288 + 16 * h)));
+      for (int r = 0; r < rows; ++r) {
+        const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc16[r][h], ones)), scale);
 #if defined(__FMA__)
-        accf[r] = _mm256_add_ps(accf[r], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), p1));
+        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), p1));
 #else
         const __m256 p2 = _mm256_mul_ps(mins, _mm256_set1_ps(xsum[r * groups + g]));
-        accf[r] = _mm256_add_ps(accf[r], _mm256_add_ps(p1, p2));
+        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_add_ps(p1, p2));
 #endif
       }
     }
-    for (int r = 0; r < rows; ++r)
-      _mm256_storeu_ps(y + r * N + block * kCols + 8 * half, _mm256_mul_ps(accf[r], _mm256_set1_ps(xscale[r])));
   }
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(y + r * N + block * kCols + 8 * h, _mm256_mul_ps(accf[r][h], _mm256_set1_ps(xscale[r])));
 }
 #else
 constexpr int kRows = 1;
