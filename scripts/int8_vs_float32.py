@@ -5,6 +5,7 @@ policy), against the same target in float32 greedy, target alone. Prints a table
     python scripts/int8_vs_float32.py [--max-new-tokens 64] [--out runs/int8-vs-fp32.json]
         [--kernel int_mm-8bit]   # force one int8 kernel (e.g. exact 8-bit activations on any CPU)
         [--llama-cpp]            # the target on llama.cpp with the pair's own GGUF instead of int8
+        [--quantize int4]        # the own forward in another precision than the pair's
 
 A mismatch is reported with the float32 target's top-2 logit margin at the first differing
 token: int8 rounds activations, so a near-tie may legitimately go the other way; junk (a kernel
@@ -42,17 +43,19 @@ def main() -> None:
     parser.add_argument("--out", default="runs/int8-vs-fp32.json")
     parser.add_argument("--kernel", choices=[kernel.name for kernel in int8_kernels.CANDIDATES])
     parser.add_argument("--llama-cpp", action="store_true")
+    parser.add_argument("--quantize", choices=["int8", "int4"], help="own forward's precision (default: the pair's)")
     args = parser.parse_args()
     if args.kernel:
         int8_kernels.CANDIDATES = [k for k in int8_kernels.CANDIDATES if k.name == args.kernel]
         quantize.KERNELS = int8_kernels.KernelCache(None)  # checked here, not taken from the cache
     pair = default_pair()
+    precision = args.quantize or pair.quantize
     prompts = [QUICKSTART_PROMPT] + [item.text for item in load_prompts(default_prompts(), 2)]
     reference = load(pair.target)  # float32, exact blocks
     target = (
-        load(pair.target_gguf, backend="llama.cpp") if args.llama_cpp else load(pair.target, quantize=pair.quantize)
+        load(pair.target_gguf, backend="llama.cpp") if args.llama_cpp else load(pair.target, quantize=precision)
     )
-    draft = load(pair.draft, quantize=pair.quantize)
+    draft = load(pair.draft, quantize=precision)
     print(quantize.kernel_notice())
     settings = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows = []
@@ -79,7 +82,7 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "pair": pair.name,
-        "target": "llama.cpp " + pair.target_gguf.name if args.llama_cpp else "own int8",
+        "target": "llama.cpp " + pair.target_gguf.name if args.llama_cpp else f"own {precision}",
         "kernels": quantize.kernel_notice(),
         "same": sum(r["same_text"] for r in rows),
         "of": len(rows),

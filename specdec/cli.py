@@ -26,7 +26,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=["int8", "int4", "none"],
         help="int8 weights and activations, or int4: 4-bit weight groups on a kernel compiled and "
-        "checked on this CPU (CPU only); unset: int8 for the default SmolLM2 pair on a CPU, none otherwise",
+        "checked on this CPU (CPU only); unset: for the default SmolLM2 pair on a CPU, int8, int4 or its "
+        "GGUF on llama.cpp, whichever is measured fastest and exact here (once); none otherwise",
     )
     parser.add_argument(
         "--backend",
@@ -151,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool = False):
     """(target, draft, quantize, default pair or None): --target/--draft, or the default pair when
-    no --target is given. --quantize unset means int8 for the default SmolLM2 pair on a CPU (its
-    fastest exact precision), none otherwise. reads_hidden (a draft head reads the target's hidden
+    no --target is given. --quantize unset means, for the default SmolLM2 pair on a CPU, the
+    precision (int8 or int4) or llama.cpp backend measured fastest and exact on this machine; none
+    otherwise. reads_hidden (a draft head reads the target's hidden
     states): --backend auto means the own forward, the one backend that gives them."""
     from specdec.defaults import default_pair
 
@@ -168,11 +170,11 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
     target = pair.target
     if args.quantize is None and args.dtype == "float32" and args.device == "cpu":
         quantize = pair.quantize
-        if args.backend == "auto":
+        if args.backend in ("auto", "specdec") and pair.target_gguf is not None:
             from specdec.defaults import fastest_default_target
 
-            with waiting(errors, "choosing the target's backend") as update:
-                target, why = fastest_default_target(pair, update)
+            with waiting(errors, "choosing the target's backend and precision") as update:
+                target, quantize, why = fastest_default_target(pair, update, llama_cpp=args.backend == "auto")
             if why:
                 errors.print(f"[dim]{why}[/]", highlight=False, soft_wrap=True)
     errors.print(f"[dim]default pair: {pair.name} ({pair.target.parent})[/]", highlight=False, soft_wrap=True)

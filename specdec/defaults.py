@@ -136,25 +136,38 @@ def default_pair(status=None) -> DefaultPair:
     return smollm2_pair(status) or toy_pair()
 
 
-def fastest_default_target(pair: DefaultPair, status=None) -> tuple[Path, str | None]:
-    """(target, a line saying why) for the default pair on this machine: its folder on the own
-    forward in the pair's precision, or its GGUF on llama.cpp's kernels (which keep their own
-    quantization) when llama-cpp-python is installed and that is faster here and exact (measured
-    once per machine: specdec/models/backend_choice.py)."""
+def fastest_default_target(
+    pair: DefaultPair, status=None, llama_cpp: bool = True
+) -> tuple[Path, str | None, str | None]:
+    """(target, quantize, a line saying why) for the default pair on this machine: its folder on
+    the own forward in int8 or int4, or its GGUF on llama.cpp's kernels (which keep their own
+    quantization; only with llama_cpp, when llama-cpp-python is installed), whichever is fastest here
+    and exact (measured once per machine: specdec/models/backend_choice.py). Which one wins depends
+    on the instruction set: on an AVX2-only EPYC int4 ran the target 2.5x faster than int8
+    (docs/benchmarks.md)."""
     import importlib.util
 
-    if pair.target_gguf is None or importlib.util.find_spec("llama_cpp") is None:
-        return pair.target, None
     from specdec.models.backend_choice import choose_fastest_exact
+    from specdec.models.int4 import KernelUnavailable, compiled_kernel
     from specdec.models.loading import load
 
+    candidates = {"own forward, int8": lambda: load(pair.target, quantize="int8")}
+    try:
+        compiled_kernel()
+        candidates["own forward, int4"] = lambda: load(pair.target, quantize="int4")
+    except KernelUnavailable:
+        pass  # no compiler or kernel here: int8 is what the own forward has
     gguf = pair.target_gguf
-    candidates = {"own forward, int8": lambda: load(pair.target, quantize=pair.quantize),
-                  f"llama.cpp, {gguf.name}": lambda: load(gguf, backend="llama.cpp")}
+    if llama_cpp and gguf is not None and importlib.util.find_spec("llama_cpp") is not None:
+        candidates[f"llama.cpp, {gguf.name}"] = lambda: load(gguf, backend="llama.cpp")
+    if len(candidates) == 1:
+        return pair.target, pair.quantize, None
     choice = choose_fastest_exact(candidates, f"default target {SMOLLM2_SHA256}",
                                   progress=(lambda message: status(message)) if status else None)
-    line = f"target backend: {choice.line()}"
-    return (gguf if choice.name.startswith("llama.cpp") else pair.target), line
+    line = f"target: {choice.line()}"
+    if choice.name.startswith("llama.cpp"):  # the GGUF keeps its own quantization; a draft, the pair's
+        return gguf, pair.quantize, line  # type: ignore[return-value]
+    return pair.target, choice.name.rsplit(", ", 1)[1], line
 
 
 def default_prompts() -> Path:

@@ -106,18 +106,40 @@ def test_the_cached_conversion_is_reused(smollm2_pair, monkeypatch):
 
 @pytest.mark.slow
 def test_the_default_target_runs_where_it_is_measured_fastest_and_exact(smollm2_pair, monkeypatch):
-    """With llama-cpp-python, the own int8 forward and llama.cpp on the pair's GGUF are both
+    """With llama-cpp-python, the own int8 and int4 forwards and llama.cpp on the pair's GGUF are
     checked and timed once; the chosen one is the faster exact one, and the next call reuses it."""
     pytest.importorskip("llama_cpp")
     from specdec.models import backend_choice
 
-    target, line = defaults.fastest_default_target(smollm2_pair)
+    target, quantize, line = defaults.fastest_default_target(smollm2_pair)
     assert target in (smollm2_pair.target, smollm2_pair.target_gguf)
     assert "own forward, int8" in line and smollm2_pair.target_gguf.name in line
     stored = json.loads((defaults.cache_root() / "backend-choice.json").read_text())
     (entry,) = stored.values()
-    assert not entry["refused"], entry  # both run exactly on this machine
+    assert not entry["refused"], entry  # each runs exactly on this machine
     fastest = min(entry["milliseconds"], key=entry["milliseconds"].get)
     assert (target == smollm2_pair.target_gguf) == fastest.startswith("llama.cpp")
     monkeypatch.setattr(backend_choice, "forward_milliseconds", lambda model: pytest.fail("measured again"))
-    assert defaults.fastest_default_target(smollm2_pair)[0] == target
+    assert defaults.fastest_default_target(smollm2_pair) == (target, quantize, line)
+
+
+@pytest.mark.slow
+def test_the_default_precision_is_the_measured_faster_of_int8_and_int4(smollm2_pair, monkeypatch):
+    """On the own forward (a draft head needs it), int8 and int4 are both checked and timed; the
+    precision returned is the faster one's, and a measurement saying int8 is faster gives int8."""
+    from specdec.models import backend_choice
+    from specdec.models.quantize import Int8Linear
+
+    (defaults.cache_root() / "backend-choice.json").unlink(missing_ok=True)  # only this test's entry
+    target, quantize, line = defaults.fastest_default_target(smollm2_pair, llama_cpp=False)
+    stored = json.loads((defaults.cache_root() / "backend-choice.json").read_text())
+    (entry,) = stored.values()
+    assert sorted(entry["milliseconds"]) == ["own forward, int4", "own forward, int8"], entry
+    assert target == smollm2_pair.target
+    assert quantize == min(entry["milliseconds"], key=entry["milliseconds"].get).rsplit(", ", 1)[1]
+    (defaults.cache_root() / "backend-choice.json").unlink()
+    def int8_is_faster(model) -> float:
+        return 1.0 if isinstance(model.network.layers[0].down_proj, Int8Linear) else 2.0
+
+    monkeypatch.setattr(backend_choice, "forward_milliseconds", int8_is_faster)
+    assert defaults.fastest_default_target(smollm2_pair, llama_cpp=False)[1] == "int8"
