@@ -2,9 +2,26 @@
 
 import dataclasses
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 from scipy.stats import chisquare
+
+import specdec.engine
+
+
+class StepClock:
+    """time.perf_counter for the engine that advances 1 ms per reading. The cost policies choose
+    draft lengths from measured seconds; with real timings a seeded law test drew different
+    samples in every run (its p-value a fresh draw each time: one fell below 1e-3 in a CI run);
+    with this clock the same seeds give the same samples, run after run."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-3
+        return self.now
 
 
 def assert_matches_law(counts: dict, law: dict, label: str = "") -> None:
@@ -31,11 +48,12 @@ def sample_sequences(decoder, prompt: list[int], sampling, length: int, samples:
     drafted tokens)."""
     counts, accepted, drafted = Counter(), 0, 0
     rule = sampling.sampling_rule or "rejection"
-    for first in range(first_seed, first_seed + samples, batch):
-        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length, sampling_rule=rule)
-                    for seed in range(first, min(first + batch, first_seed + samples))]
-        for result in decoder.generate([prompt] * len(settings), settings):
-            counts[tuple(result.token_ids)] += 1
-            accepted += result.stats.accepted
-            drafted += result.stats.drafted
+    with mock.patch.object(specdec.engine, "time", StepClock()):
+        for first in range(first_seed, first_seed + samples, batch):
+            settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length, sampling_rule=rule)
+                        for seed in range(first, min(first + batch, first_seed + samples))]
+            for result in decoder.generate([prompt] * len(settings), settings):
+                counts[tuple(result.token_ids)] += 1
+                accepted += result.stats.accepted
+                drafted += result.stats.drafted
     return counts, accepted, drafted
