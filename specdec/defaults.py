@@ -166,7 +166,8 @@ def fastest_default_target(
                                   progress=(lambda message: status(message)) if status else None)
     line = f"target: {choice.line()}"
     if choice.name.startswith("llama.cpp"):  # the GGUF keeps its own quantization; a draft, the pair's
-        return gguf, pair.quantize, line  # type: ignore[return-value]
+        assert gguf is not None  # a llama.cpp candidate exists only with it
+        return gguf, pair.quantize, line
     return pair.target, choice.name.rsplit(", ", 1)[1], line
 
 
