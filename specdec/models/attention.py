@@ -10,7 +10,7 @@ for trees, and for int8 models, where every row must be scored bit-for-bit as al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -248,10 +248,38 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
 
 
 @dataclass
+class QueryList:
+    """Every per-query token of a forward for one attention window, as the compiled attention reads them."""
+
+    tokens: torch.Tensor  # [b] int64, index among the forward's tokens
+    rows: torch.Tensor  # [b] int64, cache row
+    slots: torch.Tensor  # [b, longest] int64, its key slots in order (the first counts[i] are real)
+    counts: torch.Tensor  # [b] int64
+
+
+def query_list(tokens: list[int], rows: list[int], slot_lists: list[torch.Tensor]) -> QueryList:
+    counts = [int(slots.shape[0]) for slots in slot_lists]
+    slots = torch.zeros(len(slot_lists), max(counts), dtype=torch.int64)
+    for index, own in enumerate(slot_lists):
+        slots[index, : counts[index]] = own
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
+    return QueryList(as_tensor(tokens), as_tensor(rows), slots, as_tensor(counts))
+
+
+@dataclass
 class AttentionPlan:
     segments: list[SegmentPlan]  # used when padded is None
     padded: PaddedChains | None = None
     groups: dict[int | None, list[QueryGroup]] | None = None  # per window: the per-query segments' queries
+    query_lists: dict[int | None, QueryList] = field(default_factory=dict)  # built on demand, see query_list_for
+
+    def query_list_for(self, window: int | None) -> QueryList:
+        """The per-query segments' queries for `window` as one list (the compiled attention's input)."""
+        if window not in self.query_lists:
+            queries = [(token, plan.row, slots) for plan in self.segments if plan.per_query is not None
+                       for token, slots in zip(range(plan.start, plan.end), plan.per_query[window])]
+            self.query_lists[window] = query_list(*map(list, zip(*queries)))
+        return self.query_lists[window]
 
 
 def plan_attention(

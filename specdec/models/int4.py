@@ -39,6 +39,9 @@ from specdec.machine import cache_root, cached_measurement, machine_key
 GROUP = 32  # inputs per scale
 COLS = 16  # outputs per block of the packed layout
 SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
+# Compiled into the same library: the layer's work around the matmuls (specdec/models/int4_layer.py).
+LAYER_SOURCE = Path(__file__).parent / "kernels" / "layer_ops.cpp"
+SOURCES = (SOURCE, LAYER_SOURCE)
 
 
 class KernelUnavailable(RuntimeError):
@@ -49,15 +52,17 @@ class KernelUnavailable(RuntimeError):
 def compiled_kernel() -> ctypes.CDLL:
     """The kernel, compiled once per machine and source into the cache folder."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if not SOURCE.is_file():
-        raise KernelUnavailable(f"the int4 kernel's source is missing from the installed package ({SOURCE})")
+    missing = [str(source) for source in SOURCES if not source.is_file()]
+    if missing:
+        raise KernelUnavailable(f"the int4 kernel's source is missing from the package ({', '.join(missing)})")
     if compiler is None:
         raise KernelUnavailable("no C++ compiler (g++) to build the int4 kernel; install one, or use --quantize int8")
     library = cache_root() / "kernels" / f"int4_matmul-{_library_key()}.so"
     if not library.is_file():
         library.parent.mkdir(parents=True, exist_ok=True)
         partial = library.with_suffix(f".{os.getpid()}.tmp")
-        result = subprocess.run([compiler, *_flags(), str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
+        command = [compiler, *_flags(), *map(str, SOURCES), "-o", str(partial)]
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelUnavailable(f"compiling the int4 kernel failed: {result.stderr.strip()[-300:]}")
         partial.replace(library)
@@ -82,7 +87,8 @@ def _library_key() -> str:
     """The source, compiler and machine (CPU, flags, ISA caps) the kernel is built for: a new key
     builds and checks anew."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
-    text = (SOURCE.read_bytes() if SOURCE.is_file() else b"") + " ".join([compiler, *_flags(), machine_key()]).encode()
+    text = b"".join(source.read_bytes() for source in SOURCES if source.is_file())
+    text += " ".join([compiler, *_flags(), machine_key()]).encode()
     return hashlib.sha256(text).hexdigest()[:16]
 
 

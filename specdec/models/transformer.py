@@ -22,6 +22,7 @@ from torch import nn
 
 from specdec.models.attention import AttentionPlan, plan_attention
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
+from specdec.models import int4_layer
 from specdec.models.cache import KVCache
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -154,6 +155,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.fused = False  # int4 linears and the compiled layer ops (int4_layer.py): set by quantize()
 
     def forward(
         self,
@@ -165,6 +167,10 @@ class DecoderLayer(nn.Module):
         layer_index: int,
         fixed_rows: int | None = None,  # see project(); padding rows are never attended
     ) -> torch.Tensor:  # [n, hidden]
+        if self.fused:  # the same layer in three compiled calls
+            qkv = int4_layer.qkv_projection(self, x, cos, sin).transpose(0, 1)  # [heads + 2 kv_heads, n, d]
+            q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)
+            return int4_layer.mlp_block(self, x, attend_planned(self, q, k, v, plan, cache, layer_index, compiled=True))
         num_tokens = x.shape[0]
         qkv = project(self.qkv_proj, self.input_norm(x), fixed_rows).view(num_tokens, -1, self.head_dim).transpose(0, 1)
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
@@ -195,6 +201,7 @@ def attend_planned(
     plan: AttentionPlan,
     cache: KVCache,
     layer_index: int,
+    compiled: bool = False,  # per-query tokens through the compiled attention (int4_layer.attend_queries)
 ) -> torch.Tensor:  # [n, heads * d]; rows past the planned tokens (padding) are zeros
     """Write the block's keys and values into the cache and attend as the plan says."""
     num_tokens = q.shape[1]
@@ -202,15 +209,19 @@ def attend_planned(
         attended = plan.padded.attend(layer, q, k, v, cache, layer_index)
         attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
     else:
-        attended = q.new_zeros(q.shape)  # [heads, n, d]; padding rows stay zero
+        out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]; padding rows stay zero
+        attended = out.transpose(0, 1)  # [heads, n, d], a view of out
         for segment in plan.segments:
             rows = slice(segment.start, segment.end)
             keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
             if segment.per_query is None:
                 attended[:, rows] = layer.attend(q[:, rows], keys, values, segment.masks.get(layer.window))
-        for group in plan.groups[layer.window] if plan.groups else ():
+        if compiled and plan.groups:
+            int4_layer.attend_queries(layer, q, plan.query_list_for(layer.window), cache.keys[layer_index],
+                                      cache.values[layer_index], out)
+        for group in plan.groups[layer.window] if plan.groups and not compiled else ():
             group.attend(layer, q, cache, layer_index, attended)
-        attended = attended.transpose(0, 1).reshape(num_tokens, -1)
+        attended = out.reshape(num_tokens, -1)
     if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
         attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
     return attended
@@ -250,6 +261,7 @@ class LlamaFamilyModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.set_rope_tables(inv_freq, attention_scaling)
         self.quantized = False
+        self.fused_output = False  # the final norm and an int4 head in one compiled call (int4_layer.py)
         self.fixed_rows: int | None = None  # set by make_batch_invariant
 
     def restrict_output(self, token_ids: torch.Tensor) -> LlamaFamilyModel:
@@ -271,6 +283,12 @@ class LlamaFamilyModel(nn.Module):
 
         quantize_linears(self, kind)
         self.fixed_rows = None  # each row's products are computed alone in any blocking
+        for layer in self.layers:
+            layer.fused = int4_layer.fusable(layer)
+        self.fused_output = self.layers[0].fused and isinstance(self.lm_head, int4_layer.Int4Linear)
+        if self.quantized == "int4":
+            problem = int4_layer.layer_problem()
+            self.quantize_notice += f"; layer ops not compiled ({problem})" if problem else "; layer ops compiled"
         return self
 
     def make_batch_invariant(self, fixed_rows: int = DEFAULT_FIXED_ROWS) -> LlamaFamilyModel:
@@ -344,6 +362,11 @@ class LlamaFamilyModel(nn.Module):
             x = layer(x, cos, sin, plan, cache, index, fixed_rows)
             if index in hidden_layers:
                 outputs[index] = x[:count]
-        logits = project(self.lm_head, self.norm(x), fixed_rows)[:count] if want_logits else None
+        if not want_logits:
+            logits = None
+        elif self.fused_output:
+            logits = int4_layer.norm_then_linear(self.norm, self.lm_head, x)[:count]
+        else:
+            logits = project(self.lm_head, self.norm(x), fixed_rows)[:count]
         hidden = torch.cat([outputs[index] for index in hidden_layers], dim=-1) if hidden_layers else None
         return ForwardOutput(logits, hidden)

@@ -1,0 +1,189 @@
+"""An int4 model's decoder layer in three compiled calls (kernels/layer_ops.cpp), not ~20 torch ops.
+
+Why: on a 2-core AVX2 EPYC the Qwen2.5-Coder-1.5B target's one-token int4 step took ~96 ms, of
+which its 113 int4 matmuls took ~56; the rest was the small ops around them (RMSNorm alone ~12 ms,
+one-query SDPA calls ~9, RoPE ~4.5): per-op dispatch and threading on vectors of a few thousand
+floats. Here each layer is: norm + q/k/v matmul + bias + RoPE (one call), attention (per-query
+segments in one call; a prefill's masked segments still run SDPA), and o matmul + residual + norm +
+gate/up matmul + SiLU gate + down matmul + residual (one call).
+
+Exactness: each row is computed by the same code alone or in any block (layer_ops.cpp), and each
+query attends over exactly its own keys; so the greedy-equality invariant holds as before. The
+results are close to, not the same bits as, the torch layer (other summation orders): check_layer
+compares them at load, once per machine, with row invariance, and a failure keeps the torch layer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import torch
+from torch import nn
+
+from specdec.machine import cache_root, cached_measurement
+from specdec.models.attention import QueryList, query_list
+from specdec.models.int4 import Int4Linear, KernelUnavailable, _library_key, compiled_kernel
+
+POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+SIGNATURES = {
+    "specdec_layer_qkv": [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
+    "specdec_norm_linear": [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
+    "specdec_layer_mlp": [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
+    "specdec_attend": [POINTER, INT64, POINTER, POINTER, INT64, INT64] + [POINTER] * 4 + [INT64] * 5 + [FLOAT, POINTER],
+}
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    handle = compiled_kernel()
+    for name, argtypes in SIGNATURES.items():
+        function = getattr(handle, name)
+        function.restype, function.argtypes = None, argtypes
+    return handle
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def attend_queries(
+    layer: nn.Module,  # num_heads, num_kv_heads, head_dim
+    q: torch.Tensor,  # [heads, n, d], each head's d floats contiguous
+    queries: QueryList,
+    keys: torch.Tensor,  # [rows, kv_heads, capacity, d], one layer's cache
+    values: torch.Tensor,  # same
+    out: torch.Tensor,  # [n, heads, d] contiguous, written at queries.tokens
+) -> None:
+    if q.stride(2) != 1 or q.stride(0) != layer.head_dim or not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("attend_queries needs each query head and the cache rows contiguous")
+    library().specdec_attend(
+        q.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+        queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(), queries.counts.data_ptr(),
+        queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
+        1.0 / math.sqrt(layer.head_dim), out.data_ptr(),
+    )
+
+
+def fusable(layer: nn.Module) -> bool:
+    """A DecoderLayer whose four linears all run the int4 kernel, and whose library passed check_layer."""
+    linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    return all(isinstance(linear, Int4Linear) for linear in linears) and layer_problem() is None
+
+
+def qkv_projection(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [n, hidden] -> norm, q/k/v matmul, bias, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
+    linear, norm = layer.qkv_proj, layer.input_norm
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty(x.shape[0], linear.out_padded)
+    library().specdec_layer_qkv(
+        x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
+        cos.data_ptr(), sin.data_ptr(), out.data_ptr(), x.shape[0], linear.out_padded, linear.in_features,
+        linear.out_features, layer.num_heads + layer.num_kv_heads, layer.head_dim,
+    )
+    return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
+
+
+def mlp_block(layer: nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    """x + o(attended), then + down(silu(gate) * up) of its norm: [n, hidden]."""
+    o, gate_up, down, norm = layer.o_proj, layer.gate_up_proj, layer.down_proj, layer.post_attention_norm
+    x, attended = x.contiguous(), attended.contiguous()
+    out = torch.empty_like(x)
+    library().specdec_layer_mlp(
+        x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), norm.weight.data_ptr(), norm.eps,
+        gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(), _pointer(down.bias),
+        out.data_ptr(), x.shape[0], x.shape[1], attended.shape[1], down.in_features, o.out_padded, gate_up.out_padded,
+    )
+    return out
+
+
+def norm_then_linear(norm: nn.Module, linear: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(norm(x)) in one call: the final norm and the output head. [n, out_features]"""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], linear.out_padded)
+    library().specdec_norm_linear(
+        x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
+        out.data_ptr(), x.shape[0], linear.out_padded, linear.in_features, linear.out_features,
+    )
+    return out[:, : linear.out_features]
+
+
+def layer_problem() -> str | None:
+    """None if the compiled layer matches the torch layer closely and scores every row of a block
+    as alone, on this machine (check_layer, cached per machine and library), else why not."""
+    try:
+        key = _library_key()
+        compiled_kernel()
+    except KernelUnavailable as error:
+        return str(error)
+    return _cached_layer_problem(key)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_layer_problem(key: str) -> str | None:
+    return cached_measurement(cache_root() / "int4-kernel.json", f"{key}:layer", lambda: {"problem": check_layer()})[
+        "problem"]
+
+
+def check_layer(seed: int = 0) -> str | None:
+    """A small random int4 layer (qwen2-style biases, grouped-query attention) after a random
+    cached context: None if each compiled piece is within float32 rounding of the torch layer's
+    ops on a 3-token chain block, and every row of the block gets the bits it gets alone, else
+    what differs."""
+    from specdec.models.transformer import DecoderLayer, TransformerConfig, rotate_half
+
+    generator = torch.Generator().manual_seed(seed)
+    config = TransformerConfig("qwen2", 256, 64, 96, 1, 4, 2, 16, 1e-6, 64, False, True, False, False, (None,))
+    layer = DecoderLayer(config, None)
+    for parameter in layer.parameters():
+        parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3 + (parameter.dim() == 1)
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+        setattr(layer, name, Int4Linear(getattr(layer, name)))
+    context, block = 21, 3
+    keys = torch.randn(1, 2, 32, 16, generator=generator)
+    values = torch.randn(1, 2, 32, 16, generator=generator)
+    x = torch.randn(block, 64, generator=generator) * 2
+    angles = torch.arange(context, context + block)[:, None] * torch.rand(8, generator=generator)[None]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def close(compiled: torch.Tensor, expected: torch.Tensor, what: str) -> str | None:
+        error = ((compiled - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
+        return None if error < 1e-4 else f"{what} off by {error:.2g} (relative) from the torch layer"
+
+    def rows_alone(what: str, function, *inputs: torch.Tensor) -> str | None:
+        together = function(*inputs)
+        alone = torch.cat([function(*(tensor[row:row + 1] for tensor in inputs)) for row in range(block)])
+        return None if torch.equal(together, alone) else f"{what}: a block's rows differ from them alone"
+
+    qkv = qkv_projection(layer, x, cos, sin)
+    expected_qkv = layer.qkv_proj(layer.input_norm(x)).view(block, -1, 16)
+    expected_qkv = torch.cat([expected_qkv[:, :6] * cos[:, None] + rotate_half(expected_qkv[:, :6]) * sin[:, None],
+                              expected_qkv[:, 6:]], dim=1)
+    queries = qkv[:, :4].transpose(0, 1)  # [heads, n, d]
+    lists = query_list(list(range(block)), [0] * block, [torch.arange(context + i + 1) for i in range(block)])
+    keys[0, :, context:context + block] = qkv[:, 4:6].transpose(0, 1)
+    values[0, :, context:context + block] = qkv[:, 6:].transpose(0, 1)
+    attended = torch.zeros(block, 4, 16)
+    attend_queries(layer, queries, lists, keys, values, attended)
+    alone = torch.zeros(block, 4, 16)
+    for row in range(block):
+        attend_queries(layer, queries, query_list([row], [0], [lists.slots[row, : row + context + 1]]), keys, values,
+                       alone)
+    mask = torch.ones(block, context + block, dtype=torch.bool).tril(context)
+    expected_attended = torch.nn.functional.scaled_dot_product_attention(
+        queries[None], keys[:, :, : context + block], values[:, :, : context + block], attn_mask=mask, enable_gqa=True,
+    )[0].transpose(0, 1)  # [n, heads, d]
+    attended = attended.reshape(block, -1)
+    expected_out = x + layer.o_proj(attended)
+    gate, up = layer.gate_up_proj(layer.post_attention_norm(expected_out)).chunk(2, dim=-1)
+    expected_out = expected_out + layer.down_proj(torch.nn.functional.silu(gate) * up)
+    problems = [
+        close(qkv, expected_qkv, "norm + q/k/v + RoPE"),
+        close(attended.view(block, 4, 16), expected_attended, "attention"),
+        None if torch.equal(alone.reshape(block, -1), attended) else "attention: a block's rows differ from them alone",
+        close(mlp_block(layer, x, attended), expected_out, "o + residual + norm + MLP"),
+        rows_alone("norm + q/k/v + RoPE", lambda rows, c, s: qkv_projection(layer, rows, c, s).reshape(len(rows), -1),
+                   x, cos, sin),
+        rows_alone("o + residual + norm + MLP", lambda rows, a: mlp_block(layer, rows, a), x, attended),
+    ]
+    return next((problem for problem in problems if problem), None)

@@ -1,0 +1,149 @@
+// A decoder layer's work around its int4 matmuls, for specdec's own forward (specdec/models/int4_layer.py):
+// RMSNorm, bias, RoPE, SiLU-gated MLP, residual adds, and attention of each query over exactly its
+// own keys. Why: on a 2-core CPU the 1.5B target's one-token step spent ~40% of its time in the
+// ~20 small torch ops per layer around the matmuls (dispatch and threading overhead on vectors of
+// a few thousand floats); here they are 3 calls per layer.
+//
+// Exactness: every result of a row (a token) is computed by the same instructions in the same
+// order whatever else is in the call, so a token scores the same inside a verify block as alone.
+// Reductions (norms, dot products, softmax sums) run in 8 interleaved lanes summed in a fixed
+// order; compiled with -ffp-contract=off, no -ffast-math, so nothing is reassociated or fused.
+// The int4 matmul itself is specdec_int4_linear (int4_matmul.cpp, linked into the same library).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+extern "C" void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
+
+namespace {
+float dot(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) + tail;
+}
+
+// out = weight * (x / sqrt(mean(x^2) + eps)), as RMSNorm in float32.
+void rms_norm(const float* x, const float* weight, float eps, float* out, int64_t n) {
+  const float inverse = 1.0f / std::sqrt(dot(x, x, n) / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inverse);
+}
+
+// y [M, N] = norm(x) @ W^T + bias (bias over the first `width` outputs; N is the padded width).
+void norm_linear(const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K, int64_t width) {
+  std::vector<float> normed(M * K);
+  for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed.data() + m * K, K);
+  specdec_int4_linear(normed.data(), w, y, M, N, K);
+  if (bias)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < width; ++j) y[m * N + j] += bias[j];
+}
+
+// In place on each row's first `heads` heads: x * cos + rotate_half(x) * sin, as the torch forward.
+void rope(float* y, const float* cos, const float* sin, int64_t M, int64_t stride, int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = y + m * stride + h * d;
+      const float* c = cos + m * d;
+      const float* s = sin + m * d;
+      for (int64_t j = 0; j < half; ++j) {
+        const float a = x[j], b = x[j + half];
+        x[j] = a * c[j] + (-b) * s[j];
+        x[j + half] = b * c[j + half] + a * s[j + half];
+      }
+    }
+}
+}  // namespace
+
+extern "C" {
+// qkv [M, N] = norm(x) @ Wqkv^T + bias, RoPE applied to the first rope_heads heads of d each (q and
+// k). x [M, K]; cos, sin [M, d]; bias over the first `width` outputs or null.
+void specdec_layer_qkv(const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
+                       const float* cos, const float* sin, float* qkv, int64_t M, int64_t N, int64_t K, int64_t width,
+                       int64_t rope_heads, int64_t d) {
+  norm_linear(x, norm_weight, eps, w, bias, qkv, M, N, K, width);
+  rope(qkv, cos, sin, M, N, rope_heads, d);
+}
+
+// y [M, N] = norm(x) @ W^T (+ bias): the final norm and the output head.
+void specdec_norm_linear(const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
+                         float* y, int64_t M, int64_t N, int64_t K, int64_t width) {
+  norm_linear(x, norm_weight, eps, w, bias, y, M, N, K, width);
+}
+
+// The rest of a layer after attention, for M rows of `hidden` floats:
+//   h = x + attended @ Wo^T (+ bo);  g, u = halves of norm(h) @ Wgu^T (+ bgu);
+//   out = h + (silu(g) * u) @ Wdown^T (+ bdown)
+// attended [M, attn_width]; out [M, hidden] (may not alias x). hidden_padded and gate_up_padded:
+// the kernels' padded output widths (multiples of 16).
+void specdec_layer_mlp(const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
+                       const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
+                       const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
+                       int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
+  std::vector<float> projected(M * hidden_padded), gate_up(M * gate_up_padded), act(M * inter);
+  specdec_int4_linear(attended, o_w, projected.data(), M, hidden_padded, attn_width);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < hidden; ++j) {
+      const float p = projected[m * hidden_padded + j];
+      out[m * hidden + j] = x[m * hidden + j] + (o_bias ? p + o_bias[j] : p);
+    }
+  norm_linear(out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up.data(), M, gate_up_padded, hidden, 2 * inter);
+  const int64_t total = M * inter;
+#pragma omp parallel for schedule(static) if (total >= 4096)
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t m = i / inter, j = i % inter;
+    const float g = gate_up[m * gate_up_padded + j], u = gate_up[m * gate_up_padded + inter + j];
+    act[i] = (g / (1.0f + std::exp(-g))) * u;
+  }
+  specdec_int4_linear(act.data(), down_w, projected.data(), M, hidden_padded, inter);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < hidden; ++j) {
+      const float p = projected[m * hidden_padded + j];
+      out[m * hidden + j] += down_bias ? p + down_bias[j] : p;
+    }
+}
+
+// Attention of each listed query over exactly its own key slots, in their order, one (query, head)
+// at a time: softmax(q . k * scale) @ v. Grouped-query: head h reads kv head h / (heads / kv_heads).
+//   q: token t's head h at q + t * q_stride + h * d;  out [tokens, heads * d] likewise (stride heads * d)
+//   keys, values: one layer's cache, slot s of row r, kv head g at r * row_stride + g * head_stride + s * d
+//   per query i: token tokens[i], cache row rows[i], counts[i] slots at slots + i * slots_stride
+void specdec_attend(const float* q, int64_t q_stride, const float* keys, const float* values, int64_t row_stride,
+                    int64_t head_stride, const int64_t* tokens, const int64_t* rows, const int64_t* slots,
+                    const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads, int64_t kv_heads,
+                    int64_t d, float scale, float* out) {
+  const int64_t group = heads / kv_heads;
+#pragma omp parallel for schedule(static) if (queries * heads > 1)
+  for (int64_t job = 0; job < queries * heads; ++job) {
+    const int64_t i = job / heads, h = job % heads, count = counts[i];
+    const float* query = q + tokens[i] * q_stride + h * d;
+    const int64_t base = rows[i] * row_stride + (h / group) * head_stride;
+    const int64_t* own = slots + i * slots_stride;
+    std::vector<float> weights(count), acc(d, 0.0f);
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < count; ++j) {
+      weights[j] = dot(query, keys + base + own[j] * d, d) * scale;
+      top = std::max(top, weights[j]);
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < count; ++j) {
+      weights[j] = std::exp(weights[j] - top);
+      total += weights[j];
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      const float* value = values + base + own[j] * d;
+      const float weight = weights[j];
+      for (int64_t t = 0; t < d; ++t) acc[t] += weight * value[t];
+    }
+    float* target = out + tokens[i] * heads * d + h * d;
+    for (int64_t t = 0; t < d; ++t) target[t] = acc[t] / total;
+  }
+}
+}
