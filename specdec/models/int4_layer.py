@@ -30,7 +30,8 @@ SIGNATURES = {
     "specdec_layer_qkv": [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
     "specdec_norm_linear": [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
     "specdec_layer_mlp": [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
-    "specdec_attend": [POINTER, INT64, POINTER, POINTER, INT64, INT64] + [POINTER] * 4 + [INT64] * 5 + [FLOAT, POINTER],
+    "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
+    + [FLOAT, POINTER],
 }
 
 
@@ -49,19 +50,25 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 def attend_queries(
     layer: nn.Module,  # num_heads, num_kv_heads, head_dim
-    q: torch.Tensor,  # [heads, n, d], each head's d floats contiguous
+    q: torch.Tensor,  # [heads, n, d], rope applied
+    k: torch.Tensor,  # [kv_heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
+    v: torch.Tensor,  # [kv_heads, n, d]
     queries: QueryList,
-    keys: torch.Tensor,  # [rows, kv_heads, capacity, d], one layer's cache
-    values: torch.Tensor,  # same
+    keys: torch.Tensor,  # [rows, kv_heads, capacity, d], one layer's cache: each query's key is written
+    values: torch.Tensor,  # same               into its last slot first
     out: torch.Tensor,  # [n, heads, d] contiguous, written at queries.tokens
 ) -> None:
-    if q.stride(2) != 1 or q.stride(0) != layer.head_dim or not (keys.is_contiguous() and values.is_contiguous()):
-        raise ValueError("attend_queries needs each query head and the cache rows contiguous")
+    """Each query over exactly its own key slots (layer_ops.cpp, specdec_attend)."""
+    d = layer.head_dim
+    if any(t.stride(2) != 1 or t.stride(0) != d or t.stride(1) != q.stride(1) for t in (q, k, v)) or \
+            not (keys.is_contiguous() and values.is_contiguous() and out.is_contiguous()):
+        raise ValueError("attend_queries needs q, k and v as head views of one token-major buffer and a contiguous "
+                         "cache")
     library().specdec_attend(
-        q.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
-        queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(), queries.counts.data_ptr(),
-        queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
-        1.0 / math.sqrt(layer.head_dim), out.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0),
+        keys.stride(1), queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(),
+        queries.counts.data_ptr(), queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads,
+        layer.num_kv_heads, d, 1.0 / math.sqrt(d), out.data_ptr(),
     )
 
 
@@ -159,16 +166,15 @@ def check_layer(seed: int = 0) -> str | None:
     expected_qkv = layer.qkv_proj(layer.input_norm(x)).view(block, -1, 16)
     expected_qkv = torch.cat([expected_qkv[:, :6] * cos[:, None] + rotate_half(expected_qkv[:, :6]) * sin[:, None],
                               expected_qkv[:, 6:]], dim=1)
-    queries = qkv[:, :4].transpose(0, 1)  # [heads, n, d]
+    queries, new_keys, new_values = qkv.transpose(0, 1).split([4, 2, 2])  # [heads, n, d]
     lists = query_list(list(range(block)), [0] * block, [torch.arange(context + i + 1) for i in range(block)])
-    keys[0, :, context:context + block] = qkv[:, 4:6].transpose(0, 1)
-    values[0, :, context:context + block] = qkv[:, 6:].transpose(0, 1)
     attended = torch.zeros(block, 4, 16)
-    attend_queries(layer, queries, lists, keys, values, attended)
+    attend_queries(layer, queries, new_keys, new_values, lists, keys, values, attended)
+    written = (keys[0, :, context:context + block], values[0, :, context:context + block])
     alone = torch.zeros(block, 4, 16)
     for row in range(block):
-        attend_queries(layer, queries, query_list([row], [0], [lists.slots[row, : row + context + 1]]), keys, values,
-                       alone)
+        single = query_list([row], [0], [lists.slots[row, : row + context + 1]])
+        attend_queries(layer, queries, new_keys, new_values, single, keys, values, alone)
     mask = torch.ones(block, context + block, dtype=torch.bool).tril(context)
     expected_attended = torch.nn.functional.scaled_dot_product_attention(
         queries[None], keys[:, :, : context + block], values[:, :, : context + block], attn_mask=mask, enable_gqa=True,
@@ -178,6 +184,8 @@ def check_layer(seed: int = 0) -> str | None:
     gate, up = layer.gate_up_proj(layer.post_attention_norm(expected_out)).chunk(2, dim=-1)
     expected_out = expected_out + layer.down_proj(torch.nn.functional.silu(gate) * up)
     problems = [
+        None if torch.equal(written[0], new_keys) and torch.equal(written[1], new_values)
+        else "attention: the block's keys and values are not in their cache slots",
         close(qkv, expected_qkv, "norm + q/k/v + RoPE"),
         close(attended.view(block, 4, 16), expected_attended, "attention"),
         None if torch.equal(alone.reshape(block, -1), attended) else "attention: a block's rows differ from them alone",

@@ -212,12 +212,14 @@ def attend_planned(
         out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]; padding rows stay zero
         attended = out.transpose(0, 1)  # [heads, n, d], a view of out
         for segment in plan.segments:
+            if compiled and segment.per_query is not None:
+                continue  # attend_queries writes its keys and values
             rows = slice(segment.start, segment.end)
             keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
             if segment.per_query is None:
                 attended[:, rows] = layer.attend(q[:, rows], keys, values, segment.masks.get(layer.window))
         if compiled and plan.groups:
-            int4_layer.attend_queries(layer, q, plan.query_list_for(layer.window), cache.keys[layer_index],
+            int4_layer.attend_queries(layer, q, k, v, plan.query_list_for(layer.window), cache.keys[layer_index],
                                       cache.values[layer_index], out)
         for group in plan.groups[layer.window] if plan.groups and not compiled else ():
             group.attend(layer, q, cache, layer_index, attended)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -111,15 +112,24 @@ void specdec_layer_mlp(const float* x, const float* attended, const uint8_t* o_w
 }
 
 // Attention of each listed query over exactly its own key slots, in their order, one (query, head)
-// at a time: softmax(q . k * scale) @ v. Grouped-query: head h reads kv head h / (heads / kv_heads).
-//   q: token t's head h at q + t * q_stride + h * d;  out [tokens, heads * d] likewise (stride heads * d)
+// at a time: softmax(q . k * scale) @ v, after writing each query's new key and value into its last
+// slot. Grouped-query: head h reads kv head h / (heads / kv_heads).
+//   q: token t's head h at q + t * q_stride + h * d; its new key and value of kv head g likewise at
+//   k and v + t * q_stride + g * d;  out [tokens, heads * d] (stride heads * d)
 //   keys, values: one layer's cache, slot s of row r, kv head g at r * row_stride + g * head_stride + s * d
 //   per query i: token tokens[i], cache row rows[i], counts[i] slots at slots + i * slots_stride
-void specdec_attend(const float* q, int64_t q_stride, const float* keys, const float* values, int64_t row_stride,
-                    int64_t head_stride, const int64_t* tokens, const int64_t* rows, const int64_t* slots,
-                    const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads, int64_t kv_heads,
-                    int64_t d, float scale, float* out) {
+void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, float* keys, float* values,
+                    int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
+                    const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
+                    int64_t kv_heads, int64_t d, float scale, float* out) {
   const int64_t group = heads / kv_heads;
+  // Each query's own key and value first (its last slot), so that block-mates see each other.
+  for (int64_t i = 0; i < queries; ++i)
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const int64_t at = rows[i] * row_stride + g * head_stride + slots[i * slots_stride + counts[i] - 1] * d;
+      std::memcpy(keys + at, k + tokens[i] * q_stride + g * d, d * sizeof(float));
+      std::memcpy(values + at, v + tokens[i] * q_stride + g * d, d * sizeof(float));
+    }
 #pragma omp parallel for schedule(static) if (queries * heads > 1)
   for (int64_t job = 0; job < queries * heads; ++job) {
     const int64_t i = job / heads, h = job % heads, count = counts[i];
