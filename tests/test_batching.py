@@ -46,6 +46,20 @@ def test_batched_greedy_equals_single_request(tiny_pair, backend):
     assert [r.token_ids for r in target_only] == plain
 
 
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_batched_greedy_equals_single_request(tiny_pair, quantize):
+    """int8, and int4 with its compiled layer: rows of different lengths, prefilled together and
+    verified together (ragged acceptance), each get the tokens they get alone."""
+    target = load(tiny_pair["target"], quantize=quantize)
+    prompts = batch_prompts(1, target.vocab_size, count=5)
+    plain = [SpeculativeDecoder(target).generate(p, max_new_tokens=16).token_ids for p in prompts]
+    for drafter in (make_drafter("model", load(tiny_pair["perturbed"], quantize=quantize)), make_drafter("ngram")):
+        decoder = SpeculativeDecoder(target, drafter, gamma=3)
+        together = decoder.generate(prompts, max_new_tokens=16)
+        assert [r.token_ids for r in together] == plain
+    assert [r.token_ids for r in SpeculativeDecoder(target).generate(prompts, max_new_tokens=16)] == plain
+
+
 @pytest.mark.slow
 def test_batched_greedy_on_the_bundled_pair():
     from specdec.defaults import default_model, heldout_prompts
