@@ -18,12 +18,16 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from typing import TYPE_CHECKING, cast
+
 import torch
-from torch import nn
 
 from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import QueryList, query_list
 from specdec.models.int4 import Int4Linear, KernelUnavailable, _library_key, compiled_kernel
+
+if TYPE_CHECKING:
+    from specdec.models.transformer import DecoderLayer, RMSNorm
 
 POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
@@ -49,7 +53,7 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 
 def attend_queries(
-    layer: nn.Module,  # num_heads, num_kv_heads, head_dim
+    layer: DecoderLayer,
     q: torch.Tensor,  # [heads, n, d], rope applied
     k: torch.Tensor,  # [kv_heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
     v: torch.Tensor,  # [kv_heads, n, d]
@@ -72,15 +76,15 @@ def attend_queries(
     )
 
 
-def fusable(layer: nn.Module) -> bool:
+def fusable(layer: DecoderLayer) -> bool:
     """A DecoderLayer whose four linears all run the int4 kernel, and whose library passed check_layer."""
     linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
     return all(isinstance(linear, Int4Linear) for linear in linears) and layer_problem() is None
 
 
-def qkv_projection(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def qkv_projection(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [n, hidden] -> norm, q/k/v matmul, bias, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
-    linear, norm = layer.qkv_proj, layer.input_norm
+    linear, norm = cast(Int4Linear, layer.qkv_proj), layer.input_norm
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty(x.shape[0], linear.out_padded)
     library().specdec_layer_qkv(
@@ -91,9 +95,10 @@ def qkv_projection(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: to
     return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
 
 
-def mlp_block(layer: nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+def mlp_block(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
     """x + o(attended), then + down(silu(gate) * up) of its norm: [n, hidden]."""
-    o, gate_up, down, norm = layer.o_proj, layer.gate_up_proj, layer.down_proj, layer.post_attention_norm
+    o, gate_up, down = (cast(Int4Linear, linear) for linear in (layer.o_proj, layer.gate_up_proj, layer.down_proj))
+    norm = layer.post_attention_norm
     x, attended = x.contiguous(), attended.contiguous()
     out = torch.empty_like(x)
     library().specdec_layer_mlp(
@@ -104,7 +109,7 @@ def mlp_block(layer: nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torc
     return out
 
 
-def norm_then_linear(norm: nn.Module, linear: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+def norm_then_linear(norm: RMSNorm, linear: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     """linear(norm(x)) in one call: the final norm and the output head. [n, out_features]"""
     x = x.contiguous()
     out = torch.empty(x.shape[0], linear.out_padded)
