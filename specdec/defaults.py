@@ -148,13 +148,15 @@ def fastest_default_target(
     import importlib.util
 
     from specdec.models.backend_choice import choose_fastest_exact
-    from specdec.models.int4 import KernelUnavailable, compiled_kernel
+    from specdec.models.int4 import KernelUnavailable, library_key, compiled_kernel
     from specdec.models.loading import load
 
     candidates = {"own forward, int8": lambda: load(pair.target, quantize="int8")}
+    key = f"default target {SMOLLM2_SHA256}"
     try:
         compiled_kernel()
         candidates["own forward, int4"] = lambda: load(pair.target, quantize="int4")
+        key += f", int4 library {library_key()}"  # a new int4 kernel or layer source measures anew
     except KernelUnavailable:
         pass  # no compiler or kernel here: int8 is what the own forward has
     gguf = pair.target_gguf
@@ -162,7 +164,7 @@ def fastest_default_target(
         candidates[f"llama.cpp, {gguf.name}"] = lambda: load(gguf, backend="llama.cpp")
     if len(candidates) == 1:
         return pair.target, pair.quantize, None
-    choice = choose_fastest_exact(candidates, f"default target {SMOLLM2_SHA256}",
+    choice = choose_fastest_exact(candidates, key,
                                   progress=(lambda message: status(message)) if status else None)
     line = f"target: {choice.line()}"
     if choice.name.startswith("llama.cpp"):  # the GGUF keeps its own quantization; a draft, the pair's

@@ -26,7 +26,8 @@ from torch import nn
 from specdec.models.attention import AttentionPlan, plan_attention
 from specdec.models.base import Attention
 from specdec.models.cache import KVCache
-from specdec.models.transformer import DEFAULT_FIXED_ROWS, DecoderLayer, RMSNorm, attend_planned, project, rotate_half
+from specdec.models.primitives import RMSNorm, rotate_half
+from specdec.models.transformer import DEFAULT_FIXED_ROWS, DecoderLayer, attend_planned, project
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:

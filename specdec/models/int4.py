@@ -57,7 +57,7 @@ def compiled_kernel() -> ctypes.CDLL:
         raise KernelUnavailable(f"the int4 kernel's source is missing from the package ({', '.join(missing)})")
     if compiler is None:
         raise KernelUnavailable("no C++ compiler (g++) to build the int4 kernel; install one, or use --quantize int8")
-    library = cache_root() / "kernels" / f"int4_matmul-{_library_key()}.so"
+    library = cache_root() / "kernels" / f"int4_matmul-{library_key()}.so"
     if not library.is_file():
         library.parent.mkdir(parents=True, exist_ok=True)
         partial = library.with_suffix(f".{os.getpid()}.tmp")
@@ -83,7 +83,7 @@ def _flags() -> list[str]:
     return [f"-march={MARCH.get(os.environ.get('ATEN_CPU_CAPABILITY', '').lower(), 'native')}", *FLAGS]
 
 
-def _library_key() -> str:
+def library_key() -> str:
     """The source, compiler and machine (CPU, flags, ISA caps) the kernel is built for: a new key
     builds and checks anew."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
@@ -233,7 +233,7 @@ def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None]
         compiled_kernel()
     except KernelUnavailable as error:
         return str(error)
-    library = _library_key()
+    library = library_key()
     for out_features, in_features in sorted(shapes):
         def check(out_features=out_features, in_features=in_features) -> dict:
             if on_check:

@@ -21,13 +21,15 @@ import math
 from typing import TYPE_CHECKING, cast
 
 import torch
+from torch import nn
 
 from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import QueryList, query_list
-from specdec.models.int4 import Int4Linear, KernelUnavailable, _library_key, compiled_kernel
+from specdec.models.int4 import Int4Linear, KernelUnavailable, compiled_kernel, library_key
+from specdec.models.primitives import RMSNorm, rotate_half
 
 if TYPE_CHECKING:
-    from specdec.models.transformer import DecoderLayer, RMSNorm
+    from specdec.models.transformer import DecoderLayer
 
 POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
@@ -124,7 +126,7 @@ def layer_problem() -> str | None:
     """None if the compiled layer matches the torch layer closely and scores every row of a block
     as alone, on this machine (check_layer, cached per machine and library), else why not."""
     try:
-        key = _library_key()
+        key = library_key()
         compiled_kernel()
     except KernelUnavailable as error:
         return str(error)
@@ -137,20 +139,34 @@ def _cached_layer_problem(key: str) -> str | None:
         "problem"]
 
 
+class CheckLayer(nn.Module):
+    """What the compiled calls read of a DecoderLayer (qwen2-style: q/k/v bias, 4 heads over 2 kv
+    heads of 16), with random int4 weights and norm scales."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = 4, 2, 16
+
+        def linear(out_features: int, in_features: int, bias: bool) -> Int4Linear:
+            dense = nn.Linear(in_features, out_features, bias=bias)
+            for parameter in dense.parameters():
+                parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
+            return Int4Linear(dense)
+
+        self.qkv_proj, self.o_proj = linear(8 * 16, 64, True), linear(64, 64, False)
+        self.gate_up_proj, self.down_proj = linear(2 * 96, 64, False), linear(64, 96, False)
+        self.input_norm, self.post_attention_norm = RMSNorm(64, 1e-6), RMSNorm(64, 1e-6)
+        for norm in (self.input_norm, self.post_attention_norm):
+            norm.weight.data = 1 + 0.3 * torch.randn(64, generator=generator)
+
+
 def check_layer(seed: int = 0) -> str | None:
     """A small random int4 layer (qwen2-style biases, grouped-query attention) after a random
     cached context: None if each compiled piece is within float32 rounding of the torch layer's
     ops on a 3-token chain block, and every row of the block gets the bits it gets alone, else
     what differs."""
-    from specdec.models.transformer import DecoderLayer, TransformerConfig, rotate_half
-
     generator = torch.Generator().manual_seed(seed)
-    config = TransformerConfig("qwen2", 256, 64, 96, 1, 4, 2, 16, 1e-6, 64, False, True, False, False, (None,))
-    layer = DecoderLayer(config, None)
-    for parameter in layer.parameters():
-        parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3 + (parameter.dim() == 1)
-    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-        setattr(layer, name, Int4Linear(getattr(layer, name)))
+    layer = cast("DecoderLayer", CheckLayer(generator))
     context, block = 21, 3
     keys = torch.randn(1, 2, 32, 16, generator=generator)
     values = torch.randn(1, 2, 32, 16, generator=generator)

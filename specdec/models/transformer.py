@@ -22,8 +22,9 @@ from torch import nn
 
 from specdec.models.attention import AttentionPlan, plan_attention
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
-from specdec.models import int4_layer
+import specdec.models.int4_layer as int4_layer
 from specdec.models.cache import KVCache
+from specdec.models.primitives import RMSNorm, rotate_half
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 # Rope kinds whose frequencies do not depend on the sequence length; "dynamic" and "longrope"
@@ -115,22 +116,6 @@ def rope_inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, fl
 
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
     return inv_freq.float(), float(attention_scaling)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and scale in the model's dtype, as the reference does.
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def project(linear: nn.Module, x: torch.Tensor, fixed_rows: int | None) -> torch.Tensor:
