@@ -270,11 +270,11 @@ class LlamaFamilyModel(nn.Module):
 
         quantize_linears(self, kind)
         self.fixed_rows = None  # each row's products are computed alone in any blocking
+        problem = int4_layer.layer_problem() if self.quantized == "int4" else "not int4"
         for layer in self.layers:
-            layer.fused = int4_layer.fusable(layer)
+            layer.fused = problem is None and int4_layer.all_int4(layer)
         self.fused_output = self.layers[0].fused and isinstance(self.lm_head, int4_layer.Int4Linear)
         if self.quantized == "int4":
-            problem = int4_layer.layer_problem()
             self.quantize_notice += f"; layer ops not compiled ({problem})" if problem else "; layer ops compiled"
         return self
 
