@@ -43,7 +43,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/int8-vs-fp32.json")
     parser.add_argument("--kernel", choices=[kernel.name for kernel in int8_kernels.CANDIDATES])
     parser.add_argument("--llama-cpp", action="store_true")
-    parser.add_argument("--quantize", choices=["int8", "int4"], help="own forward's precision (default: the pair's)")
+    parser.add_argument("--quantize", choices=["int8", "int4", "w8a32"],
+                        help="own forward's precision (default: the pair's)")
     args = parser.parse_args()
     if args.kernel:
         int8_kernels.CANDIDATES = [k for k in int8_kernels.CANDIDATES if k.name == args.kernel]

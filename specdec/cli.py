@@ -24,10 +24,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument(
         "--quantize",
-        choices=["int8", "int4", "none"],
-        help="int8 weights and activations, or int4: 4-bit weight groups on a kernel compiled and "
-        "checked on this CPU (CPU only); unset: for the default SmolLM2 pair on a CPU, int8, int4 or its "
-        "GGUF on llama.cpp, whichever is measured fastest and exact here (once); none otherwise",
+        choices=["int8", "int4", "w8a32", "none"],
+        help="int8 weights and activations; int4: 4-bit weight groups; w8a32: 8-bit weight groups with "
+        "float32 activations, which hold a 4- or 8-bit GGUF's weights exactly (float32's text); the last two "
+        "on kernels compiled and checked on this CPU (CPU only). Unset: for the default SmolLM2 pair on a "
+        "CPU, w8a32 where its kernel runs, else int8, int4 or its GGUF on llama.cpp, whichever is measured "
+        "fastest and exact here (once); none otherwise",
     )
     parser.add_argument(
         "--backend",

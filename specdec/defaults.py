@@ -136,29 +136,35 @@ def default_pair(status=None) -> DefaultPair:
     return smollm2_pair(status) or toy_pair()
 
 
+FLOAT32_TEXT = ("own forward, w8a32: the GGUF's 4- and 8-bit weights held exactly, float32 activations (the "
+                "float32 target's text; --quantize int4 is faster, with int8 activations)")
+
+
 def fastest_default_target(
     pair: DefaultPair, status=None, llama_cpp: bool = True
 ) -> tuple[Path, str | None, str | None]:
-    """(target, quantize, a line saying why) for the default pair on this machine: its folder on
-    the own forward in int8 or int4, or its GGUF on llama.cpp's kernels (which keep their own
-    quantization; only with llama_cpp, when llama-cpp-python is installed), whichever is fastest here
-    and exact (measured once per machine: specdec/models/backend_choice.py). Which one wins depends
-    on the instruction set: on an AVX2-only EPYC int4 ran the target 2.5x faster than int8
-    (docs/benchmarks.md)."""
+    """(target, quantize, a line saying why) for the default pair on this machine.
+
+    Where the compiled kernels run, w8a32: SmolLM2's weights come from a Q4_1 / Q8_0 GGUF, which
+    8-bit groups hold exactly, so with float32 activations the target prints the float32 target's
+    text (int8 and int4 round activations to 8 bits and drift from it in near-ties: 0 of 9 texts
+    equal on an AVX2 EPYC; docs/benchmarks.md) at a fraction of float32's cost. Without a compiler:
+    its folder on the own forward in int8, or its GGUF on llama.cpp's kernels (only with llama_cpp,
+    when llama-cpp-python is installed), whichever is fastest here and exact (measured once per
+    machine: specdec/models/backend_choice.py)."""
     import importlib.util
 
     from specdec.models.backend_choice import choose_fastest_exact
-    from specdec.models.int4 import KernelUnavailable, library_key, compiled_kernel
+    from specdec.models.int4 import KernelUnavailable, compiled_kernel
     from specdec.models.loading import load
 
-    candidates = {"own forward, int8": lambda: load(pair.target, quantize="int8")}
-    key = f"default target {SMOLLM2_SHA256}"
     try:
         compiled_kernel()
-        candidates["own forward, int4"] = lambda: load(pair.target, quantize="int4")
-        key += f", int4 library {library_key()}"  # a new int4 kernel or layer source measures anew
+        return pair.target, "w8a32", f"target: {FLOAT32_TEXT}"
     except KernelUnavailable:
         pass  # no compiler or kernel here: int8 is what the own forward has
+    candidates = {"own forward, int8": lambda: load(pair.target, quantize="int8")}
+    key = f"default target {SMOLLM2_SHA256}"
     gguf = pair.target_gguf
     if llama_cpp and gguf is not None and importlib.util.find_spec("llama_cpp") is not None:
         candidates[f"llama.cpp, {gguf.name}"] = lambda: load(gguf, backend="llama.cpp")

@@ -28,6 +28,7 @@ TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a dep
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation
 BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")  # specdec.models.loading
+QUANTIZATIONS = (None, "int8", "int4", "w8a32")  # specdec.models.loading (None: the dtype's floats)
 
 
 def help_formatter():

@@ -46,7 +46,7 @@ def test_batched_greedy_equals_single_request(tiny_pair, backend):
     assert [r.token_ids for r in target_only] == plain
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
+@pytest.mark.parametrize("quantize", ["int8", "int4", "w8a32"])
 def test_quantized_batched_greedy_equals_single_request(tiny_pair, quantize):
     """int8, and int4 with its compiled layer: rows of different lengths, prefilled together and
     verified together (ragged acceptance), each get the tokens they get alone."""

@@ -118,7 +118,7 @@ def test_int8_quantized_forward_is_close(model_dir):
     assert (full_logits - int8_logits).abs().max() < 0.05 * full_logits.abs().max()
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
+@pytest.mark.parametrize("quantize", ["int8", "int4", "w8a32"])
 @pytest.mark.parametrize("model_type, settings", [("llama", {}), ("mistral", {"sliding_window": 6})])
 def test_int8_block_scores_each_token_exactly_as_alone(model_dir, model_type, settings, quantize):
     """Speculative greedy output equals target-only output only if a verify block gives each

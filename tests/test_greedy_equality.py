@@ -81,7 +81,7 @@ def test_transformers_adapter_equals_target_only(tiny_pair):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
+@pytest.mark.parametrize("quantize", ["int8", "int4", "w8a32"])
 def test_int8_models_equal_int8_target_only(tiny_pair, quantize):
     # int8 activations amplify float noise unless a token is scored the same in a block as alone
     load_one = lambda path: load(path, quantize=quantize)  # noqa: E731

@@ -88,7 +88,7 @@ def test_heads_in_merges_and_with_the_cost_policy(float64_target, heads):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
+@pytest.mark.parametrize("quantize", ["int8", "int4", "w8a32"])
 def test_a_head_drafts_in_its_targets_quantization(tiny_pair, heads, tmp_path, quantize):
     """A quantized target loads its head quantized the same way (its linears int8 / int4), and the
     head's drafts still leave the target's greedy text unchanged, chain and tree."""

@@ -1,12 +1,9 @@
 """The int4 kernel (specdec/models/int4.py): bit for bit what its torch reference says, on every
 instruction-set path; rows alone as in a block; refused, with a notice, when wrong or unbuildable."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from isa_paths import ON_AVX2, outputs_per_path
 from torch import nn
 
 from specdec.models import int4
@@ -73,24 +70,13 @@ def test_int4_linear_matches_the_float_linear_closely():
     assert (got - expected).norm() / expected.norm() < 0.1
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo") or "avx2" not in open("/proc/cpuinfo").read(),
-                    reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
+@pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
 def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
     """The AVX-512 VNNI, AVX2 and portable builds (ATEN_CPU_CAPABILITY caps the build's -march)
     compute the same formula: the same bits, so a user's output does not depend on the path."""
-    inputs = tmp_path / "inputs.pt"  # made here: torch's own random numbers differ between ISA paths
-    torch.save((torch.randn(48, 96), torch.randn(9, 96) * 4), inputs)
-    script = ("import sys, torch; from specdec.models import int4; w, x = torch.load(sys.argv[2]); "
-              "r, q, _, _ = int4.pack_weight(w); "
-              "torch.save((int4.kernel_isa(), int4.kernel_linear(x, r, q.shape[0])), sys.argv[1])")
-    outputs = {}
-    for capability in ("", "avx2", "default"):
-        path = tmp_path / f"out-{capability or 'native'}.pt"
-        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "SPECDEC_CACHE": str(tmp_path / "cache")}
-        if not capability:
-            env.pop("ATEN_CPU_CAPABILITY")
-        subprocess.run([sys.executable, "-c", script, str(path), str(inputs)], env=env, check=True, capture_output=True)
-        outputs[capability] = torch.load(path)
+    outputs = outputs_per_path(tmp_path, "import sys, torch; from specdec.models import int4; "
+                               "w, x = torch.load(sys.argv[2]); r, q, _, _ = int4.pack_weight(w); "
+                               "torch.save((int4.kernel_isa(), int4.kernel_linear(x, r, q.shape[0])), sys.argv[1])")
     assert outputs["avx2"][0] == "AVX2" and outputs["default"][0] == "portable C++"
     assert all(torch.equal(output[1], outputs[""][1]) for output in outputs.values())
 

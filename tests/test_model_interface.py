@@ -54,7 +54,7 @@ def test_tree_nodes_get_the_logits_of_their_root_to_node_chain(tree_models, kind
         torch.testing.assert_close(logits[node], expected, atol=1e-10, rtol=0, msg=f"node {node}")
 
 
-@pytest.mark.parametrize("quantize", ["int8", "int4"])
+@pytest.mark.parametrize("quantize", ["int8", "int4", "w8a32"])
 def test_int8_tree_nodes_are_bit_identical_to_their_chains(tree_models, quantize):
     """int8 (and int4) attend one query at a time over exactly its keys: a tree changes no bit."""
     model = load(tree_models["llama"], quantize=quantize)

@@ -133,7 +133,7 @@ def target_embedding(target: LanguageModel) -> torch.Tensor:  # [vocab, hidden]
 def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = torch.float32,
               quantize: str | None = None) -> DraftHead:
     """An EAGLE-3 head from ``folder``, checked against the target it drafts for. quantize: None,
-    "int8" or "int4" for the head's linears (``head_quantization(target)``: as the target runs)."""
+    "int8", "int4" or "w8a32" for the head's linears (``head_quantization(target)``: as the target runs)."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists():
         raise FileNotFoundError(f"draft head not found: no {CONFIG_FILE} in {folder}")
@@ -179,9 +179,9 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
 
 
 def head_quantization(target: LanguageModel) -> str | None:
-    """A head drafts in the target's quantization (int8 / int4 linears) when the target has one:
-    a float head's weights would cost more to read per draft token than its matmuls."""
-    return target.precision if target.precision in ("int8", "int4") else None
+    """A head drafts in the target's quantization (int8 / int4 / w8a32 linears) when the target has
+    one: a float head's weights would cost more to read per draft token than its matmuls."""
+    return target.precision if target.precision in ("int8", "int4", "w8a32") else None
 
 
 def draft_mask(head: DraftHead) -> torch.Tensor:  # [vocab] bool

@@ -39,9 +39,11 @@ from specdec.machine import cache_root, cached_measurement, machine_key
 GROUP = 32  # inputs per scale
 COLS = 16  # outputs per block of the packed layout
 SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
-# Compiled into the same library: the layer's work around the matmuls (specdec/models/int4_layer.py).
+# Compiled into the same library: the float-activation kernel of --quantize w8a32 (specdec/models/w8a32.py)
+# and the layer's work around the matmuls (specdec/models/int4_layer.py).
+W8A32_SOURCE = Path(__file__).parent / "kernels" / "w8a32_matmul.cpp"
 LAYER_SOURCE = Path(__file__).parent / "kernels" / "layer_ops.cpp"
-SOURCES = (SOURCE, LAYER_SOURCE)
+SOURCES = (SOURCE, W8A32_SOURCE, LAYER_SOURCE)
 
 
 class KernelUnavailable(RuntimeError):
@@ -67,9 +69,10 @@ def compiled_kernel() -> ctypes.CDLL:
             raise KernelUnavailable(f"compiling the int4 kernel failed: {result.stderr.strip()[-300:]}")
         partial.replace(library)
     handle = ctypes.CDLL(str(library))
-    handle.specdec_int4_isa.restype = ctypes.c_char_p
-    handle.specdec_int4_linear.restype = None
-    handle.specdec_int4_linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+    for prefix in ("specdec_int4", "specdec_w8a32"):
+        getattr(handle, f"{prefix}_isa").restype = ctypes.c_char_p
+        function = getattr(handle, f"{prefix}_linear")
+        function.restype, function.argtypes = None, [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     return handle
 
 
@@ -157,17 +160,18 @@ def reference_matmul(rows_int: torch.Tensor, sums: torch.Tensor, row_scale: torc
     return accumulated * row_scale[:, None]
 
 
-class Int4Linear(nn.Module):
-    """y = x @ W^T + b with W in 4-bit groups and x in per-row int8 (module doc), on the compiled
-    kernel. Built only for weights whose input size is a multiple of 32 (`fits`)."""
+class PackedLinear(nn.Module):
+    """y = x @ W^T + b on a compiled kernel reading W from packed records (Int4Linear, and
+    W8A32Linear in specdec/models/w8a32.py), outputs padded to a multiple of 16. Built only for
+    weights whose input size is a multiple of 32 (`fits`)."""
 
-    records: torch.Tensor  # [blocks, groups, 320] uint8, the kernel's layout
+    records: torch.Tensor  # [blocks, groups, record bytes] uint8, the kernel's layout
+    format: int  # which packed layout the compiled layer calls read (layer_ops.cpp): 4 or 8
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, records: torch.Tensor, out_padded: int) -> None:
         super().__init__()
-        records, q, _, _ = pack_weight(linear.weight)
         self.register_buffer("records", records)
-        self.out_padded = q.shape[0]
+        self.out_padded = out_padded
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -175,13 +179,29 @@ class Int4Linear(nn.Module):
     def fits(linear: nn.Linear) -> bool:
         return linear.in_features % GROUP == 0
 
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:  # [M, in] float32 -> [M, out_padded]
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] float32 -> [..., out]
-        y = kernel_linear(x.reshape(-1, self.in_features).float(), self.records, self.out_padded)
+        y = self.multiply(x.reshape(-1, self.in_features).float())
         if self.out_padded != self.out_features:
             y = y[:, :self.out_features]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(PackedLinear):
+    """W in 4-bit groups and x in per-row int8 (module doc)."""
+
+    format = 4
+
+    def __init__(self, linear: nn.Linear) -> None:
+        records, q, _, _ = pack_weight(linear.weight)
+        super().__init__(linear, records, q.shape[0])
+
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        return kernel_linear(rows, self.records, self.out_padded)
 
 
 CHECK_ROWS = (1, 3, 8, 40)  # one token, verify blocks, a prefill-sized call
@@ -226,22 +246,25 @@ def check_kernel(out_features: int, in_features: int, seed: int = 0,
     return None
 
 
-def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None] | None = None) -> str | None:
-    """None if the kernel builds and passes check_kernel on every shape (cached per machine in
-    $SPECDEC_CACHE/int4-kernel.json), else why not."""
+def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None] | None = None,
+                   check: Callable[[int, int], str | None] | None = None, name: str = "int4") -> str | None:
+    """None if the kernel builds and passes ``check`` (default check_kernel) on every shape (cached per
+    machine in $SPECDEC_CACHE/int4-kernel.json), else why not. ``name`` is the kernel's, for the
+    progress line and the cache key."""
     try:
         compiled_kernel()
     except KernelUnavailable as error:
         return str(error)
+    check = check or check_kernel
     library = library_key()
     for out_features, in_features in sorted(shapes):
-        def check(out_features=out_features, in_features=in_features) -> dict:
+        def measure(out_features=out_features, in_features=in_features) -> dict:
             if on_check:
-                on_check(f"checking the int4 kernel for a {out_features}x{in_features} weight on this CPU (once)")
-            return {"problem": check_kernel(out_features, in_features)}
+                on_check(f"checking the {name} kernel for a {out_features}x{in_features} weight on this CPU (once)")
+            return {"problem": check(out_features, in_features)}
 
-        key = f"{library}:{out_features}x{in_features}"
-        problem = cached_measurement(cache_root() / "int4-kernel.json", key, check)["problem"]
+        key = f"{library}:{out_features}x{in_features}" + ("" if name == "int4" else f":{name}")
+        problem = cached_measurement(cache_root() / "int4-kernel.json", key, measure)["problem"]
         if problem:
             return f"{out_features}x{in_features}: {problem}"
     return None
@@ -277,8 +300,9 @@ def quantize_int4(module: nn.Module) -> nn.Module:
 
 
 def quantize_linears(module: nn.Module, kind: str) -> nn.Module:
-    """quantize_int4 for kind "int4" (int8 where its kernel cannot run here), else quantize_int8;
-    `module.quantized` says which ran."""
+    """quantize_int4 for kind "int4", quantize_w8a32 for "w8a32" (int8 where their kernel cannot run
+    here), else quantize_int8; `module.quantized` says which ran."""
     from specdec.models.quantize import quantize_int8
+    from specdec.models.w8a32 import quantize_w8a32
 
-    return quantize_int4(module) if kind == "int4" else quantize_int8(module)
+    return {"int4": quantize_int4, "w8a32": quantize_w8a32}.get(kind, quantize_int8)(module)

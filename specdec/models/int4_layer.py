@@ -1,4 +1,4 @@
-"""An int4 model's decoder layer in three compiled calls (kernels/layer_ops.cpp), not ~20 torch ops.
+"""An int4 (or w8a32) model's decoder layer in three compiled calls (kernels/layer_ops.cpp), not ~20 torch ops.
 
 Why: on a 2-core AVX2 EPYC the Qwen2.5-Coder-1.5B target's one-token int4 step took ~96 ms, of
 which its 113 int4 matmuls took ~56; the rest was the small ops around them (RMSNorm alone ~12 ms,
@@ -26,17 +26,18 @@ from torch import nn
 
 from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import QueryList, query_list
-from specdec.models.int4 import Int4Linear, KernelUnavailable, compiled_kernel, library_key
+from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
 from specdec.models.primitives import RMSNorm, rotate_half
+from specdec.models.w8a32 import W8A32Linear
 
 if TYPE_CHECKING:
     from specdec.models.transformer import DecoderLayer
 
 POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
-    "specdec_layer_qkv": [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
-    "specdec_norm_linear": [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
-    "specdec_layer_mlp": [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
+    "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
+    "specdec_norm_linear": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
+    "specdec_layer_mlp": [INT64] + [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
     "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
     + [FLOAT, POINTER],
 }
@@ -79,19 +80,21 @@ def attend_queries(
     )
 
 
-def all_int4(layer: DecoderLayer) -> bool:
-    """Whether the layer's four linears all run the int4 kernel (what the compiled calls read)."""
+def packed_format(layer: DecoderLayer) -> int | None:
+    """The packed layout (4: int4, 8: w8a32) the layer's four linears all share, what the compiled
+    calls read; None if they do not share one."""
     linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-    return all(isinstance(linear, Int4Linear) for linear in linears)
+    formats = {linear.format if isinstance(linear, PackedLinear) else None for linear in linears}
+    return formats.pop() if len(formats) == 1 else None
 
 
 def qkv_projection(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [n, hidden] -> norm, q/k/v matmul, bias, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
-    linear, norm = cast(Int4Linear, layer.qkv_proj), layer.input_norm
+    linear, norm = cast(PackedLinear, layer.qkv_proj), layer.input_norm
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty(x.shape[0], linear.out_padded)
     library().specdec_layer_qkv(
-        x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
+        linear.format, x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
         cos.data_ptr(), sin.data_ptr(), out.data_ptr(), x.shape[0], linear.out_padded, linear.in_features,
         linear.out_features, layer.num_heads + layer.num_kv_heads, layer.head_dim,
     )
@@ -100,59 +103,61 @@ def qkv_projection(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin:
 
 def mlp_block(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
     """x + o(attended), then + down(silu(gate) * up) of its norm: [n, hidden]."""
-    o, gate_up, down = (cast(Int4Linear, linear) for linear in (layer.o_proj, layer.gate_up_proj, layer.down_proj))
+    o, gate_up, down = (cast(PackedLinear, linear) for linear in (layer.o_proj, layer.gate_up_proj, layer.down_proj))
     norm = layer.post_attention_norm
     x, attended = x.contiguous(), attended.contiguous()
     out = torch.empty_like(x)
     library().specdec_layer_mlp(
-        x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), norm.weight.data_ptr(), norm.eps,
-        gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(), _pointer(down.bias),
+        o.format, x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), norm.weight.data_ptr(),
+        norm.eps, gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(), _pointer(down.bias),
         out.data_ptr(), x.shape[0], x.shape[1], attended.shape[1], down.in_features, o.out_padded, gate_up.out_padded,
     )
     return out
 
 
-def norm_then_linear(norm: RMSNorm, linear: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+def norm_then_linear(norm: RMSNorm, linear: PackedLinear, x: torch.Tensor) -> torch.Tensor:
     """linear(norm(x)) in one call: the final norm and the output head. [n, out_features]"""
     x = x.contiguous()
     out = torch.empty(x.shape[0], linear.out_padded)
     library().specdec_norm_linear(
-        x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
+        linear.format, x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
         out.data_ptr(), x.shape[0], linear.out_padded, linear.in_features, linear.out_features,
     )
     return out[:, : linear.out_features]
 
 
-def layer_problem() -> str | None:
-    """None if the compiled layer matches the torch layer closely and scores every row of a block
-    as alone, on this machine (check_layer, cached per machine and library), else why not."""
+def layer_problem(format: int = 4) -> str | None:
+    """None if the compiled layer on linears of ``format`` (4: int4, 8: w8a32) matches the torch
+    layer closely and scores every row of a block as alone, on this machine (check_layer, cached per
+    machine and library), else why not."""
     try:
         key = library_key()
         compiled_kernel()
     except KernelUnavailable as error:
         return str(error)
-    return _cached_layer_problem(key)
+    return _cached_layer_problem(key, format)
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_layer_problem(key: str) -> str | None:
-    return cached_measurement(cache_root() / "int4-kernel.json", f"{key}:layer", lambda: {"problem": check_layer()})[
+def _cached_layer_problem(key: str, format: int) -> str | None:
+    name = f"{key}:layer" + ("" if format == 4 else f":w{format}")
+    return cached_measurement(cache_root() / "int4-kernel.json", name, lambda: {"problem": check_layer(0, format)})[
         "problem"]
 
 
 class CheckLayer(nn.Module):
     """What the compiled calls read of a DecoderLayer (qwen2-style: q/k/v bias, 4 heads over 2 kv
-    heads of 16), with random int4 weights and norm scales."""
+    heads of 16), with random packed weights (int4 or w8a32) and norm scales."""
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, packed: type[Int4Linear] | type[W8A32Linear] = Int4Linear) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = 4, 2, 16
 
-        def linear(out_features: int, in_features: int, bias: bool) -> Int4Linear:
+        def linear(out_features: int, in_features: int, bias: bool) -> PackedLinear:
             dense = nn.Linear(in_features, out_features, bias=bias)
             for parameter in dense.parameters():
                 parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
-            return Int4Linear(dense)
+            return packed(dense)
 
         self.qkv_proj, self.o_proj = linear(8 * 16, 64, True), linear(64, 64, False)
         self.gate_up_proj, self.down_proj = linear(2 * 96, 64, False), linear(64, 96, False)
@@ -161,13 +166,13 @@ class CheckLayer(nn.Module):
             norm.weight.data = 1 + 0.3 * torch.randn(64, generator=generator)
 
 
-def check_layer(seed: int = 0) -> str | None:
-    """A small random int4 layer (qwen2-style biases, grouped-query attention) after a random
-    cached context: None if each compiled piece is within float32 rounding of the torch layer's
-    ops on a 3-token chain block, and every row of the block gets the bits it gets alone, else
-    what differs."""
+def check_layer(seed: int = 0, format: int = 4) -> str | None:
+    """A small random layer of packed linears (format 4: int4, 8: w8a32; qwen2-style biases,
+    grouped-query attention) after a random cached context: None if each compiled piece is within
+    float32 rounding of the torch layer's ops on a 3-token chain block, and every row of the block
+    gets the bits it gets alone, else what differs."""
     generator = torch.Generator().manual_seed(seed)
-    layer = cast("DecoderLayer", CheckLayer(generator))
+    layer = cast("DecoderLayer", CheckLayer(generator, Int4Linear if format == 4 else W8A32Linear))
     context, block = 21, 3
     keys = torch.randn(1, 2, 32, 16, generator=generator)
     values = torch.randn(1, 2, 32, 16, generator=generator)

@@ -16,7 +16,7 @@ from specdec.models.transformer import (
     TransformerConfig,
     UnsupportedByLeanModel,
 )
-from specdec.names import BACKENDS
+from specdec.names import BACKENDS, QUANTIZATIONS
 
 
 
@@ -179,8 +179,9 @@ def load(
 
     backend: "specdec" (own Llama-family forward), "transformers" (AutoModelForCausalLM adapter,
     for any architecture) or "auto" (own forward where the architecture is supported).
-    quantize: None, "int8" (int8 weights, per-row int8 activations; CPU only) or "int4" (4-bit
-    weight groups on a kernel compiled and checked on this CPU, int8 where it cannot run).
+    quantize: None, "int8" (int8 weights, per-row int8 activations; CPU only), "int4" (4-bit
+    weight groups on a kernel compiled and checked on this CPU, int8 where it cannot run) or "w8a32"
+    (8-bit weight groups, float32 activations: a 4- or 8-bit GGUF's weights exactly; same kernel terms).
     max_context: cap on the context length (defaults to the config's max_position_embeddings).
     exact: float weights on the own forward score every token of a verify block bit-for-bit as
     alone (make_batch_invariant: linears in fixed 8-row calls, attention per query
@@ -218,8 +219,8 @@ def check_load_options(dtype: str, backend: str, quantize: str | None, device: s
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if quantize not in (None, "int8", "int4"):
-        raise ValueError(f"unknown quantization {quantize!r}; choose int8 or int4")
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantize!r}; choose {', '.join(map(str, QUANTIZATIONS[1:]))}")
     if quantize and dtype != "float32":
         raise ValueError(f"{quantize} quantization starts from float32 weights; use dtype float32 with it")
     if not (device == "cpu" or device == "cuda" or device.startswith("cuda:") and device[5:].isdigit()):

@@ -140,7 +140,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
-        self.fused = False  # int4 linears and the compiled layer ops (int4_layer.py): set by quantize()
+        self.fused = False  # packed linears and the compiled layer ops (int4_layer.py): set by quantize()
 
     def forward(
         self,
@@ -248,7 +248,7 @@ class LlamaFamilyModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.set_rope_tables(inv_freq, attention_scaling)
         self.quantized = False
-        self.fused_output = False  # the final norm and an int4 head in one compiled call (int4_layer.py)
+        self.fused_output = False  # the final norm and a packed head in one compiled call (int4_layer.py)
         self.fixed_rows: int | None = None  # set by make_batch_invariant
 
     def restrict_output(self, token_ids: torch.Tensor) -> LlamaFamilyModel:
@@ -263,18 +263,20 @@ class LlamaFamilyModel(nn.Module):
         return self
 
     def quantize(self, kind: str = "int8") -> LlamaFamilyModel:
-        """int8 (or 4-bit: "int4") linears, and per-row attention after the prefill, so that a
-        token is scored bit-for-bit the same inside a verify block as alone (the greedy-equality
-        invariant). `quantized` then says which ran ("int8" where int4 could not)."""
+        """int8 linears (or 4-bit: "int4"; 8-bit groups with float32 activations: "w8a32"), and
+        per-row attention after the prefill, so that a token is scored bit-for-bit the same inside a
+        verify block as alone (the greedy-equality invariant). `quantized` then says which ran
+        ("int8" where int4 or w8a32 could not)."""
         from specdec.models.int4 import quantize_linears
 
         quantize_linears(self, kind)
         self.fixed_rows = None  # each row's products are computed alone in any blocking
-        problem = int4_layer.layer_problem() if self.quantized == "int4" else "not int4"
+        packed = {"int4": 4, "w8a32": 8}.get(str(self.quantized))
+        problem = int4_layer.layer_problem(packed) if packed else "not packed"
         for layer in self.layers:
-            layer.fused = problem is None and int4_layer.all_int4(layer)
-        self.fused_output = self.layers[0].fused and isinstance(self.lm_head, int4_layer.Int4Linear)
-        if self.quantized == "int4":
+            layer.fused = problem is None and int4_layer.packed_format(layer) == packed
+        self.fused_output = self.layers[0].fused and getattr(self.lm_head, "format", None) == packed
+        if packed:
             self.quantize_notice += f"; layer ops not compiled ({problem})" if problem else "; layer ops compiled"
         return self
 

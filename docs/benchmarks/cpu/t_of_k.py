@@ -3,7 +3,7 @@ block scores each token exactly as alone (checked here, on this CPU), and T(k), 
 a k-token forward after a 64-token context, one configuration loaded at a time.
 
     python docs/benchmarks/cpu/t_of_k.py MODEL_DIR [--gguf FILE] [--blocks 1,5,8] [--out runs/t_of_k.json]
-        [--configs int8 int4 float32-exact float32-inexact bfloat16-exact llama.cpp]
+        [--configs int8 int4 w8a32 float32-exact float32-inexact bfloat16-exact llama.cpp]
 """
 
 import argparse
@@ -20,6 +20,7 @@ from specdec.models.loading import load
 CONFIGS = {
     "int8": dict(quantize="int8"),
     "int4": dict(quantize="int4"),
+    "w8a32": dict(quantize="w8a32"),
     "float32-exact": dict(),
     "float32-inexact": dict(exact=False),
     "bfloat16-exact": dict(dtype="bfloat16"),

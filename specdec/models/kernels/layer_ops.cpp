@@ -8,7 +8,8 @@
 // order whatever else is in the call, so a token scores the same inside a verify block as alone.
 // Reductions (norms, dot products, softmax sums) run in 8 interleaved lanes summed in a fixed
 // order; compiled with -ffp-contract=off, no -ffast-math, so nothing is reassociated or fused.
-// The int4 matmul itself is specdec_int4_linear (int4_matmul.cpp, linked into the same library).
+// The matmuls themselves are specdec_int4_linear (int4_matmul.cpp) or specdec_w8a32_linear
+// (w8a32_matmul.cpp), linked into the same library: `format` (4 or 8) says which packs the weights.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,8 +18,13 @@
 #include <vector>
 
 extern "C" void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
+extern "C" void specdec_w8a32_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
 
 namespace {
+void linear(int64_t format, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
+  (format == 8 ? specdec_w8a32_linear : specdec_int4_linear)(x, w, y, M, N, K);
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -36,11 +42,11 @@ void rms_norm(const float* x, const float* weight, float eps, float* out, int64_
 }
 
 // y [M, N] = norm(x) @ W^T + bias (bias over the first `width` outputs; N is the padded width).
-void norm_linear(const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias, float* y,
+void norm_linear(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, int64_t width) {
   std::vector<float> normed(M * K);
   for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed.data() + m * K, K);
-  specdec_int4_linear(normed.data(), w, y, M, N, K);
+  linear(format, normed.data(), w, y, M, N, K);
   if (bias)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < width; ++j) y[m * N + j] += bias[j];
@@ -66,17 +72,17 @@ void rope(float* y, const float* cos, const float* sin, int64_t M, int64_t strid
 extern "C" {
 // qkv [M, N] = norm(x) @ Wqkv^T + bias, RoPE applied to the first rope_heads heads of d each (q and
 // k). x [M, K]; cos, sin [M, d]; bias over the first `width` outputs or null.
-void specdec_layer_qkv(const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
+void specdec_layer_qkv(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
                        const float* cos, const float* sin, float* qkv, int64_t M, int64_t N, int64_t K, int64_t width,
                        int64_t rope_heads, int64_t d) {
-  norm_linear(x, norm_weight, eps, w, bias, qkv, M, N, K, width);
+  norm_linear(format, x, norm_weight, eps, w, bias, qkv, M, N, K, width);
   rope(qkv, cos, sin, M, N, rope_heads, d);
 }
 
 // y [M, N] = norm(x) @ W^T (+ bias): the final norm and the output head.
-void specdec_norm_linear(const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
+void specdec_norm_linear(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
                          float* y, int64_t M, int64_t N, int64_t K, int64_t width) {
-  norm_linear(x, norm_weight, eps, w, bias, y, M, N, K, width);
+  norm_linear(format, x, norm_weight, eps, w, bias, y, M, N, K, width);
 }
 
 // The rest of a layer after attention, for M rows of `hidden` floats:
@@ -84,18 +90,18 @@ void specdec_norm_linear(const float* x, const float* norm_weight, float eps, co
 //   out = h + (silu(g) * u) @ Wdown^T (+ bdown)
 // attended [M, attn_width]; out [M, hidden] (may not alias x). hidden_padded and gate_up_padded:
 // the kernels' padded output widths (multiples of 16).
-void specdec_layer_mlp(const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
+void specdec_layer_mlp(int64_t format, const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
                        const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
                        const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
                        int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
   std::vector<float> projected(M * hidden_padded), gate_up(M * gate_up_padded), act(M * inter);
-  specdec_int4_linear(attended, o_w, projected.data(), M, hidden_padded, attn_width);
+  linear(format, attended, o_w, projected.data(), M, hidden_padded, attn_width);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < hidden; ++j) {
       const float p = projected[m * hidden_padded + j];
       out[m * hidden + j] = x[m * hidden + j] + (o_bias ? p + o_bias[j] : p);
     }
-  norm_linear(out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up.data(), M, gate_up_padded, hidden, 2 * inter);
+  norm_linear(format, out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up.data(), M, gate_up_padded, hidden, 2 * inter);
   const int64_t total = M * inter;
 #pragma omp parallel for schedule(static) if (total >= 4096)
   for (int64_t i = 0; i < total; ++i) {
@@ -103,7 +109,7 @@ void specdec_layer_mlp(const float* x, const float* attended, const uint8_t* o_w
     const float g = gate_up[m * gate_up_padded + j], u = gate_up[m * gate_up_padded + inter + j];
     act[i] = (g / (1.0f + std::exp(-g))) * u;
   }
-  specdec_int4_linear(act.data(), down_w, projected.data(), M, hidden_padded, inter);
+  linear(format, act.data(), down_w, projected.data(), M, hidden_padded, inter);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < hidden; ++j) {
       const float p = projected[m * hidden_padded + j];

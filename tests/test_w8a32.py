@@ -1,0 +1,126 @@
+"""The w8a32 kernel (specdec/models/w8a32.py): a 4- or 8-bit GGUF's weights held exactly, products
+within float32 rounding of float64, rows alone as in a block, the same bits on every instruction-set
+path; refused, with a notice, when wrong."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from isa_paths import ON_AVX2, outputs_per_path
+from safetensors.torch import load_file, save_file
+from tiny import save_random_model
+from torch import nn
+
+from specdec.models import w8a32
+from specdec.models.loading import load
+from specdec.models.w8a32 import W8A32Linear, check_kernel, dequantized, kernel_linear, pack_weight
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # each test checks (and builds) afresh
+
+
+def _gguf_weights(kind: GGMLQuantizationType, shape=(40, 96), seed=0) -> torch.Tensor:
+    """Random weights through gguf's own quantizer and back: what a dequantized GGUF holds."""
+    weight = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return torch.from_numpy(quants.dequantize(quants.quantize(weight, kind), kind).copy())
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_a_gguf_s_4_and_8_bit_weights_are_held_exactly(kind):
+    """Mutation checked: without the symmetric 4- and 5-bit forms (largest / 8, / 16) Q4_0 and Q5_0 fail."""
+    weight = _gguf_weights(GGMLQuantizationType[kind])
+    _, q, scale, minimum, exact = pack_weight(weight)
+    assert bool(exact[:40].all())
+    assert torch.equal(dequantized(q, scale, minimum)[:40].float(), weight)
+
+
+def test_other_weights_get_8_bit_groups_and_say_so():
+    weight = torch.randn(16, 64)
+    _, q, scale, minimum, exact = pack_weight(weight)
+    assert not bool(exact.any())
+    error = (dequantized(q, scale, minimum).float() - weight).abs()
+    assert bool((error <= scale.repeat_interleave(32, dim=1) * 0.5 + 1e-6).all())  # half a step of 8 bits
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (40, 96), (960, 576)])
+def test_the_product_is_float32_s_within_rounding_and_rows_are_alone_as_in_a_block(shape):
+    weight = _gguf_weights(GGMLQuantizationType.Q4_1, shape)
+    records, q, _, _, _ = pack_weight(weight)
+    x = torch.randn(11, shape[1])
+    x[0] *= 1e3
+    got = kernel_linear(x, records, q.shape[0])[:, : shape[0]]
+    exact = x.double() @ weight.double().T
+    assert ((got.double() - exact).abs() <= 1e-5 * (x.double().abs() @ weight.double().abs().T)).all()
+    for start, stop in ((0, 1), (1, 4), (3, 11), (10, 11)):
+        assert torch.equal(kernel_linear(x[start:stop], records, q.shape[0])[:, : shape[0]], got[start:stop])
+
+
+def _float16_activations(rows, records, out_padded):
+    """A wrong kernel: activations rounded to float16 first (a cheaper kernel's shortcut)."""
+    return kernel_linear(rows.half().float(), records, out_padded)
+
+
+def _row_dependent(rows, records, out_padded):
+    """A wrong kernel: right alone, a last bit off in a block (as a sum blocked by row count would be)."""
+    out = kernel_linear(rows, records, out_padded)
+    return out if rows.shape[0] == 1 else out * (1 + 2e-7)
+
+
+@pytest.mark.parametrize("wrong, says", [(_float16_activations, "wrong results"), (_row_dependent, "differ")])
+def test_the_self_check_refuses_a_wrong_kernel(wrong, says):
+    assert check_kernel(64, 96) is None
+    assert says in check_kernel(64, 96, linear=wrong)
+
+
+def test_a_wrong_kernel_falls_back_to_int8_with_a_one_line_notice(monkeypatch):
+    monkeypatch.setattr(w8a32, "kernel_linear", _float16_activations)
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
+    w8a32.quantize_w8a32(model)
+    assert model.quantized == "int8"
+    assert "w8a32 kernel not used" in model.quantize_notice and "\n" not in model.quantize_notice
+    assert all(type(layer).__name__ == "Int8Linear" for layer in model)
+
+
+def test_the_notice_counts_the_groups_held_exactly():
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
+    model[0].weight.data = _gguf_weights(GGMLQuantizationType.Q8_0, (32, 64))
+    w8a32.quantize_w8a32(model)
+    assert [type(layer) for layer in model] == [W8A32Linear, W8A32Linear] and model.quantized == "w8a32"
+    assert "80.0% of weight groups held exactly" in model.quantize_notice  # 64 of 80 groups: Q8_0's
+
+
+@pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
+def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
+    """The AVX2 + FMA build and the portable one (std::fmaf) compute the same formula: the same
+    bits. Mutation checked: a portable path summing dot + x * q (two roundings) instead of fmaf differs."""
+    outputs = outputs_per_path(tmp_path, "import sys, torch; from specdec.models import w8a32; "
+                               "w, x = torch.load(sys.argv[2]); r, q, _, _, _ = w8a32.pack_weight(w); "
+                               "torch.save((w8a32.kernel_isa(), w8a32.kernel_linear(x, r, q.shape[0])), sys.argv[1])")
+    assert outputs["avx2"][0] == "AVX2 + FMA" and outputs["default"][0] == "portable C++"
+    assert all(torch.equal(output[1], outputs[""][1]) for output in outputs.values())
+
+
+def test_a_model_with_gguf_weights_computes_what_float32_computes(model_dir):
+    """A random qwen2-style model whose linears hold Q4_1 weights: w8a32 (compiled layers, float32
+    activations) gives the float32 model's logits within float32 rounding and its greedy tokens;
+    int4 (int8 activations) is far further off. Mutation checked: the compiled MLP's SiLU in
+    float16 (or int8 activations) fails the bound."""
+    folder = save_random_model(model_dir / "w8a32-gguf", "qwen2", seed=9)
+    weights = load_file(str(folder / "model.safetensors"))
+    for name, tensor in weights.items():
+        if name.endswith("proj.weight") or name == "lm_head.weight":
+            kind = GGMLQuantizationType.Q8_0 if name == "lm_head.weight" else GGMLQuantizationType.Q4_1
+            packed = quants.quantize(tensor.float().numpy(), kind)
+            weights[name] = torch.from_numpy(quants.dequantize(packed, kind).copy())
+    save_file(weights, str(folder / "model.safetensors"))
+    reference, fast, four_bit = load(folder), load(folder, quantize="w8a32"), load(folder, quantize="int4")
+    assert all(layer.fused for layer in fast.network.layers) and fast.network.fused_output
+    assert "100.0% of weight groups held exactly" in fast.network.quantize_notice
+    tokens = torch.arange(3, 30)
+    expected = reference.extend(tokens, reference.new_cache())
+    got, rounded = fast.extend(tokens, fast.new_cache()), four_bit.extend(tokens, four_bit.new_cache())
+    scale = expected.abs().max()
+    assert (got - expected).abs().max() < 1e-5 * scale < (rounded - expected).abs().max()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
