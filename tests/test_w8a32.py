@@ -31,44 +31,51 @@ def _gguf_weights(kind: GGMLQuantizationType, shape=(40, 96), seed=0) -> torch.T
 def test_a_gguf_s_4_and_8_bit_weights_are_held_exactly(kind):
     """Mutation checked: without the symmetric 4- and 5-bit forms (largest / 8, / 16) Q4_0 and Q5_0 fail."""
     weight = _gguf_weights(GGMLQuantizationType[kind])
-    _, q, scale, minimum, exact = pack_weight(weight)
-    assert bool(exact[:40].all())
-    assert torch.equal(dequantized(q, scale, minimum)[:40].float(), weight)
+    packed = pack_weight(weight)
+    assert bool(packed.exact[:40].all())
+    assert torch.equal(dequantized(packed)[:40].float(), weight)
 
 
 def test_other_weights_get_8_bit_groups_and_say_so():
     weight = torch.randn(16, 64)
-    _, q, scale, minimum, exact = pack_weight(weight)
-    assert not bool(exact.any())
-    error = (dequantized(q, scale, minimum).float() - weight).abs()
-    assert bool((error <= scale.repeat_interleave(32, dim=1) * 0.5 + 1e-6).all())  # half a step of 8 bits
+    packed = pack_weight(weight)
+    assert not bool(packed.exact.any())
+    error = (dequantized(packed).float() - weight).abs()
+    assert bool((error <= packed.scale.repeat_interleave(32, dim=1) * 0.5 + 1e-6).all())  # half a step of 8 bits
 
 
 @pytest.mark.parametrize("shape", [(16, 32), (40, 96), (960, 576)])
 def test_the_product_is_float32_s_within_rounding_and_rows_are_alone_as_in_a_block(shape):
     weight = _gguf_weights(GGMLQuantizationType.Q4_1, shape)
-    records, q, _, _, _ = pack_weight(weight)
+    packed = pack_weight(weight)
     x = torch.randn(11, shape[1])
     x[0] *= 1e3
-    got = kernel_linear(x, records, q.shape[0])[:, : shape[0]]
+    got = kernel_linear(x, packed)[:, : shape[0]]
     exact = x.double() @ weight.double().T
     assert ((got.double() - exact).abs() <= 1e-5 * (x.double().abs() @ weight.double().abs().T)).all()
     for start, stop in ((0, 1), (1, 4), (3, 11), (10, 11)):
-        assert torch.equal(kernel_linear(x[start:stop], records, q.shape[0])[:, : shape[0]], got[start:stop])
+        assert torch.equal(kernel_linear(x[start:stop], packed)[:, : shape[0]], got[start:stop])
 
 
-def _float16_activations(rows, records, out_padded):
+def _float16_activations(rows, packed):
     """A wrong kernel: activations rounded to float16 first (a cheaper kernel's shortcut)."""
-    return kernel_linear(rows.half().float(), records, out_padded)
+    return kernel_linear(rows.half().float(), packed)
 
 
-def _row_dependent(rows, records, out_padded):
+def _row_dependent(rows, packed):
     """A wrong kernel: right alone, a last bit off in a block (as a sum blocked by row count would be)."""
-    out = kernel_linear(rows, records, out_padded)
+    out = kernel_linear(rows, packed)
     return out if rows.shape[0] == 1 else out * (1 + 2e-7)
 
 
-@pytest.mark.parametrize("wrong, says", [(_float16_activations, "wrong results"), (_row_dependent, "differ")])
+def _inputs_misread(rows, packed):
+    """A wrong kernel: each group's inputs k and k + 16 swapped (a layout slip)."""
+    order = torch.arange(rows.shape[1]).reshape(-1, 2, 16).flip(1).reshape(-1)
+    return kernel_linear(rows[:, order], packed)
+
+
+@pytest.mark.parametrize("wrong, says", [(_float16_activations, "wrong results"), (_row_dependent, "differ"),
+                                         (_inputs_misread, "blocks of 8-bit weights")])
 def test_the_self_check_refuses_a_wrong_kernel(wrong, says):
     assert check_kernel(64, 96) is None
     assert says in check_kernel(64, 96, linear=wrong)
@@ -96,8 +103,8 @@ def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
     """The AVX2 + FMA build and the portable one (std::fmaf) compute the same formula: the same
     bits. Mutation checked: a portable path summing dot + x * q (two roundings) instead of fmaf differs."""
     outputs = outputs_per_path(tmp_path, "import sys, torch; from specdec.models import w8a32; "
-                               "w, x = torch.load(sys.argv[2]); r, q, _, _, _ = w8a32.pack_weight(w); "
-                               "torch.save((w8a32.kernel_isa(), w8a32.kernel_linear(x, r, q.shape[0])), sys.argv[1])")
+                               "w, x = torch.load(sys.argv[2]); p = w8a32.pack_weight(w); "
+                               "torch.save((w8a32.kernel_isa(), w8a32.kernel_linear(x, p)), sys.argv[1])")
     assert outputs["avx2"][0] == "AVX2 + FMA" and outputs["default"][0] == "portable C++"
     assert all(torch.equal(output[1], outputs[""][1]) for output in outputs.values())
 
