@@ -128,8 +128,8 @@ ISA_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 @pytest.mark.skipif(os.environ.get("ONEDNN_MAX_CPU_ISA") is not None, reason="already running under the ISA caps")
 def test_the_int8_and_exactness_tests_pass_under_the_avx2_caps(tmp_path):
     """What an AVX2-only user gets, on any x86 machine: the caps really cap dispatch (oneDNN says
-    so in its verbose line, ATen in its capability), and the int8 and int4 kernel and exactness
-    tests pass."""
+    so in its verbose line, ATen in its capability), and the int8, int4 and w8a32 kernel and
+    exactness tests pass."""
     env = {**os.environ, **ISA_CAPS, "SPECDEC_CACHE": str(tmp_path)}
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability()); "
                             "from specdec.models import int8_kernels as k; k.check_kernel(k.PACKED_7_BIT, 8, 16)"],
@@ -150,6 +150,7 @@ def test_the_int8_and_exactness_tests_pass_under_the_avx2_caps(tmp_path):
             "no:cacheprovider",
             str(tests / "test_quantize.py"),
             str(tests / "test_int4.py"),  # the int4 kernel's AVX2 build (ATEN_CPU_CAPABILITY caps its -march)
+            str(tests / "test_w8a32.py"),  # and the w8a32 kernel's
             str(tests / "test_forward_parity.py") + "::test_int8_block_scores_each_token_exactly_as_alone",
             str(tests / "test_model_interface.py") + "::test_int8_tree_nodes_are_bit_identical_to_their_chains",
         ],
