@@ -27,9 +27,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=["int8", "int4", "w8a32", "none"],
         help="int8 weights and activations; int4: 4-bit weight groups; w8a32: 8-bit weight groups with "
         "float32 activations, which hold a 4- or 8-bit GGUF's weights exactly (float32's text); the last two "
-        "on kernels compiled and checked on this CPU (CPU only). Unset: for the default SmolLM2 pair on a "
-        "CPU, w8a32 where its kernel runs, else int8, int4 or its GGUF on llama.cpp, whichever is measured "
-        "fastest and exact here (once); none otherwise",
+        "on kernels compiled and checked on this CPU (CPU only). Unset, on a CPU: w8a32 for the default "
+        "SmolLM2 pair (where its kernel builds; else int8 or its GGUF on llama.cpp, whichever is measured "
+        "fastest and exact here, once) and for a GGUF target on the own forward; none otherwise",
     )
     parser.add_argument(
         "--backend",
@@ -152,18 +152,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def gguf_on_own_forward(target: str, backend: str) -> bool:
+    """Whether ``target`` is a GGUF file that runs dequantized on the own forward."""
+    from specdec.models.loading import gguf_backend
+
+    return target.endswith(".gguf") and gguf_backend(backend) == "specdec"
+
+
 def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool = False):
     """(target, draft, quantize, default pair or None): --target/--draft, or the default pair when
-    no --target is given. --quantize unset means, for the default SmolLM2 pair on a CPU, the
-    precision (int8 or int4) or llama.cpp backend measured fastest and exact on this machine; none
-    otherwise. reads_hidden (a draft head reads the target's hidden
-    states): --backend auto means the own forward, the one backend that gives them."""
+    no --target is given. --quantize unset on a CPU in float32 means, for the default SmolLM2 pair,
+    w8a32 where the kernels compile (else the measured fastest exact of int8 and llama.cpp); for a
+    GGUF target on the own forward, w8a32 (its weights exactly); none otherwise. reads_hidden (a
+    draft head reads the target's hidden states): --backend auto means the own forward, the one
+    backend that gives them."""
     from specdec.defaults import default_pair
 
     if reads_hidden and args.backend == "auto":
         args.backend = "specdec"
     quantize = None if args.quantize == "none" else args.quantize
     if args.target:
+        if args.quantize is None and gguf_on_own_forward(args.target, args.backend) and args.dtype == "float32" \
+                and args.device == "cpu":
+            quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic: float32's text, ~8x faster
         return args.target, args.draft, quantize, None
     if args.draft:
         raise ValueError("--draft needs --target: the default draft only fits the default target")
@@ -201,7 +212,8 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
         int8.KERNELS.on_check = update
         try:
             # A GGUF target on llama.cpp keeps its own quantization; the draft keeps the chosen one.
-            target = load(target_path, **{**options, "quantize": None} if target_path.endswith(".gguf") else options)
+            on_llama_cpp = target_path.endswith(".gguf") and not gguf_on_own_forward(target_path, args.backend)
+            target = load(target_path, **{**options, "quantize": None} if on_llama_cpp else options)
             draft = load(draft_path, **options) if want_draft and draft_path else None
         finally:
             int8.KERNELS.on_check = None

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from specdec import cli
 from specdec.cli import main
 
 
@@ -220,3 +221,17 @@ def test_int4_says_in_one_line_which_kernel_runs_and_the_output_equals_target_on
     assert "(specdec backend, int4, cpu)" in speculative.err  # the banner says the precision that runs
     assert main([*common, "--no-draft"]) == 0
     assert capsys.readouterr().out == speculative.out
+
+
+@pytest.mark.parametrize("options, quantize", [
+    (["--backend", "specdec"], "w8a32"),  # dequantized on the own forward: its weights exactly, float32's text
+    (["--backend", "specdec", "--quantize", "int4"], "int4"),
+    (["--backend", "specdec", "--quantize", "none"], None),
+    (["--backend", "specdec", "--dtype", "bfloat16"], None),
+    (["--backend", "llama.cpp"], None),  # llama.cpp keeps the file's own quantization
+])
+def test_a_gguf_target_on_the_own_forward_defaults_to_w8a32(options, quantize):
+    from rich.console import Console
+
+    args = cli.build_parser().parse_args(["generate", "hi", "--target", "model.gguf", *options])
+    assert cli.resolve_models(args, Console(quiet=True))[2] == quantize

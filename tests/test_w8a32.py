@@ -27,6 +27,20 @@ def _gguf_weights(kind: GGMLQuantizationType, shape=(40, 96), seed=0) -> torch.T
     return torch.from_numpy(quants.dequantize(quants.quantize(weight, kind), kind).copy())
 
 
+def test_k_quant_sub_blocks_are_held_exactly():
+    """Q4_K / Q5_K: 32 values a sub-block at levels scale * q - min whose q need not span 0..15
+    (gguf cannot write K-quants, so built here the way its dequantizer computes them). Mutation
+    checked: without the smallest-gap form none of these groups is held."""
+    generator = torch.Generator().manual_seed(5)
+    levels = torch.randint(2, 14, (32, 64), generator=generator).float()  # rarely 0 or 15
+    sub_scale = torch.tensor([0.0123, 0.0371]).half().float().repeat_interleave(32)  # d * sc: float16 x 6 bits
+    sub_min = torch.tensor([0.25, 0.0625]).repeat_interleave(32)
+    weight = levels * sub_scale - sub_min
+    packed = pack_weight(weight)
+    assert bool(packed.exact.all())
+    assert torch.equal(dequantized(packed).float(), weight)
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_a_gguf_s_4_and_8_bit_weights_are_held_exactly(kind):
     """Mutation checked: without the symmetric 4- and 5-bit forms (largest / 8, / 16) Q4_0 and Q5_0 fail."""

@@ -148,10 +148,7 @@ def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, devic
         raise ValueError(f"the llama.cpp backend loads .gguf files; {path} is not one")
     if backend == "transformers":
         raise ValueError(f"{path} is a GGUF file: run it with --backend llama.cpp or --backend specdec")
-    if backend == "auto":
-        import importlib.util
-
-        backend = "llama.cpp" if importlib.util.find_spec("llama_cpp") else "specdec"
+    backend = gguf_backend(backend)
     if backend == "specdec":
         from specdec.models.gguf import load_gguf_dequantized
 
@@ -162,6 +159,16 @@ def _load_gguf(path: Path, backend: str, dtype: str, quantize: str | None, devic
     from specdec.models.llama_cpp import load_gguf
 
     return load_gguf(path, context_size=max_context or 8192)
+
+
+def gguf_backend(backend: str) -> str:
+    """Where a .gguf file runs under ``backend``: "auto" means llama.cpp's kernels when
+    llama-cpp-python is installed, else the own forward ("specdec")."""
+    if backend != "auto":
+        return backend
+    import importlib.util
+
+    return "llama.cpp" if importlib.util.find_spec("llama_cpp") else "specdec"
 
 
 def load(

@@ -5,9 +5,10 @@ Why: int8 and int4 round each activation row to 8 bits, so a quantized model's g
 from its float32 text in near-ties (measured on the default SmolLM2-135M, a Q4_1 GGUF dequantized
 to float32: 0 of 9 texts equal, first differences at tokens 0-39). Here a weight is
 scale * q + min per group of 32 inputs (q int8; scale and min float32, per output and group), which
-holds Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights exactly, and activations stay float32: the product differs from
-float32's only in the order of its float sums (kernels/w8a32_matmul.cpp has the formula). Weights
-that are not 4- or 8-bit groups get the closest such groups (8-bit, a quantization then).
+holds Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K weights exactly, and activations stay float32:
+the product differs from float32's only in the order of its float sums (kernels/w8a32_matmul.cpp
+has the formula). Weights that are not such groups (Q6_K's 16-input sub-blocks, float checkpoints)
+get the closest 8-bit groups: a quantization then, and the notice line counts the groups held.
 
 Each row is computed by the same instructions alone or in a block, so a token scores the same
 inside a verify block as alone. The kernel is compiled with the int4 kernel (specdec/models/int4.py)
@@ -34,8 +35,12 @@ CHUNK = 2048  # output rows packed at a time: the candidate forms of a 150k-row 
 def _candidates(grouped: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     """(scale, min, q_low, q_high) per group [rows, groups] for grouped [rows, groups, 32]: the
     forms a GGUF's blocks take (Q8_0, Q4_0 and Q5_0 symmetric; Q4_1 and Q5_1 as levels from the
-    group's least value) and a general 8-bit one."""
+    group's least value; Q4_K and Q5_K sub-blocks, whose levels need not span 0..15, as steps of the
+    smallest gap between the group's values), and a general 8-bit one."""
     low, high = grouped.amin(-1), grouped.amax(-1)
+    gaps = grouped.sort(-1).values.diff(dim=-1)
+    smallest_gap = torch.where(gaps > 0, gaps, torch.inf).amin(-1)
+    smallest_gap = torch.where(torch.isfinite(smallest_gap), smallest_gap, 1.0)  # a constant group
     largest = grouped.abs().amax(-1)
     zero = torch.zeros_like(low)
     eight_bit_scale = (high - low) / 255
@@ -46,6 +51,7 @@ def _candidates(grouped: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor,
         (largest / 16, zero, -16, 16),
         ((high - low) / 31, low, 0, 31),
         (eight_bit_scale, low + 128 * eight_bit_scale, -128, 127),
+        (smallest_gap, low, 0, 127),
     ]
 
 
