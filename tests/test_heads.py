@@ -131,7 +131,7 @@ def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind, qua
     torch.manual_seed(3)
     head = new_head(target)
     if quantize is not None:
-        from specdec.models.int4 import quantize_linears
+        from specdec.models.precisions import quantize_linears
 
         quantize_linears(head, quantize)
     drafter = make_drafter(kind, target=target, head=head, tree_budget=6)

@@ -172,7 +172,7 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
         raise ValueError(f"the head at {folder} has a d2t that maps outside the target's vocabulary or twice")
     head = head.to(device=target.device, dtype=dtype).eval()
     if quantize is not None:
-        from specdec.models.int4 import quantize_linears
+        from specdec.models.precisions import quantize_linears
 
         quantize_linears(head, quantize)  # q stays the law the draft is drawn from: lossless either way
     return head

@@ -297,12 +297,3 @@ def quantize_int4(module: nn.Module) -> nn.Module:
     setattr(module, "quantized", "int8" if problem else "int4")  # what LanguageModel.precision reports
     setattr(module, "quantize_notice", notice)  # the one line the CLI prints
     return module
-
-
-def quantize_linears(module: nn.Module, kind: str) -> nn.Module:
-    """quantize_int4 for kind "int4", quantize_w8a32 for "w8a32" (int8 where their kernel cannot run
-    here), else quantize_int8; `module.quantized` says which ran."""
-    from specdec.models.quantize import quantize_int8
-    from specdec.models.w8a32 import quantize_w8a32
-
-    return {"int4": quantize_int4, "w8a32": quantize_w8a32}.get(kind, quantize_int8)(module)

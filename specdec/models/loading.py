@@ -288,7 +288,7 @@ def _set_precision(network, used_backend: str, folder: Path, exact: bool, quanti
         return
     import warnings
 
-    from specdec.models.int4 import quantize_linears
+    from specdec.models.precisions import quantize_linears
 
     warnings.warn(f"{folder.name}: {quantize} through the transformers adapter is not batch-invariant (its "
                   "attention scores a verify block together), so greedy speculative output may differ "

@@ -267,7 +267,7 @@ class LlamaFamilyModel(nn.Module):
         per-row attention after the prefill, so that a token is scored bit-for-bit the same inside a
         verify block as alone (the greedy-equality invariant). `quantized` then says which ran
         ("int8" where int4 or w8a32 could not)."""
-        from specdec.models.int4 import quantize_linears
+        from specdec.models.precisions import quantize_linears
 
         quantize_linears(self, kind)
         self.fixed_rows = None  # each row's products are computed alone in any blocking
