@@ -1,5 +1,6 @@
 """8-bit weight groups with float32 activations (`--quantize w8a32`): a 4- or 8-bit GGUF computed
-as float32 computes it, at the speed of its bytes.
+as float32 computes it (on a 2-core AVX2 EPYC, SmolLM2's token at 2x int4's cost, 8x less than
+float32's exact blocks: docs/benchmarks.md).
 
 Why: int8 and int4 round each activation row to 8 bits, so a quantized model's greedy text drifts
 from its float32 text in near-ties (measured on the default SmolLM2-135M, a Q4_1 GGUF dequantized
@@ -27,8 +28,6 @@ from torch import nn
 from specdec.models.int4 import COLS, GROUP, KernelUnavailable, PackedLinear, checked_shapes, compiled_kernel
 
 RECORD = 640  # bytes per (16 outputs, 32 inputs): 512 int8 q, 16 float32 scales, 16 float32 mins
-
-
 CHUNK = 2048  # output rows packed at a time: the candidate forms of a 150k-row head would not fit memory
 
 
@@ -108,6 +107,7 @@ def pack_weight(weight: torch.Tensor) -> Packed:
         return values.reshape(blocks, COLS, groups).transpose(1, 2).contiguous().view(torch.uint8)
 
     records = torch.cat([q_bytes, per_record(scale), per_record(minimum)], dim=2).contiguous()
+    assert records.shape[2] == RECORD  # what w8a32_matmul.cpp reads
     return Packed(records, q.reshape(padded, in_features), scale, minimum, exact)
 
 
