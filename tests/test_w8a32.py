@@ -29,13 +29,16 @@ def _gguf_weights(kind: GGMLQuantizationType, shape=(40, 96), seed=0) -> torch.T
 
 def test_k_quant_sub_blocks_are_held_exactly():
     """Q4_K / Q5_K: 32 values a sub-block at levels scale * q - min whose q need not span 0..15
-    (gguf cannot write K-quants, so built here the way its dequantizer computes them). Mutation
-    checked: without the smallest-gap form none of these groups is held."""
+    (gguf cannot write K-quants, so built here the way its dequantizer computes them); the groups
+    that span 0..15 take the Q4_1 form, the others steps of their smallest gap. Mutation checked:
+    without the smallest-gap form the 11 of these 64 groups that do not span 0..15 are not held."""
     generator = torch.Generator().manual_seed(5)
-    levels = torch.randint(2, 14, (32, 64), generator=generator).float()  # rarely 0 or 15
+    levels = torch.randint(0, 16, (32, 64), generator=generator).float()
     sub_scale = torch.tensor([0.0123, 0.0371]).half().float().repeat_interleave(32)  # d * sc: float16 x 6 bits
     sub_min = torch.tensor([0.25, 0.0625]).repeat_interleave(32)
     weight = levels * sub_scale - sub_min
+    spanning = (levels.reshape(32, 2, 32).amin(-1) == 0) & (levels.reshape(32, 2, 32).amax(-1) == 15)
+    assert 0 < int(spanning.sum()) < 64
     packed = pack_weight(weight)
     assert bool(packed.exact.all())
     assert torch.equal(dequantized(packed).float(), weight)

@@ -31,45 +31,60 @@ RECORD = 640  # bytes per (16 outputs, 32 inputs): 512 int8 q, 16 float32 scales
 CHUNK = 2048  # output rows packed at a time: the candidate forms of a 150k-row head would not fit memory
 
 
-def _candidates(grouped: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
-    """(scale, min, q_low, q_high) per group [rows, groups] for grouped [rows, groups, 32]: the
-    forms a GGUF's blocks take (Q8_0, Q4_0 and Q5_0 symmetric; Q4_1 and Q5_1 as levels from the
-    group's least value; Q4_K and Q5_K sub-blocks, whose levels need not span 0..15, as steps of the
-    smallest gap between the group's values), and a general 8-bit one."""
-    low, high = grouped.amin(-1), grouped.amax(-1)
-    gaps = grouped.sort(-1).values.diff(dim=-1)
-    smallest_gap = torch.where(gaps > 0, gaps, torch.inf).amin(-1)
-    smallest_gap = torch.where(torch.isfinite(smallest_gap), smallest_gap, 1.0)  # a constant group
-    largest = grouped.abs().amax(-1)
-    zero = torch.zeros_like(low)
-    eight_bit_scale = (high - low) / 255
-    return [  # the first of equally good forms wins
-        ((high - low) / 15, low, 0, 15),
-        (largest / 127, zero, -127, 127),
-        (largest / 8, zero, -8, 8),
-        (largest / 16, zero, -16, 16),
-        ((high - low) / 31, low, 0, 31),
-        (eight_bit_scale, low + 128 * eight_bit_scale, -128, 127),
-        (smallest_gap, low, 0, 127),
-    ]
+Form = tuple[torch.Tensor, torch.Tensor, int, int]  # (scale [m], min [m], q_low, q_high) for m groups
 
 
-def _best_form(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scale, min [rows, groups], q [rows, groups, 32], exact [rows, groups]): per group the form
-    with the least largest error, the first of equals."""
-    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    for scale, minimum, q_low, q_high in _candidates(grouped):
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.round((grouped - minimum[..., None]) / scale[..., None]).clamp(q_low, q_high)
-        error = (q * scale[..., None] + minimum[..., None] - grouped).abs().amax(-1)
-        if best is None:
-            best = (scale, minimum, q, error)
-            continue
-        better = error < best[3]
-        best = (torch.where(better, scale, best[0]), torch.where(better, minimum, best[1]),
-                torch.where(better[..., None], q, best[2]), torch.minimum(error, best[3]))
-    assert best is not None
-    return best[0], best[1], best[2], best[3] == 0
+def _gap_steps(groups: torch.Tensor) -> Form:
+    """Steps of the smallest gap between a group's values (1 for a constant group), from its least."""
+    gaps = groups.sort(-1).values.diff(dim=-1)
+    smallest = torch.where(gaps > 0, gaps, torch.inf).amin(-1)
+    return torch.where(torch.isfinite(smallest), smallest, 1.0), groups.amin(-1), 0, 127
+
+
+def _eight_bit(groups: torch.Tensor) -> Form:
+    scale = (groups.amax(-1) - groups.amin(-1)) / 255
+    return scale, groups.amin(-1) + 128 * scale, -128, 127
+
+
+# The forms a GGUF's blocks take, tried in this order on the groups no earlier form held exactly
+# (the first of equally good forms wins): Q4_1 and Q5_1 as levels from the group's least value;
+# Q8_0, Q4_0 and Q5_0 symmetric; Q4_K and Q5_K sub-blocks, whose levels need not span 0..15, as steps
+# of the smallest gap between the group's values; and a general 8-bit one.
+FORMS: list[Callable[[torch.Tensor], Form]] = [
+    lambda groups: ((groups.amax(-1) - groups.amin(-1)) / 15, groups.amin(-1), 0, 15),
+    lambda groups: (groups.abs().amax(-1) / 127, torch.zeros(groups.shape[0]), -127, 127),
+    lambda groups: (groups.abs().amax(-1) / 8, torch.zeros(groups.shape[0]), -8, 8),
+    lambda groups: (groups.abs().amax(-1) / 16, torch.zeros(groups.shape[0]), -16, 16),
+    lambda groups: ((groups.amax(-1) - groups.amin(-1)) / 31, groups.amin(-1), 0, 31),
+    _gap_steps,
+    _eight_bit,
+]
+
+
+def _best_form(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """groups [m, 32] -> (scale [m], min [m], q [m, 32], exact [m]): per group the first form that
+    holds it exactly, else the one with the least largest error. Later forms run only on the groups
+    still open: a GGUF's matrix is usually done after one or two."""
+    count = groups.shape[0]
+    scale, minimum = torch.ones(count), torch.zeros(count)
+    q, error = torch.zeros(count, GROUP), torch.full((count,), torch.inf)
+    open_groups = torch.arange(count)
+    for form in FORMS:
+        if form is _gap_steps and not bool((error == 0).any()):
+            continue  # a float matrix (no group held so far) is never steps of one gap; its sort is costly
+        subset = groups[open_groups]
+        form_scale, form_min, q_low, q_high = form(subset)
+        form_scale = torch.where(form_scale > 0, form_scale, 1.0)
+        form_q = torch.round((subset - form_min[:, None]) / form_scale[:, None]).clamp(q_low, q_high)
+        form_error = (form_q * form_scale[:, None] + form_min[:, None] - subset).abs().amax(-1)
+        better = form_error < error[open_groups]
+        chosen = open_groups[better]
+        scale[chosen], minimum[chosen], q[chosen], error[chosen] = (
+            form_scale[better], form_min[better], form_q[better], form_error[better])
+        open_groups = open_groups[error[open_groups] > 0]
+        if open_groups.numel() == 0:
+            break
+    return scale, minimum, q, error == 0
 
 
 @dataclass(frozen=True)
@@ -94,11 +109,11 @@ def pack_weight(weight: torch.Tensor) -> Packed:
     scale, minimum = torch.ones(padded, groups), torch.zeros(padded, groups)
     exact = torch.ones(padded, groups, dtype=torch.bool)
     for start in range(0, out_features, CHUNK):
-        rows = weight[start:start + CHUNK].detach().float().reshape(-1, groups, GROUP)
-        chunk_scale, chunk_min, chunk_q, chunk_exact = _best_form(rows)
+        rows = weight[start:start + CHUNK].detach().float()
         stop = start + rows.shape[0]
-        scale[start:stop], minimum[start:stop], exact[start:stop] = chunk_scale, chunk_min, chunk_exact
-        q[start:stop] = chunk_q.to(torch.int8)
+        chunk_scale, chunk_min, chunk_q, chunk_exact = _best_form(rows.reshape(-1, GROUP))
+        scale[start:stop], minimum[start:stop] = chunk_scale.view(-1, groups), chunk_min.view(-1, groups)
+        exact[start:stop], q[start:stop] = chunk_exact.view(-1, groups), chunk_q.view(-1, groups, GROUP).to(torch.int8)
     blocks = padded // COLS
     # q [blocks, 16 cols, groups, 32 inputs] -> [blocks, groups, inputs, cols]
     q_bytes = q.reshape(blocks, COLS, groups, GROUP).permute(0, 2, 3, 1).reshape(blocks, groups, -1).view(torch.uint8)
