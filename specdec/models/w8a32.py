@@ -91,7 +91,7 @@ def _best_form(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 class Packed:
     """A weight in the kernel's records, and what they hold."""
 
-    records: torch.Tensor  # [blocks, groups, 640 or 384] uint8
+    records: torch.Tensor  # [blocks, groups, 640] uint8
     q: torch.Tensor  # [out_padded, in] int8
     scale: torch.Tensor  # [out_padded, in / 32] float32
     minimum: torch.Tensor  # [out_padded, in / 32] float32
