@@ -274,25 +274,38 @@ def kernel_isa() -> str:
     return compiled_kernel().specdec_int4_isa().decode()
 
 
+def replace_linears(
+    module: nn.Module, packed: Callable[[nn.Linear], PackedLinear], precision: str,
+    check: Callable[[int, int], str | None] | None = None,
+) -> tuple[list[PackedLinear], int, str | None, int]:
+    """In place, on a float32 CPU module: every nn.Linear whose input size fits becomes ``packed``
+    where its kernel builds and passes ``check`` on every such shape here (checked_shapes), the rest
+    an Int8Linear. Returns (the packed linears, the weight shapes checked, the problem or None, the
+    linears left int8)."""
+    from specdec.models.quantize import KERNELS, Int8Linear
+
+    if next(module.parameters()).device.type != "cpu":
+        raise ValueError(f"{precision} runs on CPU only; use --device cpu or drop --quantize")
+    module.float()
+    linears = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Linear)]
+    shapes = {(child.out_features, child.in_features) for _, _, child in linears if PackedLinear.fits(child)}
+    problem = checked_shapes(shapes, KERNELS.on_check, check, precision)
+    replaced: list[PackedLinear] = []
+    for parent, name, child in linears:
+        replacement = packed(child) if problem is None and PackedLinear.fits(child) else Int8Linear(child)
+        setattr(parent, name, replacement)
+        replaced += [replacement] if isinstance(replacement, PackedLinear) else []
+    return replaced, len(shapes), problem, len(linears) - len(replaced)
+
+
 def quantize_int4(module: nn.Module) -> nn.Module:
     """Replace every nn.Linear whose input size fits with an Int4Linear (the rest, and every one
     if the kernel cannot run here, with an Int8Linear), in place. `module.quantized` says which
     ran and `module.quantize_notice` is the one line the CLI prints about it."""
-    from specdec.models.quantize import KERNELS, Int8Linear
-
-    if next(module.parameters()).device.type != "cpu":
-        raise ValueError("int4 quantization runs on CPU only; use --device cpu or drop --quantize")
-    module.float()
-    linears = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
-               if isinstance(child, nn.Linear)]
-    shapes = {(child.out_features, child.in_features) for _, _, child in linears if Int4Linear.fits(child)}
-    problem = checked_shapes(shapes, KERNELS.on_check)
-    for parent, name, child in linears:
-        four_bit = problem is None and Int4Linear.fits(child)
-        setattr(parent, name, Int4Linear(child) if four_bit else Int8Linear(child))
-    eight_bit = sum(not Int4Linear.fits(child) for _, _, child in linears)
+    _, shapes, problem, eight_bit = replace_linears(module, Int4Linear, "int4")
     notice = (f"int4 kernel not used ({problem}): int8 weights instead" if problem else
-              f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {len(shapes)} weight shapes"
+              f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {shapes} weight shapes"
               + (f"; {eight_bit} linears with inputs not a multiple of {GROUP} stay int8" if eight_bit else ""))
     setattr(module, "quantized", "int8" if problem else "int4")  # what LanguageModel.precision reports
     setattr(module, "quantize_notice", notice)  # the one line the CLI prints

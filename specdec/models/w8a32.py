@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
-from specdec.models.int4 import COLS, GROUP, KernelUnavailable, PackedLinear, checked_shapes, compiled_kernel
+from specdec.models.int4 import COLS, GROUP, KernelUnavailable, PackedLinear, compiled_kernel, replace_linears
 
 RECORD = 640  # bytes per (16 outputs, 32 inputs): 512 int8 q, 16 float32 scales, 16 float32 mins
 CHUNK = 2048  # output rows packed at a time: the candidate forms of a 150k-row head would not fit memory
@@ -216,25 +217,11 @@ def quantize_w8a32(module: nn.Module) -> nn.Module:
     """Replace every nn.Linear whose input size fits with a W8A32Linear (the rest, and every one if
     the kernel cannot run here, with an Int8Linear), in place. `module.quantized` says which ran
     and `module.quantize_notice` is the one line the CLI prints about it."""
-    from specdec.models.quantize import KERNELS, Int8Linear
-
-    if next(module.parameters()).device.type != "cpu":
-        raise ValueError("w8a32 runs on CPU only; use --device cpu or drop --quantize")
-    module.float()
-    linears = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
-               if isinstance(child, nn.Linear)]
-    shapes = {(child.out_features, child.in_features) for _, _, child in linears if W8A32Linear.fits(child)}
-    problem = checked_shapes(shapes, KERNELS.on_check, check_kernel, "w8a32")
-    packed = []
-    for parent, name, child in linears:
-        replacement = W8A32Linear(child) if problem is None and W8A32Linear.fits(child) else Int8Linear(child)
-        setattr(parent, name, replacement)
-        packed += [replacement] if isinstance(replacement, W8A32Linear) else []
+    packed, shapes, problem, others = replace_linears(module, W8A32Linear, "w8a32", check_kernel)
     groups = sum(linear.out_features * linear.in_features // GROUP for linear in packed)
-    exact = sum(linear.exact_groups for linear in packed)
-    others = len(linears) - len(packed)
+    exact = sum(cast(W8A32Linear, linear).exact_groups for linear in packed)
     notice = (f"w8a32 kernel not used ({problem}): int8 weights instead" if problem else
-              f"w8a32 kernel on this CPU: {kernel_isa()}, float32 activations, checked on {len(shapes)} weight "
+              f"w8a32 kernel on this CPU: {kernel_isa()}, float32 activations, checked on {shapes} weight "
               f"shapes; {exact / max(groups, 1):.1%} of weight groups held exactly (4- or 8-bit groups)"
               + (f"; {others} linears with inputs not a multiple of {GROUP} are int8" if others else ""))
     setattr(module, "quantized", "int8" if problem else "w8a32")  # what LanguageModel.precision reports
