@@ -80,3 +80,22 @@ def test_a_continuation_start_past_the_datas_prompts_is_an_error(float64_target,
     said: list[str] = []
     continuation_features(target, files, 24, 5, layers, tmp_path, start=3, say=said.append)
     assert said == ["continuations: prompts 3-3, the last the data gives (1 of the 5 asked for)"]
+
+
+def test_training_corpora_leave_out_files_that_quote_the_benchmark_suites(tmp_path):
+    """A drafter is never trained on the code it is measured on. Mutation: collect_files without
+    its quotes_the_suites check keeps quoted.py and this test fails."""
+    import json
+
+    from specdec.defaults import default_prompts
+    from specdec.training.data import collect_files, suite_lines
+
+    prompt = next(item["prompt"] for item in json.loads(default_prompts().read_text())
+                  if any(len(line.strip()) >= 30 for line in item["prompt"].splitlines()))
+    (tmp_path / "quoted.py").write_text("import os\n\n" + prompt + "    return None\n")
+    (tmp_path / "own.py").write_text("def add(a, b):\n    return a + b\n")
+    assert suite_lines() and all(len(line) >= 30 for line in suite_lines())
+    assert collect_files([tmp_path]) == [tmp_path / "own.py"]
+    (tmp_path / "own.py").unlink()
+    with pytest.raises(ValueError, match="quote the benchmark suites"):
+        collect_files([tmp_path])

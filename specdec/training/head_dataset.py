@@ -28,6 +28,8 @@ class DataPlan:
     feature_layers: tuple[int, ...]
     target: str  # the target's name and precision: a cache is valid for one target only
     continuation_start: int = 0  # the training continuations' first prompt (held-out ones start at 0)
+    # The file list's rule: another rule gives other prompts under the same numbers (cache keys).
+    corpus_rule: str = "suite quotes left out"
 
     def key(self, *fields: str) -> str:
         """A short hash of these fields (all when none are named)."""
@@ -61,7 +63,8 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     if plan.continuation_sequences:  # held out: as many continuations of held-out files as corpus windows
         # Not keyed by the counts: the first N prompts are the same for any larger count, so a run
         # asking for more continuations (or fewer) reuses every batch generated before.
-        generated = cache_dir / f"continuations-{plan.key('data', 'sequence_length', 'feature_layers', 'target')}"
+        prompts_key = plan.key("data", "sequence_length", "feature_layers", "target", "corpus_rule")
+        generated = cache_dir / f"continuations-{prompts_key}"
         for parts, source, start, count, name in (
                 (train_parts, train_files, plan.continuation_start, plan.continuation_sequences, "continuations"),
                 (held_parts, heldout_files, 0, len(heldout), "heldout-continuations")):
