@@ -13,7 +13,7 @@ T(block)``, so its rate is their ratio (``tokens_per_second``). The draft-length
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -233,3 +233,24 @@ def best_chain_length(acceptance: AcceptanceByPosition, draft_seconds: float | N
     if len(known) < len(rates):
         return None
     return max(known, key=lambda gamma: known[gamma])
+
+
+def speedup_ceiling(verify_seconds: Mapping[int, float], reach: Sequence[float] | None = None,
+                    draft_fraction: float = 0.0) -> tuple[int, float]:
+    """(gamma, speedup over target-only) of the best chain that verify blocks of these measured
+    seconds allow: ``verify_seconds[k]`` is T(k), T(1) target-only's step; ``reach[d]`` the share
+    of steps whose draft is accepted past depth d + 1 (None: every draft accepted), each draft
+    token costing ``draft_fraction`` of T(1). The cost model of tokens_per_second, over T(1)'s
+    rate. With every draft accepted and free, it is what no drafter can beat on this target."""
+    one = verify_seconds[1]
+    best = (0, 1.0)
+    for block, seconds in sorted(verify_seconds.items()):
+        gamma = block - 1
+        if reach is not None and gamma > len(reach):
+            break
+        expected = 1.0 + (gamma if reach is None else sum(reach[:gamma]))
+        rate = tokens_per_second(expected, gamma, draft_fraction * one, seconds)
+        assert rate is not None  # both costs are given
+        if rate * one > best[1]:
+            best = (gamma, rate * one)
+    return best

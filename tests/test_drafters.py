@@ -9,7 +9,7 @@ from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 from specdec.drafting.base import ContextRequest
 from specdec.metrics import predicted_speedup
-from specdec.estimates import AcceptanceByPosition, VerifyCost, best_chain_length
+from specdec.estimates import AcceptanceByPosition, VerifyCost, best_chain_length, speedup_ceiling
 from specdec.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
 
@@ -246,3 +246,14 @@ def test_the_cost_policy_builds_its_estimators_from_its_own_settings():
     for estimators in (policy, policy.for_request()):
         assert estimators.acceptance.max_gamma == 16 and estimators.acceptance.decay == 0.9
         assert estimators.verify_cost.decay == 0.9
+
+
+def test_speedup_ceiling_weighs_the_blocks_the_drafts_reach_and_what_drafting_costs():
+    flat_to_three = {1: 0.010, 2: 0.010, 3: 0.010, 5: 0.030}
+    assert speedup_ceiling(flat_to_three) == (2, pytest.approx(3.0))  # 3 tokens for one T(1)
+    assert speedup_ceiling({1: 0.01, 2: 0.02, 3: 0.03}) == (0, 1.0)  # blocks cost k T(1): nothing to gain
+    # reach is unconditional (steps past depth d): 1 + 0.5 + 0.25 tokens for one T(1).
+    assert speedup_ceiling(flat_to_three, reach=[0.5, 0.25]) == (2, pytest.approx(1.75))
+    assert speedup_ceiling(flat_to_three, reach=[0.5]) == (1, pytest.approx(1.5))  # no reach past depth 1
+    # Drafting at 0.25 T(1) a token: 3 / (1 + 2 * 0.25) for two drafts.
+    assert speedup_ceiling(flat_to_three, draft_fraction=0.25) == (2, pytest.approx(2.0))
