@@ -15,11 +15,12 @@ _EXPORTS = {
     "specdec.decoder": ("GenerationResult", "SpeculativeDecoder", "StreamChunk"),
     "specdec.drafting": ("Draft", "Drafter", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter",
                          "StagedDrafter", "make_drafter"),
-    "specdec.engine": ("Engine", "Request", "TokenSource"),
+    "specdec.engine": ("Engine", "Request"),
     "specdec.metrics": ("SpecStats",),
     "specdec.models": ("Attention", "ForwardOutput", "LanguageModel", "load"),
     "specdec.policy": ("CostModelPolicy", "FixedPolicy", "HeuristicPolicy", "ThresholdPolicy", "make_policy"),
     "specdec.sampling": ("SamplingParams", "logits_to_probs"),
+    "specdec.text": ("TokenSource",),
     "specdec.verify": ("greedy_tree_verify", "greedy_verify", "rejection_sample", "tree_rejection_sample"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -43,7 +44,8 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from specdec.decoder import GenerationResult, SpeculativeDecoder, StreamChunk  # noqa: F401
     from specdec.drafting import (Draft, Drafter, MergedDrafter, ModelDrafter, ModelTreeDrafter,  # noqa: F401
                                   NGramDrafter, StagedDrafter, make_drafter)
-    from specdec.engine import Engine, Request, TokenSource  # noqa: F401
+    from specdec.engine import Engine, Request  # noqa: F401
+    from specdec.text import TokenSource  # noqa: F401
     from specdec.metrics import SpecStats  # noqa: F401
     from specdec.models import Attention, ForwardOutput, LanguageModel, load  # noqa: F401
     from specdec.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy  # noqa: F401

@@ -41,6 +41,8 @@ class SpeculativeDecoder:
     plain target-only decoding through the same loop (the baseline). policy is a name or a
     policy object that every request copies. draft_forced: a constrained request's forced tokens
     (specdec.grammar) are drafted before asking the drafter (off only to measure what they bring).
+    prefill_chunk: a prompt is prefilled in pieces of that many tokens (Engine.prefill), as a
+    server with that chunk prefills it (the same cache bits); None: in one piece.
     Every generate() or stream() call has its own cache rows, so calls never disturb each other.
     """
 
@@ -51,8 +53,9 @@ class SpeculativeDecoder:
         gamma: int = 4,
         policy: str | DraftLengthPolicy = "fixed",
         draft_forced: bool = True,
+        prefill_chunk: int | None = None,
     ) -> None:
-        self.engine = Engine(target, drafter, gamma, policy, draft_forced)
+        self.engine = Engine(target, drafter, gamma, policy, draft_forced, prefill_chunk)
         self.target = target
 
     @property

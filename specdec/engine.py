@@ -12,7 +12,6 @@ once over every request's tokens.
 from __future__ import annotations
 
 import copy
-import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,47 +20,14 @@ from typing import Any, cast
 import torch
 
 from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
-from specdec.drafting.base import Draft, Drafter, ReadsHidden, StepOutcome, StopRule, propose_many
+from specdec.drafting.base import (Draft, Drafter, ReadsHidden, StepOutcome, StopRule, block_depths, block_parents,
+                                   propose_many, tree_widths)
 from specdec.metrics import SpecStats
-from specdec.models.base import Attention, Cache, LanguageModel, Segment, tree_depths
+from specdec.models.base import Attention, Cache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.rules import SamplingRule, make_rule
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens
-
-
-class TokenSource(str, enum.Enum):
-    """How an emitted token came about (what `specdec generate --show` colours)."""
-
-    DRAFT = "draft"  # proposed by the drafter, accepted by the target
-    BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
-    CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
-    CORRECTION = "correction"  # the target's token where it rejected a draft
-    BONUS = "bonus"  # the target's extra token after every draft was accepted
-    FORCED = "forced"  # the only token the request's grammar allowed, drafted for nothing
-    TARGET = "target"  # plain decoding: nothing was drafted this step
-
-
-def token_sources(outcome: StepOutcome) -> list[TokenSource]:
-    """How each emitted token of a step came about."""
-    parents, path = outcome.parents, outcome.path
-    if outcome.num_drafted == 0:
-        return [TokenSource.TARGET]
-    if outcome.forced:
-        return [TokenSource.FORCED] * outcome.num_accepted + [TokenSource.BONUS]
-    if parents is None or path is None:  # a chain
-        last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
-        accepted = [TokenSource.DRAFT] * outcome.num_accepted
-    else:  # a tree: the bonus comes after a leaf, a correction after a node with children left
-        end = int(path[-1]) if outcome.num_accepted else -1
-        last = TokenSource.CORRECTION if end in set(parents) else TokenSource.BONUS
-        first_children = {parent: parents.index(parent) for parent in set(parents)}
-        accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
-                    for node in path.tolist()]
-    if outcome.from_cache is not None:
-        accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
-                    for node, source in zip(outcome.accepted_nodes, accepted)]
-    return accepted + [last]
 
 
 @dataclass
@@ -81,6 +47,12 @@ class Request:
     finish_reason: str | None = None  # "eos", "stop", "max_new_tokens", "context", "cancelled"
     shape: DraftShape = DraftShape(0)  # what the policy asked of this step's draft
     matcher: TokenMatcher | None = None  # where a constrained request is in its grammar
+    fed: int = 0  # prompt tokens in the cache row: the prefill is done at length - 1
+    prompt_hidden: list[torch.Tensor] = field(default_factory=list)  # a chunked prefill's features so far
+
+    @property
+    def prefilled(self) -> bool:
+        return self.fed >= len(self.prompt_ids) - 1
 
     @property
     def context(self) -> torch.Tensor:  # [length] int64
@@ -107,26 +79,6 @@ class Request:
         self.length = min(self.length, length)
 
 
-def block_parents(draft: Draft) -> tuple[int, ...] | None:
-    """The verify block is [last context token, draft nodes...]: a tree's root token is node 0."""
-    return None if draft.parents is None else (-1, *(parent + 1 for parent in draft.parents))
-
-
-def tree_widths(parents: tuple[int, ...] | None) -> list[int] | None:
-    """Nodes at each depth of a drafted tree (None for a chain)."""
-    if parents is None:
-        return None
-    depths = tree_depths(parents)
-    return [depths.count(depth) for depth in range(max(depths, default=-1) + 1)]
-
-
-def block_depths(draft: Draft) -> list[int]:
-    """Position offsets of the block's tokens from the last context token."""
-    if draft.parents is None:
-        return list(range(draft.num_nodes + 1))
-    return [0, *(depth + 1 for depth in tree_depths(draft.parents))]
-
-
 def as_drafter(drafter: Drafter | LanguageModel | None, target: LanguageModel) -> Drafter | None:
     """A loaded draft model becomes a "model" drafter paired with the target by tokenizer
     (make_drafter); drafters pass through."""
@@ -150,10 +102,14 @@ class Engine:
         gamma: int = 4,
         policy: str | DraftLengthPolicy = "fixed",
         draft_forced: bool = True,
+        prefill_chunk: int | None = None,
     ) -> None:
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
         self.target = target
+        self.prefill_chunk = prefill_chunk  # prompt pieces (Engine.prefill); None: a prompt in one piece
         self.drafter = as_drafter(drafter, target)
         # A constrained request's forced tokens are drafted before asking the drafter (off: to measure them)
         self.draft_forced = draft_forced
@@ -209,26 +165,52 @@ class Engine:
             request.matcher.draft_forced = self.draft_forced
         return request
 
-    def prefill(self, requests: Sequence[Request], cache: Cache) -> None:
-        """Feed every prompt but its last token (which the first step feeds), in one forward."""
-        started = time.perf_counter()
+    def prefill(self, requests: Sequence[Request], cache: Cache, max_tokens: int | None = None) -> list[Request]:
+        """Feed every prompt but its last token (which the first step feeds). With
+        ``prefill_chunk`` None, all prompts in one forward. Else in pieces of that many tokens,
+        each at a multiple of it and alone in its forward, so a row's cache holds the same bits
+        however the pieces are spread over calls: with ``max_tokens``, a call stops once that
+        many are in (at least one piece; request after request), so a long prompt goes in
+        between the decode steps of other streams (chunked prefill). Returns the requests whose
+        prefill is done."""
         for request in requests:
-            cache.rollback(request.row, 0)
+            if request.fed == 0:
+                cache.rollback(request.row, 0)
         cache.reserve(max(request.budget_end for request in requests))
-        blocks = [(request, request.length - 1) for request in requests if request.length > 1]
-        if blocks:
-            tokens = torch.cat([request.tokens[:count] for request, count in blocks])
-            positions = torch.cat([torch.arange(count, device=tokens.device) for _, count in blocks])
-            attention = Attention(tuple(Segment(request.row, count) for request, count in blocks))
-            output = self.target.forward(tokens, positions, cache, attention, want_logits=False,
-                                         hidden_layers=self.hidden_layers)
-            for (request, count), start in zip(blocks, attention.offsets):
-                cache.commit(request.row, count)
-                if output.hidden is not None:  # a head reads the prompt's features: [count, features]
-                    cast(ReadsHidden, self.drafter).prefilled(request, output.hidden[start : start + count])
+        if self.prefill_chunk is None:
+            self.feed_prompts([(r, len(r.prompt_ids) - 1 - r.fed) for r in requests if not r.prefilled], cache)
+        else:
+            left = max_tokens
+            for request in requests:
+                while not request.prefilled and (left is None or left > 0):
+                    count = min(self.prefill_chunk, len(request.prompt_ids) - 1 - request.fed)
+                    self.feed_prompts([(request, count)], cache)
+                    left = None if left is None else left - count
+        done = [request for request in requests if request.prefilled]
+        for request in done:
+            if request.prompt_hidden:  # a head reads the prompt's features once, all of them
+                cast(ReadsHidden, self.drafter).prefilled(request, torch.cat(request.prompt_hidden))
+                request.prompt_hidden = []
+        return done
+
+    def feed_prompts(self, pieces: list[tuple[Request, int]], cache: Cache) -> None:
+        """One forward of the next ``count`` prompt tokens of each request."""
+        if not pieces:
+            return
+        started = time.perf_counter()
+        tokens = torch.cat([request.tokens[request.fed : request.fed + count] for request, count in pieces])
+        positions = torch.cat([torch.arange(request.fed, request.fed + count, device=tokens.device)
+                               for request, count in pieces])
+        attention = Attention(tuple(Segment(request.row, count) for request, count in pieces))
+        output = self.target.forward(tokens, positions, cache, attention, want_logits=False,
+                                     hidden_layers=self.hidden_layers)
         seconds = time.perf_counter() - started
-        for request in requests:
+        for (request, count), start in zip(pieces, attention.offsets):
+            cache.commit(request.row, count)
+            request.fed += count
             request.stats.prefill_seconds += seconds
+            if output.hidden is not None:  # [count, features]
+                request.prompt_hidden.append(output.hidden[start : start + count])
 
     def draft_length(self, request: Request, max_draft: int | None = None) -> int:
         if self.drafter is None or max_draft == 0:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from specdec.metrics import SpecStats
 
 # How --show colours each token: a person sees which tokens the draft got right.
-# (Keyed by specdec.engine.TokenSource's values: this module imports no torch until it runs.)
+# (Keyed by specdec.text.TokenSource's values: this module imports no torch until it runs.)
 SOURCE_STYLES = {
     "draft": "green",
     "branch": "cyan",

@@ -9,14 +9,49 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.drafting.base import StepOutcome
-from specdec.engine import Request, TokenSource, token_sources
+from specdec.engine import Request
 from specdec.metrics import SpecStats
+
+
+class TokenSource(str, enum.Enum):
+    """How an emitted token came about (what `specdec generate --show` colours)."""
+
+    DRAFT = "draft"  # proposed by the drafter, accepted by the target
+    BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
+    CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
+    CORRECTION = "correction"  # the target's token where it rejected a draft
+    BONUS = "bonus"  # the target's extra token after every draft was accepted
+    FORCED = "forced"  # the only token the request's grammar allowed, drafted for nothing
+    TARGET = "target"  # plain decoding: nothing was drafted this step
+
+
+def token_sources(outcome: StepOutcome) -> list[TokenSource]:
+    """How each emitted token of a step came about."""
+    parents, path = outcome.parents, outcome.path
+    if outcome.num_drafted == 0:
+        return [TokenSource.TARGET]
+    if outcome.forced:
+        return [TokenSource.FORCED] * outcome.num_accepted + [TokenSource.BONUS]
+    if parents is None or path is None:  # a chain
+        last = TokenSource.BONUS if outcome.num_accepted == outcome.num_drafted else TokenSource.CORRECTION
+        accepted = [TokenSource.DRAFT] * outcome.num_accepted
+    else:  # a tree: the bonus comes after a leaf, a correction after a node with children left
+        end = int(path[-1]) if outcome.num_accepted else -1
+        last = TokenSource.CORRECTION if end in set(parents) else TokenSource.BONUS
+        first_children = {parent: parents.index(parent) for parent in set(parents)}
+        accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
+                    for node in path.tolist()]
+    if outcome.from_cache is not None:
+        accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
+                    for node, source in zip(outcome.accepted_nodes, accepted)]
+    return accepted + [last]
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) -> list[int]:

@@ -391,3 +391,39 @@ def test_the_shipped_head_drafts_for_the_default_target():
         first_accepted += result.stats.accepted_at[0]
         first_drafted += result.stats.drafted_at[0]
     assert first_accepted > 0.25 * first_drafted  # measured 0.5-0.6 at depth 1 on the bench prompts
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_a_chunked_prefill_leaves_the_same_cache_and_head_however_its_calls_fall(tiny_pair, chunk):
+    """The server's chunked prefill (Engine.prefill with max_tokens, one piece a call between
+    decode steps) leaves each cache row with the same keys and values, bit for bit, as the same
+    engine's prefill in one call, and the head reads the same features (its drafts, tokens and q,
+    the same). float32 with exact blocks, where a forward's blocking shows in the last bits.
+    Mutation, checked: pieces cut at the budget (not at multiples of prefill_chunk) fail it."""
+    target = load(tiny_pair["target"])
+    torch.manual_seed(5)
+    drafter = make_drafter("head", target=target, head=new_head(target))
+    engine = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=chunk).engine
+    prompts = [[(start * 7 + i * 3) % 96 for i in range(4 + 9 * start)] for start in range(3)]
+
+    def prefilled(max_tokens):
+        cache = target.new_cache(rows=len(prompts))
+        requests = [engine.new_request(prompt, SamplingParams(temperature=1.0, seed=row, max_new_tokens=16), row)
+                    for row, prompt in enumerate(prompts)]
+        calls, done = 0, []
+        while len(done) < len(requests):
+            done = engine.prefill(requests, cache, max_tokens)
+            calls += 1
+        return cache, requests, calls
+
+    whole_cache, whole, _ = prefilled(None)
+    chunked_cache, chunked, calls = prefilled(1)
+    assert calls == sum(-(-(len(prompt) - 1) // chunk) for prompt in prompts)  # one piece a call
+    for request in whole:
+        length = whole_cache.lengths[request.row]
+        assert length == chunked_cache.lengths[request.row] == len(request.prompt_ids) - 1
+        for whole_part, chunked_part in ((whole_cache.keys, chunked_cache.keys),
+                                         (whole_cache.values, chunked_cache.values)):
+            assert torch.equal(whole_part[:, request.row, :, :length], chunked_part[:, request.row, :, :length])
+    for alone, fed in zip(drafter.propose_many(whole, [3] * 3), drafter.propose_many(chunked, [3] * 3)):
+        assert torch.equal(alone.tokens, fed.tokens) and torch.equal(alone.probs, fed.probs)

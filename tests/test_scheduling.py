@@ -9,7 +9,7 @@ import pytest
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
 from specdec.estimates import AcceptanceByPosition, VerifyCostTable
-from specdec.serving.scheduler import QueueFullError, Scheduler
+from specdec.serving.scheduler import PrefillBudget, QueueFullError, Scheduler
 from specdec.serving.speculation import SpeculationController, profile_verify_costs
 from test_batching import batch_prompts
 
@@ -148,6 +148,50 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, tem
         scheduler.stop()
     assert results == expected
     assert sorted(scheduler.free_rows) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_long_prompt_is_prefilled_in_pieces_between_the_running_streams_steps(tiny_pair, temperature):
+    """A 100-token prompt arriving while 6 streams run goes in 8-token pieces, one per loop (the
+    budget), each loop also stepping every running stream; every request, the long one too, gets
+    what it gets alone from an engine with the same pieces (greedy and seeded samples). Mutation,
+    checked: feeding the whole prompt once admitted (no budget) fails the piece counts."""
+    target = load(tiny_pair["target"], dtype="float64")
+    drafter = make_drafter("model", load(tiny_pair["perturbed"], dtype="float64"))
+    long_prompt = [(7 * i + 3) % target.vocab_size for i in range(100)]
+    prompts = [*batch_prompts(5, target.vocab_size, count=6), long_prompt]
+    samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=20 if index == 6 else 60)
+                 for index in range(7)]
+    alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=8)
+    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
+    engine = Engine(target, drafter, gamma=3, prefill_chunk=8)
+    scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=1))
+    scheduler.start()
+    results, done = {}, threading.Event()
+    done.expected = len(prompts)
+    try:
+        for index in range(6):
+            collect(scheduler, prompts[index], samplings[index], results, done, index)
+        while len(scheduler.running) < 6:
+            time.sleep(0.001)
+        collect(scheduler, long_prompt, samplings[6], results, done, 6)
+        assert done.wait(120)
+    finally:
+        scheduler.stop()
+    assert results == expected
+    beside_streams = [fed for fed, running in scheduler.prefill_chunks if running > 0]
+    assert beside_streams.count(8) >= 12 and max(beside_streams) <= 8  # 99 tokens: 12 pieces of 8 and one of 3
+
+
+def test_the_prefill_budget_is_a_share_of_a_decode_step():
+    budget = PrefillBudget(share=0.5)
+    assert budget.next() == 1  # nothing measured yet: one piece
+    budget.observe_step(0.020)
+    budget.observe_prefill(tokens=100, seconds=0.050)  # 0.5 ms a token
+    assert budget.next() == 20  # half of 20 ms
+    assert PrefillBudget(tokens=64).next() == 64
+    with pytest.raises(ValueError, match="at least one token"):
+        PrefillBudget(tokens=0)
 
 
 class FailingDrafter:

@@ -66,7 +66,7 @@ def test_tokens_from_the_cache_are_counted_and_marked(kind):
     """What --show and the stats call "cache": accepted guesses that only earlier requests' outputs
     supplied. The first request has none; the second, identical one copies from the cache, and
     its stream marks exactly the tokens its stats count."""
-    from specdec.engine import TokenSource
+    from specdec.text import TokenSource
 
     target = table_model(12, seed=3, max_context=128)
     prompt = [0, 1, 2, 3, 4, 5, 6]

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from specdec.models.base import tree_depths
 from specdec.rules import RejectionRule, SamplingRule
 from specdec.sampling import SamplingParams
 
@@ -149,6 +150,26 @@ class Drafter(Protocol):
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         """After verification: request.context now ends with outcome.emitted."""
+
+
+def block_parents(draft: Draft) -> tuple[int, ...] | None:
+    """The verify block is [last context token, draft nodes...]: a tree's root token is node 0."""
+    return None if draft.parents is None else (-1, *(parent + 1 for parent in draft.parents))
+
+
+def tree_widths(parents: tuple[int, ...] | None) -> list[int] | None:
+    """Nodes at each depth of a drafted tree (None for a chain)."""
+    if parents is None:
+        return None
+    depths = tree_depths(parents)
+    return [depths.count(depth) for depth in range(max(depths, default=-1) + 1)]
+
+
+def block_depths(draft: Draft) -> list[int]:
+    """Position offsets of the block's tokens from the last context token."""
+    if draft.parents is None:
+        return list(range(draft.num_nodes + 1))
+    return [0, *(depth + 1 for depth in tree_depths(draft.parents))]
 
 
 def propose_many(drafter: Drafter, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:

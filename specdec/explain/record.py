@@ -15,7 +15,8 @@ import torch
 
 from specdec.decoder import GenerationResult, SpeculativeDecoder
 from specdec.drafting.base import Draft, Drafter, StepOutcome
-from specdec.engine import Engine, Request, block_depths, block_parents
+from specdec.drafting.base import block_depths, block_parents
+from specdec.engine import Engine, Request
 from specdec.models.base import LanguageModel, tree_visibility
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import acceptance_probs, point_mass_probs, residual_distribution

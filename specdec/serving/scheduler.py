@@ -1,10 +1,12 @@
 """Continuous batching: requests join and leave the running batch between engine steps.
 
 One thread owns the engine and the KV cache (``max_batch`` rows). Each loop: admit waiting
-requests into free rows (one prefill forward for all newcomers), ask the controller how much to
-draft for this batch size, run one engine step for every running request, hand each request's
-chunk to its ``emit`` callback, and free the rows of finished or cancelled requests. Callers on
-other threads only submit and cancel; ``emit`` runs on the scheduler thread and must not block.
+requests into free rows, feed the prompts of those still prefilling (all of them when nothing
+runs; else a chunk under a token budget, PrefillBudget, so a long prompt does not stall the
+running streams for its whole prefill), ask the controller how much to draft for this batch
+size, run one engine step for every running request, hand each request's chunk to its ``emit``
+callback, and free the rows of finished or cancelled requests. Callers on other threads only
+submit and cancel; ``emit`` runs on the scheduler thread and must not block.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from specdec.text import StreamChunk, step_chunk
 from specdec.engine import Engine, Request
+from specdec.estimates import RunningMean
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.speculation import SpeculationController
@@ -45,17 +48,58 @@ class Ticket:
     last_emit: float | None = None
 
 
+@dataclass
+class PrefillBudget:
+    """How many prompt tokens a loop feeds while streams run: ``tokens`` when given, else as many
+    as cost ``share`` of a decode step, from the measured seconds of both (decayed means; before
+    any measurement, ``initial``). The engine feeds whole pieces (Engine.prefill, at least one),
+    so a running stream's inter-token time grows by about ``share`` while a long prompt
+    prefills, or by one piece where a piece costs more."""
+
+    tokens: int | None = None
+    share: float = 0.5
+    initial: int = 1
+    decay: float = 0.9
+    step_seconds: RunningMean = field(default_factory=RunningMean)
+    seconds_per_token: RunningMean = field(default_factory=RunningMean)
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and self.tokens < 1:
+            raise ValueError(f"a prefill budget needs at least one token, got {self.tokens}")
+
+    def next(self) -> int:
+        if self.tokens is not None:
+            return self.tokens
+        step, per_token = self.step_seconds.mean, self.seconds_per_token.mean
+        if step is None or per_token is None:
+            return self.initial
+        return max(1, int(self.share * step / per_token))
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens:
+            self.seconds_per_token.forget(self.decay)
+            self.seconds_per_token.add(seconds / tokens, tokens)
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_seconds.forget(self.decay)
+        self.step_seconds.add(seconds)
+
+
 class Scheduler:
     def __init__(self, engine: Engine, controller: SpeculationController, max_batch: int = 32,
-                 max_waiting: int = 1024, metrics: ServerMetrics | None = None) -> None:
+                 max_waiting: int = 1024, metrics: ServerMetrics | None = None,
+                 prefill: PrefillBudget | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.engine, self.controller, self.metrics = engine, controller, metrics
+        self.prefill = prefill or PrefillBudget()
         self.max_batch, self.max_waiting = max_batch, max_waiting
         self.cache = engine.target.new_cache(rows=max_batch)
         self.free_rows = list(range(max_batch))
         self.waiting: collections.deque[Ticket] = collections.deque()
+        self.prefilling: list[Ticket] = []  # admitted, prompt not all in the cache yet
         self.running: list[Ticket] = []
+        self.prefill_chunks: list[tuple[int, int]] = []  # (prompt tokens fed, streams running) per loop that fed
         self.steps: collections.Counter[tuple[int, int]] = collections.Counter()  # (batch, draft length) -> steps
         self.ids = itertools.count()
         self.wake = threading.Condition()
@@ -93,13 +137,13 @@ class Scheduler:
 
     @property
     def load(self) -> tuple[int, int]:
-        """(running, waiting) requests."""
-        return len(self.running), len(self.waiting)
+        """(running, waiting) requests; a prefilling request counts as running."""
+        return len(self.running) + len(self.prefilling), len(self.waiting)
 
     def loop(self) -> None:
         while True:
             with self.wake:
-                while not self.stopping and not self.waiting and not self.running:
+                while not self.stopping and not self.waiting and not self.running and not self.prefilling:
                     self.wake.wait()
                 if self.stopping:
                     return
@@ -109,16 +153,16 @@ class Scheduler:
             try:
                 self.advance(admitted)
             except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
-                for ticket in dict.fromkeys([*self.running, *(ticket for ticket, _ in admitted)]):
+                for ticket in dict.fromkeys([*self.running, *self.prefilling, *(ticket for ticket, _ in admitted)]):
                     ticket.emit(error)
                     self.release(ticket)
                 # Every newcomer's row is free again (also one whose request could not be built).
                 self.free_rows = list(set(self.free_rows).union(row for _, row in admitted))
             if self.metrics is not None:
-                self.metrics.set_load(len(self.running), len(self.waiting))
+                self.metrics.set_load(*self.load)
 
     def advance(self, admitted: list[tuple[Ticket, int]]) -> None:
-        """Admit the newcomers (ticket, free row), then one step for every running request."""
+        """Admit the newcomers (ticket, free row), feed prompts, then one step for every running request."""
         built = []
         for ticket, row in admitted:
             try:  # a constraint the grammar engine refuses fails its own request only
@@ -128,15 +172,13 @@ class Scheduler:
                 ticket.emit(error)
                 self.free_rows.append(row)
         admitted[:] = built
-        if admitted:
-            self.engine.prefill([ticket.request for ticket, _ in admitted], self.cache)
-            for ticket, _ in admitted:
-                ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
-                self.running.append(ticket)
-        for ticket in [t for t in self.running if t.cancelled]:
+        self.prefilling.extend(ticket for ticket, _ in built)
+        for ticket in [t for t in [*self.prefilling, *self.running] if t.cancelled]:
             if self.metrics is not None:
                 self.metrics.finished("abort")
             self.release(ticket)
+        if self.prefilling:
+            self.feed_prompts()
         if not self.running:
             return
         batch = [ticket.request for ticket in self.running]
@@ -147,6 +189,7 @@ class Scheduler:
         started = time.perf_counter()
         outcomes = self.engine.step(batch, self.cache, max_draft=gamma)
         seconds = time.perf_counter() - started
+        self.prefill.observe_step(seconds)
         draft_seconds = sum(request.stats.draft_seconds for request in batch) - draft_before
         self.controller.observe(len(batch), gamma, seconds - draft_seconds, draft_seconds,
                                 # a grammar's forced tokens are not the drafter's guesses
@@ -165,10 +208,27 @@ class Scheduler:
                     self.metrics.finished(ticket.request.finish_reason)
                 self.release(ticket)
 
+    def feed_prompts(self) -> None:
+        """Feed the prefilling requests' prompts: all of them when no stream runs (none waits),
+        else the next PrefillBudget tokens; the requests done start running."""
+        requests = [ticket.request for ticket in self.prefilling]
+        before = sum(request.fed for request in requests)
+        started = time.perf_counter()
+        done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None)
+        fed = sum(request.fed for request in requests) - before
+        self.prefill.observe_prefill(fed, time.perf_counter() - started)
+        if fed:
+            self.prefill_chunks.append((fed, len(self.running)))
+        for ticket in [t for t in self.prefilling if t.request in done]:
+            ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
+            self.prefilling.remove(ticket)
+            self.running.append(ticket)
+
     def release(self, ticket: Ticket) -> None:
         """Give the ticket's cache row back (its contents are forgotten) and drop its state."""
-        if ticket in self.running:
-            self.running.remove(ticket)
+        for queue in (self.running, self.prefilling):
+            if ticket in queue:
+                queue.remove(ticket)
         if ticket.request is not None:
             self.cache.rollback(ticket.request.row, 0)
             self.free_rows.append(ticket.request.row)

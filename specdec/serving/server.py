@@ -20,6 +20,11 @@ if TYPE_CHECKING:  # the web stack and torch load only when a server is built, n
     from specdec.serving.app import ServerLimits
     from specdec.estimates import VerifyCostTable
 
+# Prompt tokens per prefill piece in the server: on 2 CPU cores a 16-token piece of the default
+# target costs a few decode steps, a 2k-token prompt ~128 pieces (so its TTFT grows by the steps
+# between them).
+DEFAULT_PREFILL_CHUNK = 16
+
 
 def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:
     """Batch sizes and block lengths measured at the first start: the corners the controller's
@@ -43,18 +48,22 @@ def build_app(
     limits: ServerLimits | None = None,
     costs: VerifyCostTable | None = None,
     progress: Callable[[str], None] | None = None,
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
 ) -> FastAPI:
     """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
-    with speculation "auto" and none given, it is measured here first."""
+    with speculation "auto" and none given, it is measured here first. ``prefill_chunk``: prompts
+    go in pieces of that many tokens, as many between two decode steps as cost about half a step
+    (PrefillBudget; at least one), so a long prompt does not stall the running streams; None:
+    each prompt whole."""
     from specdec.serving.app import create_app
     from specdec.serving.metrics import ServerMetrics
-    from specdec.serving.scheduler import Scheduler
+    from specdec.serving.scheduler import PrefillBudget, Scheduler
 
     from specdec.drafting.base import suffix_caches
     from specdec.engine import Engine
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
-    engine = Engine(target, drafter, gamma=gamma, policy=policy)
+    engine = Engine(target, drafter, gamma=gamma, policy=policy, prefill_chunk=prefill_chunk)
     if drafter is None:
         speculation = "off"
     if speculation == "auto" and costs is None:
@@ -63,7 +72,8 @@ def build_app(
     draft_cost = profile_draft_cost(engine, gamma) if speculation == "auto" else None
     controller = SpeculationController(speculation, gamma, costs, draft_cost=draft_cost)
     metrics = ServerMetrics(suffix_caches(drafter))
-    scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics)
+    scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
+                          prefill=PrefillBudget())
     return create_app(scheduler, model_name, limits, metrics)
 
 
@@ -108,6 +118,9 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together (cache rows)")
     serve.add_argument("--max-waiting", type=int, default=1024, help="most queued requests; more get a 429")
     serve.add_argument("--max-tokens", type=int, default=2048, help="most new tokens one request may ask for")
+    serve.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                       help="prompts go in pieces of this many tokens, between the decode steps of running streams "
+                            "as many as cost about half a step (at least one), so a long prompt does not stall them")
     serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
 
 
@@ -121,7 +134,8 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
     with waiting(errors, "measuring verify costs (once per machine and model)") as update:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
-                        limits=ServerLimits(max_tokens=args.max_tokens), progress=update)
+                        limits=ServerLimits(max_tokens=args.max_tokens), progress=update,
+                        prefill_chunk=args.prefill_chunk)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
