@@ -1,6 +1,6 @@
 """A draft head's cost per draft token as a fraction of the target's T(1), on this machine.
 
-    python docs/benchmarks/cpu/head_cost.py --head DIR [--target DIR] [--quantize int8|int4|none]
+    python docs/benchmarks/cpu/head_cost.py --head DIR [--target DIR] [--quantize int8|int4|w8a32|none]
         [--head-quantize auto|none|int8|int4] [--out FILE.json]
 
 Times, after a 200-token context (medians of --repeats): the target's one-token forward T(1), one
@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head", required=True)
     parser.add_argument("--target", help="default: the default pair's target")
-    parser.add_argument("--quantize", default="int8", choices=["int8", "int4", "none"])
+    parser.add_argument("--quantize", default="int8", choices=["int8", "int4", "w8a32", "none"])
     parser.add_argument("--head-quantize", default="auto", choices=["auto", "none", "int8", "int4"],
                         help="the head's linears (auto: as the drafters load it, like the target)")
     parser.add_argument("--context", type=int, default=200)
