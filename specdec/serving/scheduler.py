@@ -99,7 +99,8 @@ class Scheduler:
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.prefilling: list[Ticket] = []  # admitted, prompt not all in the cache yet
         self.running: list[Ticket] = []
-        self.prefill_chunks: list[tuple[int, int]] = []  # (prompt tokens fed, streams running) per loop that fed
+        # (prompt tokens fed, streams running) of the last loops that fed (bounded: a server runs for days)
+        self.prefill_chunks: collections.deque[tuple[int, int]] = collections.deque(maxlen=4096)
         self.steps: collections.Counter[tuple[int, int]] = collections.Counter()  # (batch, draft length) -> steps
         self.ids = itertools.count()
         self.wake = threading.Condition()
