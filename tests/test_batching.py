@@ -162,3 +162,46 @@ def test_generate_checks_its_batch_arguments(tiny_pair):
         decoder.generate([[1], [2], [3]], [SamplingParams(), SamplingParams()])
     with pytest.raises(TypeError, match="unknown generation options"):
         decoder.generate([1, 2], temprature=1.0)
+
+
+@pytest.mark.parametrize("kind", ["model", "tree"])
+def test_a_draft_model_drafts_a_batch_in_one_forward_a_round(tiny_pair, monkeypatch, kind):
+    """Every request of a step drafts in lockstep in its own row of one draft cache: one draft
+    forward a round for the whole batch (each row's missing context, then each drafted token or
+    tree depth), where request by request it took one a request. Each request's draft (tokens,
+    q) is what it drafts alone, after the prefill and after steps, and its row is free again once
+    it is gone. Mutation, checked: propose_many as a loop of single proposals fails the count."""
+    import gc
+
+    import torch
+
+    target, draft = load(tiny_pair["target"], dtype="float64"), load(tiny_pair["perturbed"], dtype="float64")
+    drafter = make_drafter(kind, draft, target=target, tree_budget=6)
+    engine = SpeculativeDecoder(target, drafter, gamma=3).engine
+    prompts = [[(start * 7 + i * 3) % 96 for i in range(5 + 3 * start)] for start in range(5)]
+    forwards = []
+    model_forward = drafter.model.forward
+    monkeypatch.setattr(drafter.model, "forward",
+                        lambda *args, **kwargs: forwards.append(1) or model_forward(*args, **kwargs))
+
+    def drafts(indices: list[int], steps: int):
+        cache = target.new_cache(rows=len(indices))
+        requests = [engine.new_request(prompts[i], SamplingParams(temperature=1.0, seed=i, max_new_tokens=32), row)
+                    for row, i in enumerate(indices)]
+        engine.prefill(requests, cache)
+        for _ in range(steps):
+            forwards.clear()
+            engine.step(requests, cache)
+            assert len(forwards) == 3 if kind == "model" else 1 <= len(forwards) <= 3  # gamma 3: at most 3 rounds
+        return drafter.propose_many(requests, [3] * len(requests))
+
+    for steps in (0, 3):
+        together = drafts(list(range(5)), steps)
+        assert all(draft.num_nodes for draft in together)
+        for index in range(5):
+            alone = drafts([index], steps)[0]
+            assert torch.equal(alone.tokens, together[index].tokens), (steps, index)
+            assert alone.parents == together[index].parents
+            assert torch.allclose(alone.probs, together[index].probs, rtol=0, atol=1e-12), (steps, index)
+    gc.collect()
+    assert drafter.rows.cache.rows == 8 and sorted(drafter.rows.free_rows) == list(range(8))

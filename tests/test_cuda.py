@@ -55,11 +55,13 @@ def cuda_pair(tiny_pair):
 
 
 def test_cuda_greedy_speculation_equals_target_only(cuda_pair):
-    """Draft model, n-gram, head chain and head tree, 40 random prompts each."""
+    """Draft model (chain and tree), n-gram, head chain and head tree, 40 random prompts each, and
+    all 40 in one batch (the draft model and the head drafting in lockstep for all)."""
     target, perturbed = cuda_pair
     torch.manual_seed(1)
     head = new_head(target).to(device=CUDA, dtype=target.dtype)
     drafters = {"same": make_drafter("model", target), "perturbed": make_drafter("model", perturbed),
+                "tree": make_drafter("tree", perturbed, tree_budget=6),
                 "ngram": make_drafter("ngram", max_n=3), "head": make_drafter("head", target=target, head=head),
                 "head-tree": make_drafter("head-tree", target=target, head=head, tree_budget=6)}
     baseline = SpeculativeDecoder(target)
@@ -73,6 +75,12 @@ def test_cuda_greedy_speculation_equals_target_only(cuda_pair):
             accepted[name][1] += result.stats.drafted
     assert accepted["same"][0] == accepted["same"][1] > 0
     assert 0 < accepted["perturbed"][0] < accepted["perturbed"][1]
+    cases = random_cases(11, target.vocab_size, count=40)
+    prompts = [prompt for prompt, _, _ in cases]
+    expected = [baseline.generate(prompt, max_new_tokens=16).token_ids for prompt in prompts]
+    for name in ("perturbed", "tree", "head"):
+        together = SpeculativeDecoder(target, drafters[name], gamma=3).generate(prompts, max_new_tokens=16)
+        assert [result.token_ids for result in together] == expected, name
 
 
 def test_cuda_seeded_samples_do_not_depend_on_the_batch(cuda_pair):

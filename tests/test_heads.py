@@ -168,7 +168,7 @@ def test_head_cache_rows_are_reused_once_requests_are_gone(float64_target, heads
         results = decoder.generate(prompts, max_new_tokens=6)
         assert sum(result.stats.drafted for result in results) > 0
         gc.collect()
-        assert drafter.cache.rows == 8 and sorted(drafter.free_rows) == list(range(8))
+        assert drafter.cache.rows == 8 and sorted(drafter.rows.free_rows) == list(range(8))
 
 
 def test_training_time_test_matches_drafting(float64_target, heads):

@@ -57,7 +57,7 @@ class CorruptedOracleDrafter:
         gamma = state.model.start_draft(n, gamma)
         if gamma == 0:
             return Draft.empty(context.device)
-        state.model.feed_pending()
+        state.model.forward(state.model.take_pending())
         # The target's continuation is known only while the context follows the expected sequence.
         expected = state.expected
         on_reference = n <= expected.shape[0] and torch.equal(context.cpu(), expected[:n])

@@ -13,7 +13,6 @@ invariance), so a request's drafts, and so its seeded samples, never depend on i
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +23,7 @@ from specdec.drafting.lockstep import run_in_lockstep
 from specdec.drafting.model import chain_steps
 from specdec.drafting.tree import NewNodes, check_tree_shape, draft_distribution, tree_steps
 from specdec.models.base import Attention, Segment, tree_depths
+from specdec.models.cache import RowPool
 
 
 class HeadState:
@@ -34,8 +34,8 @@ class HeadState:
     ``root_logits`` / ``root_features`` are the head's output at the last fed pair: q for the
     first draft token and the features the second draft position reads."""
 
-    def __init__(self, row: int) -> None:
-        self.row = row
+    def __init__(self, rows: RowPool) -> None:
+        self.row = rows.lend(self)  # free again once the request is gone
         self.fed = 0
         self.pending_tokens: list[torch.Tensor] = []  # [m] int64 pieces
         self.pending_hidden: list[torch.Tensor] = []  # [m, features] pieces, the target's
@@ -57,21 +57,15 @@ class HeadDrafter(BaseDrafter):
         self.head, self.max_context = head, max_context
         self.vocab_size = head.config.vocab_size
         self.hidden_layers = head.config.feature_layers
-        self.cache = head.new_cache(max_context)  # one row per request drafting; more as needed
-        self.free_rows = [0]
+        self.rows = RowPool(head.new_cache(max_context))  # one row per request drafting; more as needed
+        self.cache = self.rows.cache
         self.device = head.d2t.device
 
     def describe(self) -> str:
         return f"EAGLE-3 head ({self.head.config.draft_vocab_size}-token draft vocabulary)"
 
     def start(self, prompt_ids: torch.Tensor) -> HeadState:
-        if not self.free_rows:  # extended in place: the finalizers below append to this very list
-            self.free_rows.extend(range(self.cache.rows, 2 * self.cache.rows))
-            self.cache.add_rows(self.cache.rows)
-        state = HeadState(self.free_rows.pop())
-        self.cache.rollback(state.row, 0)
-        weakref.finalize(state, self.free_rows.append, state.row)  # the row is free once its request is gone
-        return state
+        return HeadState(self.rows)
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
         request.draft_state.queue(request.context[1 : hidden.shape[0] + 1], hidden)

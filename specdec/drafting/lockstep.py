@@ -1,11 +1,10 @@
 """Drafting several requests in lockstep: one draft forward per depth for all of them.
 
-A drafting routine (draft_chain's chain_steps, grow_tree's tree_steps) is written once, as a
+A drafting routine (chain_steps, tree_steps) is written once, as a
 generator: it yields what it needs scored next (a block of tokens, a depth of tree nodes),
-receives the scores, and returns its Draft. ``run_alone`` answers one routine with a callback (a
-forward for one request); ``run_in_lockstep`` gathers every request's question of a round and
-answers them all with one batched call (a head's forward over the ragged batch). The routine's
-sampling, policy cuts and grammar masks are the same either way.
+receives the scores, and returns its Draft. ``run_in_lockstep`` gathers every request's question
+of a round and answers them all with one batched call (a head's or a draft model's forward over
+the ragged batch); a request alone is a batch of one, so its drafts are made the same way.
 """
 
 from __future__ import annotations
@@ -18,16 +17,22 @@ import torch
 from specdec.drafting.base import Draft
 
 Question = TypeVar("Question")
+Answer = TypeVar("Answer")
 #: A drafting routine: yields questions, is sent their scores, returns the draft.
 DraftSteps = Generator[Question, torch.Tensor, Draft]
 
 
-def run_alone(steps: DraftSteps[Question], answer: Callable[[Question], torch.Tensor]) -> Draft:
-    """Drive one routine, answering each question with ``answer``."""
+def relay(
+    steps: DraftSteps[Question],
+    ask: Callable[[Question], Answer],
+    read: Callable[[torch.Tensor], torch.Tensor],
+) -> DraftSteps[Answer]:
+    """The routine ``steps`` asking in other words: each question as ``ask`` puts it, each
+    answer as ``read`` makes of it (a draft model's routine asks for forwards of its row)."""
     try:
         question = next(steps)
         while True:
-            question = steps.send(answer(question))
+            question = steps.send(read((yield ask(question))))
     except StopIteration as done:
         return done.value
 

@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
-from specdec.drafting.lockstep import DraftSteps, run_alone
-from specdec.models.base import LanguageModel
+from specdec.drafting.lockstep import DraftSteps, relay, run_in_lockstep
+from specdec.models.base import Attention, LanguageModel, Segment
+from specdec.models.cache import KVCache, RowPool
 from specdec.sampling import SamplingParams, logits_to_probs
 
 
 class DraftModelState:
-    """One request's draft-model cache, and the context tokens not yet fed to it.
+    """One request's row of the draft model's cache, and the context tokens not yet fed to it.
 
-    Invariant: the cache's committed tokens followed by ``pending`` are the request's context
-    (while drafting, the drafted tokens fed so far follow the context in the cache). observe()
+    Invariant: the row's committed tokens followed by ``pending`` are the request's context
+    (while drafting, the drafted tokens fed so far follow the context in the row). observe()
     keeps the entries of accepted drafts and queues the rest of what was emitted: no diffing.
+    The row is the drafter's to lend (one cache for all requests, so one forward drafts for all:
+    DraftModelDrafter.rows), or a cache of the request's own where the model's cache cannot grow rows.
     """
 
-    def __init__(self, model: LanguageModel, prompt_ids: torch.Tensor) -> None:  # prompt_ids [n]
+    def __init__(self, model: LanguageModel, prompt_ids: torch.Tensor,  # prompt_ids [n]
+                 rows: RowPool | None = None) -> None:
         self.model = model
-        self.cache = model.new_cache()
+        if rows is None:
+            self.cache, self.row = model.new_cache(), 0
+        else:
+            self.cache, self.row = rows.cache, rows.lend(self)  # the row is free again once the request is gone
         self.pending = prompt_ids  # [m] int64
-        self.drafted: list[int] = []  # the last draft's tokens; the cache holds a prefix of them
+        self.drafted: list[int] = []  # the last draft's tokens; the row holds a prefix of them
+
+    @property
+    def fed(self) -> int:
+        """Tokens in the row (the context's, then drafted ones)."""
+        return self.cache.lengths[self.row]
 
     def room(self, context_length: int) -> int:
         """How many tokens can still be drafted after context_length (the cache will hold the
@@ -38,20 +51,23 @@ class DraftModelState:
             self.cache.reserve(context_length + gamma)
         return max(gamma, 0)
 
-    def feed_pending(self) -> torch.Tensor:  # -> logits [1, vocab] after the whole context
-        """Feed the context tokens the cache lacks (at least the last one: its logits give q
-        for the first draft token)."""
-        logits = self.forward(self.pending)[-1:]
-        self.pending = self.pending[:0]
-        return logits
+    def take_pending(self) -> torch.Tensor:  # [m] int64
+        """The context tokens the row lacks, to be fed now (at least the last one: its logits
+        give q for the first draft token)."""
+        pending, self.pending = self.pending, self.pending[:0]
+        return pending
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens [k] -> logits [k, vocab]
-        return self.model.extend(tokens, self.cache, batch_invariant=False)  # a draft needs no exactness
+        return self.model.extend(tokens, self.cache, self.row, batch_invariant=False)  # a draft needs no exactness
+
+    def drop(self, count: int) -> None:
+        """Forget the row's last ``count`` entries."""
+        self.cache.rollback(self.row, self.fed - count)
 
     def observe(self, context_length: int, emitted: torch.Tensor) -> None:
         """The context now has context_length tokens, the last len(emitted) of them new."""
         before = context_length - emitted.shape[0]  # the context's length when the step began
-        fed = self.cache.lengths[0]
+        fed = self.fed
         if fed < before:  # nothing was drafted: the cache did not move
             self.pending = torch.cat([self.pending, emitted])
             return
@@ -59,7 +75,7 @@ class DraftModelState:
         # those the target accepted stay. (Another drafter's branch may have won: compare.)
         in_cache = self.drafted[: fed - before]
         agree = common_prefix(in_cache, emitted[:-1].tolist())
-        self.cache.rollback(0, before + agree)
+        self.cache.rollback(self.row, before + agree)
         self.pending = emitted[agree:]
 
     def rewind(self, context: torch.Tensor, kept: int) -> None:  # context [n] int64
@@ -67,9 +83,47 @@ class DraftModelState:
         match what was fed (a translating drafter re-tokenizes the tail of its context): the
         cache keeps at most those, and the rest of the context is queued (at least the last
         token, whose logits give q for the next draft)."""
-        fed = max(0, min(self.cache.lengths[0], kept, context.shape[0] - 1))
-        self.cache.rollback(0, fed)
+        fed = max(0, min(self.fed, kept, context.shape[0] - 1))
+        self.cache.rollback(self.row, fed)
         self.pending = context[fed:]
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """A request's tokens for a draft forward: a chain after its row's entries (committed), or a
+    tree's new nodes (``parents`` of all nodes so far, ``written`` of them from earlier forwards;
+    not committed: a tree stays past the context)."""
+
+    state: DraftModelState
+    tokens: torch.Tensor  # [k] int64
+    positions: torch.Tensor  # [k] int64
+    parents: tuple[int, ...] | None = None
+    written: int = 0
+
+    @staticmethod
+    def chain(state: DraftModelState, tokens: torch.Tensor) -> RowBlock:  # tokens [k]
+        return RowBlock(state, tokens, torch.arange(state.fed, state.fed + tokens.shape[0], device=tokens.device))
+
+
+def score_blocks(blocks: Sequence[RowBlock]) -> list[torch.Tensor]:  # logits [k, vocab] per block
+    """Every block scored by its state's draft model: one forward for the blocks that share a model
+    and a cache (a drafter's lent rows), so a batch's draft step costs one forward, not one a request."""
+    logits: list[torch.Tensor] = [torch.empty(0)] * len(blocks)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, block in enumerate(blocks):
+        groups.setdefault((id(block.state.model), id(block.state.cache)), []).append(index)
+    for indices in groups.values():
+        state = blocks[indices[0]].state
+        attention = Attention(tuple(Segment(blocks[i].state.row, blocks[i].tokens.shape[0], blocks[i].parents,
+                                            blocks[i].written) for i in indices), batch_invariant=False)
+        out = state.model.forward(torch.cat([blocks[i].tokens for i in indices]),
+                                  torch.cat([blocks[i].positions for i in indices]), state.cache, attention).logits
+        assert out is not None  # want_logits defaults to True
+        for i, start, end in zip(indices, attention.offsets, attention.offsets[1:]):
+            if blocks[i].parents is None:
+                blocks[i].state.cache.commit(blocks[i].state.row, end - start)
+            logits[i] = out[start:end]
+    return logits
 
 
 def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
@@ -103,16 +157,6 @@ def token_confidence(
     would be a point mass and says nothing about how sure the draft is)."""
     source = logits.float().softmax(-1) if sampling.greedy else probs
     return float(source[0, token])
-
-
-def draft_chain(
-    logits: torch.Tensor,  # [1, vocab]: the draft's logits for the first token
-    next_logits: Callable[[torch.Tensor], torch.Tensor],  # tokens [k] -> logits [1, vocab] after the last
-    gamma: int,
-    request: DraftRequest,
-) -> Draft:
-    """chain_steps for one request, each block scored by ``next_logits``."""
-    return run_alone(chain_steps(logits, gamma, request), next_logits)
 
 
 def chain_steps(
@@ -163,33 +207,58 @@ def chain_steps(
 
 
 class DraftModelDrafter(BaseDrafter):
-    """What every drafter built on a draft model shares: one DraftModelState per request, and
-    observe() keeping the cache entries of the accepted drafts."""
-
+    """What every drafter built on a draft model shares: one row of one draft cache per request
+    (DraftModelState), observe() keeping the entries of the accepted drafts, and propose_many
+    drafting every request of a step in lockstep, one draft forward per round for all."""
 
     def __init__(self, model: LanguageModel) -> None:
         self.model = model
         self.vocab_size = model.vocab_size
+        cache = model.new_cache()
+        # Backends whose cache cannot grow rows (transformers, llama.cpp) keep a cache per request.
+        self.rows = RowPool(cache) if isinstance(cache, KVCache) else None
 
     def start(self, prompt_ids: torch.Tensor) -> DraftModelState:
-        return DraftModelState(self.model, prompt_ids)
+        return DraftModelState(self.model, prompt_ids, self.rows)
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         request.draft_state.observe(request.context.shape[0], outcome.emitted)
 
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        return self.propose_many([request], [gamma])[0]
+
+    def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+        drafts = [Draft.empty(request.context.device) for request in requests]
+        drafting = [(index, routine) for index, (request, gamma) in enumerate(zip(requests, gammas, strict=True))
+                    if (routine := self.routine(request, gamma)) is not None]
+        batch = run_in_lockstep([routine for _, routine in drafting],
+                                lambda asking, blocks: score_blocks(blocks))
+        for (index, _), draft in zip(drafting, batch):
+            requests[index].draft_state.drafted = draft.tokens.tolist()
+            drafts[index] = draft
+        return drafts
+
+    def routine(self, request: DraftRequest, gamma: int) -> DraftSteps[RowBlock] | None:
+        """The request's drafting as a generator of draft forwards (RowBlocks, each sent its
+        logits); None when it drafts nothing."""
+        raise NotImplementedError
+
 
 class ModelDrafter(DraftModelDrafter):
-    """Drafts a chain autoregressively with its own model and a KV cache per request."""
+    """Drafts a chain autoregressively with its own model, a row of the draft cache per request."""
 
     def describe(self) -> str:
         return f"draft model {self.model.name}"
 
-    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+    def routine(self, request: DraftRequest, gamma: int) -> DraftSteps[RowBlock] | None:
         state: DraftModelState = request.draft_state
-        context = request.context
-        gamma = state.start_draft(context.shape[0], gamma)
-        if gamma == 0:
-            return Draft.empty(context.device)
-        draft = draft_chain(state.feed_pending(), lambda tokens: state.forward(tokens)[-1:], gamma, request)
-        state.drafted = draft.tokens.tolist()
-        return draft
+        gamma = state.start_draft(request.context.shape[0], gamma)
+        return None if gamma == 0 else model_chain_steps(state, gamma, request)
+
+
+def model_chain_steps(state: DraftModelState, gamma: int, request: DraftRequest) -> DraftSteps[RowBlock]:
+    """chain_steps with its blocks fed to the state's row: first the context the row lacks, then
+    each drafted block; each is answered with its logits, of which the chain reads the last."""
+    logits = yield RowBlock.chain(state, state.take_pending())
+    return (yield from relay(chain_steps(logits[-1:], gamma, request), lambda block: RowBlock.chain(state, block),
+                             lambda logits: logits[-1:]))

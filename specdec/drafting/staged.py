@@ -68,8 +68,7 @@ class StagedDrafter(BaseDrafter):
         gamma = state.model.start_draft(context.shape[0], gamma)
         if gamma == 0:
             return Trunk(Draft.empty(context.device).tokens, None, None)
-        pending = state.model.pending  # [m >= 1], not yet in the draft cache
-        state.model.pending = pending[:0]
+        pending = state.model.take_pending()  # [m >= 1], not yet in the draft cache
         drafted: list[int] = []
         logit_rows: list[torch.Tensor] = []  # the draft's logits each token came from, [1, vocab] each
         probs: list[torch.Tensor] = []  # q rows, [1, vocab] each
@@ -91,8 +90,7 @@ class StagedDrafter(BaseDrafter):
             state.guessed += guess.shape[0]
             state.guesses_kept += n_accepted
             # Keep cache entries up to the last accepted guess; the new token is fed next round.
-            cache = state.model.cache
-            cache.rollback(0, cache.lengths[0] - (guess.shape[0] - n_accepted))
+            state.model.drop(guess.shape[0] - n_accepted)
             pending = emitted[-1:]
             stop = False
             for position, token in enumerate(emitted.tolist()):

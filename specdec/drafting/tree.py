@@ -16,14 +16,13 @@ children are the top tokens of the draft's logits and any shape is fine.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 
 import torch
 
 from specdec.drafting.base import Draft, DraftRequest
-from specdec.drafting.lockstep import DraftSteps, run_alone
-from specdec.drafting.model import DraftModelDrafter, DraftModelState
-from specdec.models.base import Attention, LanguageModel, Segment, tree_depths
+from specdec.drafting.lockstep import DraftSteps, relay
+from specdec.drafting.model import DraftModelDrafter, DraftModelState, RowBlock
+from specdec.models.base import LanguageModel, tree_depths
 from specdec.sampling import SamplingParams, logits_to_probs
 
 
@@ -42,23 +41,6 @@ def allocate_children(scores: list[float], top_q: list[list[float]], slots: int)
     for _, node, _ in heapq.nlargest(slots, candidates):
         counts[node] += 1
     return counts
-
-
-#: Scores a tree's newest nodes: (tokens, parents of every node so far, the new nodes' indices)
-#: -> q at each new node [new, vocab] (draft_distribution of the drafter's logits there).
-ExpandNodes = Callable[[list[int], list[int], list[int]], torch.Tensor]
-
-
-def grow_tree(
-    root_q: torch.Tensor,  # [1, vocab]: draft_distribution at the root
-    expand: ExpandNodes,
-    depth_limit: int,
-    budget: int,
-    branching: int,
-    request: DraftRequest,
-) -> Draft:
-    """tree_steps for one request, each depth scored by ``expand``."""
-    return run_alone(tree_steps(root_q, depth_limit, budget, branching, request), lambda nodes: expand(*nodes))
 
 
 #: What tree_steps asks scored: (tokens, parents of every node so far, the new nodes' indices).
@@ -124,7 +106,7 @@ def check_tree_shape(budget: int, branching: int) -> None:
 
 
 class ModelTreeDrafter(DraftModelDrafter):
-    """A draft model proposing a tree (grow_tree) of at most ``budget`` nodes, ``branching``
+    """A draft model proposing a tree (tree_steps) of at most ``budget`` nodes, ``branching``
     children per node at most, with the policy's gamma as its depth limit."""
 
     def __init__(self, model: LanguageModel, budget: int = 16, branching: int = 4) -> None:
@@ -135,27 +117,30 @@ class ModelTreeDrafter(DraftModelDrafter):
     def describe(self) -> str:
         return f"draft-model tree ({self.model.name}, up to {self.budget} nodes, {self.branching} children each)"
 
-    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+    def routine(self, request: DraftRequest, gamma: int) -> DraftSteps[RowBlock] | None:
         state: DraftModelState = request.draft_state
-        context, sampling = request.context, request.sampling
-        length = context.shape[0]
+        length = request.context.shape[0]
         budget = min(request.node_budget or self.budget, self.model.max_context - length)
         if gamma <= 0 or budget <= 0:
-            return Draft.empty(context.device)
+            return None
         state.cache.reserve(length + budget)
-        root_logits = state.feed_pending()  # [1, vocab]
+        return model_tree_steps(state, gamma, budget, self.branching, request)
 
-        def expand(tokens: list[int], parents: list[int], new_nodes: list[int]) -> torch.Tensor:
-            # One draft forward of this depth's nodes, which attend to the nodes earlier forwards
-            # wrote (nothing is committed: the tree stays past the context).
-            written = new_nodes[0]
-            depths = tree_depths(parents)
-            positions = torch.tensor([length + depths[node] for node in new_nodes], device=context.device)
-            block = torch.tensor(tokens[written:], dtype=torch.long, device=context.device)
-            segment = Segment(0, len(new_nodes), tuple(parents), written)
-            attention = Attention((segment,), batch_invariant=False)
-            logits = self.model.forward(block, positions, state.cache, attention).logits
-            assert logits is not None  # want_logits defaults to True
-            return draft_distribution(logits, sampling)
 
-        return grow_tree(draft_distribution(root_logits, sampling), expand, gamma, budget, self.branching, request)
+def model_tree_steps(state: DraftModelState, depth_limit: int, budget: int, branching: int,
+                     request: DraftRequest) -> DraftSteps[RowBlock]:
+    """tree_steps with its draft forwards in the state's row: first the context the row lacks (q
+    at the root), then each depth's new nodes, which attend to the nodes earlier forwards wrote
+    (nothing is committed: the tree stays past the context)."""
+    sampling, length = request.sampling, request.context.shape[0]
+    root_logits = yield RowBlock.chain(state, state.take_pending())
+
+    def nodes_block(nodes: NewNodes) -> RowBlock:
+        tokens, parents, new_nodes = nodes
+        written, depths = new_nodes[0], tree_depths(parents)
+        block = torch.tensor(tokens[written:], dtype=torch.long, device=root_logits.device)
+        positions = torch.tensor([length + depths[node] for node in new_nodes], device=block.device)
+        return RowBlock(state, block, positions, tuple(parents), written)
+
+    steps = tree_steps(draft_distribution(root_logits[-1:], sampling), depth_limit, budget, branching, request)
+    return (yield from relay(steps, nodes_block, lambda logits: draft_distribution(logits, sampling)))

@@ -11,6 +11,7 @@ are garbage that the next forward overwrites.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -112,3 +113,23 @@ class KVCache:
             self.keys[:, row, :, target] = self.keys[:, row, :, source]
             self.values[:, row, :, target] = self.values[:, row, :, source]
         self.lengths[row] = start + len(keep)
+
+
+class RowPool:
+    """The rows of one cache lent to owners that come and go (a drafter's per-request states):
+    a row is free again once its owner is garbage, and the cache doubles its rows when none is.
+    One cache for all a drafter's requests is what lets one forward serve them all at once."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.free_rows = list(range(cache.rows))
+
+    def lend(self, owner: object) -> int:
+        """A free row, emptied, that comes back when ``owner`` is collected."""
+        if not self.free_rows:  # extended in place: the finalizers append to this very list
+            self.free_rows.extend(range(self.cache.rows, 2 * self.cache.rows))
+            self.cache.add_rows(self.cache.rows)
+        row = self.free_rows.pop()
+        self.cache.rollback(row, 0)
+        weakref.finalize(owner, self.free_rows.append, row)
+        return row
