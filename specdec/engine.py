@@ -23,14 +23,14 @@ from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft,
 from specdec.drafting.base import (Draft, Drafter, ReadsHidden, StepOutcome, StopRule, block_depths, block_parents,
                                    propose_many, tree_widths)
 from specdec.metrics import SpecStats
-from specdec.models.base import Attention, Cache, LanguageModel, Segment
+from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.rules import SamplingRule, make_rule
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: two of one prompt and settings are still two
 class Request:
     """One sequence being decoded: everything the engine keeps per request."""
 
@@ -165,18 +165,22 @@ class Engine:
             request.matcher.draft_forced = self.draft_forced
         return request
 
-    def prefill(self, requests: Sequence[Request], cache: Cache, max_tokens: int | None = None) -> list[Request]:
+    def prefill(self, requests: Sequence[Request], cache: Cache, max_tokens: int | None = None,
+                forks: Sequence[tuple[Request, Request]] = ()) -> list[Request]:
         """Feed every prompt but its last token (which the first step feeds). With
         ``prefill_chunk`` None, all prompts in one forward. Else in pieces of that many tokens,
         each at a multiple of it and alone in its forward, so a row's cache holds the same bits
         however the pieces are spread over calls: with ``max_tokens``, a call stops once that
         many are in (at least one piece; request after request), so a long prompt goes in
-        between the decode steps of other streams (chunked prefill). Returns the requests whose
-        prefill is done."""
-        for request in requests:
+        between the decode steps of other streams (chunked prefill). ``forks`` (parent, child):
+        a child of the same prompt is not fed; once its parent's prefill is done, its row starts
+        as a copy of the parent's (one prefill for OpenAI's ``n`` samples; the cache must be a
+        ForkingCache). Returns the requests whose prefill is done, forked children included."""
+        for request in [*requests, *(child for _, child in forks)]:
             if request.fed == 0:
                 cache.rollback(request.row, 0)
-        cache.reserve(max(request.budget_end for request in requests))
+        if requests:
+            cache.reserve(max(request.budget_end for request in [*requests, *(child for _, child in forks)]))
         if self.prefill_chunk is None:
             self.feed_prompts([(r, len(r.prompt_ids) - 1 - r.fed) for r in requests if not r.prefilled], cache)
         else:
@@ -187,11 +191,19 @@ class Engine:
                     self.feed_prompts([(request, count)], cache)
                     left = None if left is None else left - count
         done = [request for request in requests if request.prefilled]
+        children = [(parent, child) for parent, child in forks if parent in done]
+        for parent, child in children:
+            if child.prompt_ids != parent.prompt_ids or child.fed:
+                raise ValueError("a forked request continues its parent's prompt, from nothing of its own")
+            cast(ForkingCache, cache).fork(parent.row, child.row, parent.fed)
+            child.fed = parent.fed
         for request in done:
             if request.prompt_hidden:  # a head reads the prompt's features once, all of them
-                cast(ReadsHidden, self.drafter).prefilled(request, torch.cat(request.prompt_hidden))
+                features = torch.cat(request.prompt_hidden)
+                for reader in [request, *(child for parent, child in children if parent is request)]:
+                    cast(ReadsHidden, self.drafter).prefilled(reader, features)
                 request.prompt_hidden = []
-        return done
+        return done + [child for _, child in children]
 
     def feed_prompts(self, pieces: list[tuple[Request, int]], cache: Cache) -> None:
         """One forward of the next ``count`` prompt tokens of each request."""

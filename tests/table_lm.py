@@ -31,6 +31,11 @@ class TokenCache:
         assert 0 <= length <= self.lengths[row]
         self.lengths[row] = length
 
+    def fork(self, source: int, row: int, length: int) -> None:
+        assert row != source and 0 <= length <= self.lengths[source]
+        self.tokens[row, :length] = self.tokens[source, :length]
+        self.lengths[row] = length
+
     def compact(self, row: int, keep) -> None:
         start = self.lengths[row]
         self.tokens[row, start : start + len(keep)] = self.tokens[row, [start + k for k in keep]]

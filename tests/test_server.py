@@ -130,6 +130,34 @@ def test_a_seed_gives_one_completion_alone_or_in_a_batch(server, pair):
         api.completions.create(**settings, extra_body={"sampling_rule": "nearest"})
 
 
+def test_n_choices_share_one_prefill_and_sample_as_separate_requests(server, pair):
+    """n = 4 with seed s: choices 0-3, choice i the target alone's text with seed s + i, streamed
+    or not, from one prefill (three rows forked: /metrics counts their prompt tokens as forked).
+    Greedy n = 3 (three requests of one prompt and one setting): three equal texts."""
+    url, _ = server
+    prompt = "def fibonacci(n):"
+    settings = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0.9, seed=77, n=4)
+    api = client(url)
+    forked_before = metric_values(url).get("specdec:prompt_tokens_forked_total", 0.0)
+    response = api.completions.create(**settings)
+    alone = SpeculativeDecoder(pair[0])
+    expected = [alone.generate(prompt, temperature=0.9, seed=77 + i, max_new_tokens=12).text for i in range(4)]
+    assert [choice.index for choice in response.choices] == [0, 1, 2, 3]
+    assert [choice.text for choice in response.choices] == expected
+    assert len(set(expected)) > 1
+    prompt_tokens = len(pair[0].tokenizer(prompt)["input_ids"])
+    assert response.usage.prompt_tokens == prompt_tokens and response.usage.completion_tokens == 48
+    assert metric_values(url)["specdec:prompt_tokens_forked_total"] - forked_before == 3 * (prompt_tokens - 1)
+    streamed = [""] * 4
+    for chunk in api.completions.create(**settings, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == expected
+    greedy = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8,
+                                         temperature=0, n=3)
+    assert len(greedy.choices) == 3 and len({choice.message.content for choice in greedy.choices}) == 1
+
+
 def wait_until_idle(scheduler, seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while scheduler.load != (0, 0) and time.monotonic() < deadline:
@@ -165,7 +193,8 @@ BAD_REQUESTS = [
     ("top_p out of range", "/v1/chat/completions",
      {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400),
     ("prompt longer than the context", "/v1/completions", {"model": MODEL, "prompt": [5] * 5000}, 400),
-    ("n > 1", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400),
+    ("n over the limit", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 17}, 400),
+    ("n of 0", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, 400),
     ("no messages", "/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
     ("unknown role", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400),
     ("no such route", "/v1/engines", {"model": MODEL}, 404),

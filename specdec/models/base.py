@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -118,6 +118,14 @@ class Cache(Protocol):
     def commit(self, row: int, count: int) -> None: ...
     def rollback(self, row: int, length: int) -> None: ...
     def compact(self, row: int, keep: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class ForkingCache(Cache, Protocol):
+    """A cache whose row can start as a copy of another's prefix (KVCache; the llama.cpp and
+    transformers backends' caches cannot: their requests each prefill)."""
+
+    def fork(self, source: int, row: int, length: int) -> None: ...
 
 
 class Network(Protocol):

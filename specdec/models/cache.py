@@ -100,6 +100,16 @@ class KVCache:
             raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
         self.lengths[row] = length
 
+    def fork(self, source: int, row: int, length: int) -> None:
+        """Row ``row`` becomes a copy of ``source``'s first ``length`` slots (a shared prompt,
+        decoded two ways): a copy, so neither row's later writes reach the other."""
+        if row == source or not 0 <= length <= self.lengths[source]:
+            raise ValueError(f"cannot fork {length} slots of row {source} (length {self.lengths[source]}) "
+                             f"into row {row}")
+        self.keys[:, row, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, row, :, :length] = self.values[:, source, :, :length]
+        self.lengths[row] = length
+
     def compact(self, row: int, keep: Sequence[int]) -> None:
         """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
         path), moved into place right after the committed context, and commit them."""

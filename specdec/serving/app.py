@@ -9,6 +9,7 @@ before the next step; a non-streaming one is polled for a disconnect while it wa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -28,7 +29,7 @@ from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, completion_object,
                                       new_id, speculation_summary, usage)
-from specdec.serving.scheduler import QueueFullError, Scheduler
+from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
 from specdec.text import chat_prompt_ids, encode_prompt
 
 
@@ -42,16 +43,11 @@ class ServerLimits:
 class Session:
     """One request's chunks, from the scheduler thread into this event loop."""
 
-    def __init__(self, scheduler: Scheduler, prompt_ids: list[int], sampling: SamplingParams) -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[StreamChunk | BaseException] = asyncio.Queue()
         self.scheduler = scheduler
-        try:
-            self.ticket = scheduler.submit(prompt_ids, sampling, self.emit)
-        except QueueFullError as error:
-            raise ApiError(429, str(error), code="queue_full", kind="server_overloaded") from error
-        except ValueError as error:
-            raise ApiError(400, str(error), "prompt") from error
+        self.ticket: Ticket | None = None  # set once submitted (open_sessions)
 
     def emit(self, item: StreamChunk | BaseException) -> None:
         try:
@@ -76,7 +72,8 @@ class Session:
                 if item.result is not None:
                     return
         finally:
-            self.scheduler.cancel(self.ticket)
+            if self.ticket is not None:
+                self.scheduler.cancel(self.ticket)
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -110,35 +107,99 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(error.status_code, str(error.detail)))
 
 
-async def respond(session: Session, kind: str, body: Any, model_name: str, http: Request,
+def open_sessions(scheduler: Scheduler, prompt_ids: list[int], sampling: SamplingParams, n: int) -> list[Session]:
+    """One session per choice, submitted together: the first prefills the prompt and the others
+    fork its cache row. With a seed s, choice i samples with seed s + i (unrelated streams: rules.py)."""
+    sessions = [Session(scheduler) for _ in range(n)]
+    samplings = [dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
+                 for index in range(n)]
+    try:
+        tickets = scheduler.submit_choices(prompt_ids, samplings, [session.emit for session in sessions])
+    except QueueFullError as error:
+        raise ApiError(429, str(error), code="queue_full", kind="server_overloaded") from error
+    except ValueError as error:
+        raise ApiError(400, str(error), "prompt") from error
+    for session, ticket in zip(sessions, tickets):
+        session.ticket = ticket
+    return sessions
+
+
+async def merged(sessions: list[Session]) -> AsyncIterator[tuple[int, StreamChunk]]:
+    """Every session's chunks as they come, each with its choice index; stopping early cancels all."""
+    queue: asyncio.Queue[tuple[int, StreamChunk | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, session: Session) -> None:
+        try:
+            async for chunk in session.chunks():
+                await queue.put((index, chunk))
+        except ApiError as error:
+            await queue.put((index, error))
+        finally:
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(index, session)) for index, session in enumerate(sessions)]
+    try:
+        remaining = len(sessions)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def respond(sessions: list[Session], kind: str, body: Any, model_name: str, http: Request,
                   disconnect_poll_seconds: float) -> Any:
-    """A completion's response: one object when the body does not stream, else server-sent events."""
+    """A completion's response, one choice per session: one object when the body does not stream,
+    else server-sent events."""
     request_id, created = new_id("cmpl" if kind == "completion" else "chatcmpl"), int(time.time())
     if not body.stream:
-        result: GenerationResult | None = None
-        async for chunk in session.chunks(http, disconnect_poll_seconds):
-            result = chunk.result or result
-        if result is None:  # the client went away
+        async def result_of(session: Session) -> GenerationResult | None:
+            result: GenerationResult | None = None
+            async for chunk in session.chunks(http, disconnect_poll_seconds):
+                result = chunk.result or result
+            return result
+
+        try:
+            results = await asyncio.gather(*(result_of(session) for session in sessions))
+        except ApiError:  # one choice failed: the others stop too
+            for session in sessions:
+                if session.ticket is not None:
+                    session.scheduler.cancel(session.ticket)
+            raise
+        if any(result is None for result in results):  # the client went away
             return Response(status_code=499)
-        response = completion_object(kind, request_id, model_name, result.text,
-                                     FINISH_REASONS.get(result.finish_reason), created)
-        response["usage"] = usage(len(result.prompt_ids), len(result.token_ids))
-        response["specdec"] = speculation_summary(result)
+        done = [result for result in results if result is not None]
+        choices = [completion_object(kind, request_id, model_name, result.text,
+                                     FINISH_REASONS.get(result.finish_reason), created, index=index)["choices"][0]
+                   for index, result in enumerate(done)]
+        response = completion_object(kind, request_id, model_name, "", None, created)
+        response["choices"] = choices
+        response["usage"] = usage(len(done[0].prompt_ids), sum(len(result.token_ids) for result in done))
+        response["specdec"] = speculation_summary(done)
         return response
 
     async def events() -> AsyncIterator[str]:
-        first = True
-        async for chunk in session.chunks():
+        started: set[int] = set()
+        results: list[GenerationResult] = []
+        async for index, chunk in merged(sessions):
             finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
-            if chunk.text or finish or first:
+            if chunk.text or finish or index not in started:
                 yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
-                                            chunk=True, first=first))
-                first = False
-            if chunk.result and body.stream_options and body.stream_options.include_usage:
-                final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
-                final["choices"] = []
-                final["usage"] = usage(len(chunk.result.prompt_ids), len(chunk.result.token_ids))
-                yield sse(final)
+                                            chunk=True, first=index not in started, index=index))
+                started.add(index)
+            if chunk.result:
+                results.append(chunk.result)
+        if body.stream_options and body.stream_options.include_usage and results:
+            final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
+            final["choices"] = []
+            final["usage"] = usage(len(results[0].prompt_ids), sum(len(result.token_ids) for result in results))
+            yield sse(final)
         yield sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream")
@@ -175,8 +236,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = encode_prompt(tokenizer, body.single_prompt(), model_name)
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from error
-        session = Session(scheduler, prompt_ids, sampling)
-        return await respond(session, "completion", body, model_name, http, limits.disconnect_poll_seconds)
+        sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)
+        return await respond(sessions, "completion", body, model_name, http, limits.disconnect_poll_seconds)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):
@@ -186,8 +247,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = chat_prompt_ids(tokenizer, [m.model_dump() for m in body.messages])
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
-        session = Session(scheduler, prompt_ids, sampling)
-        return await respond(session, "chat", body, model_name, http, limits.disconnect_poll_seconds)
+        sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)
+        return await respond(sessions, "chat", body, model_name, http, limits.disconnect_poll_seconds)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -51,6 +51,9 @@ class ServerMetrics:
                   registry=r).set_function(lambda: sum(cache.size_tokens for cache in caches))
             Gauge("specdec:suffix_cache_max_tokens", "The cross-request suffix cache's cap (0: off)",
                   registry=r).set_function(lambda: sum(cache.max_tokens for cache in caches))
+        self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens prefilled (computed)", registry=r)
+        self.forked_prompt_tokens = Counter("specdec:prompt_tokens_forked", "Prompt tokens a request copied from "
+                                            "another's cache row (one prefill for OpenAI's n choices)", registry=r)
         self.generation_tokens = Counter("specdec:generation_tokens", "Generated tokens", registry=r)
         self.ttft = Histogram("specdec:time_to_first_token_seconds", "Time to first token", registry=r,
                               buckets=LATENCY_BUCKETS)
@@ -96,6 +99,10 @@ class ServerMetrics:
             return
         for _ in range(tokens):
             self.inter_token.observe((now - ticket.last_emit) / tokens)
+
+    def observe_prefill(self, computed: int, forked: int) -> None:
+        self.prompt_tokens.inc(computed)
+        self.forked_prompt_tokens.inc(forked)
 
     def finished(self, reason: str) -> None:
         self.requests.labels(finished_reason=reason).inc()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +17,7 @@ from specdec.decoder import GenerationResult
 from specdec.constraint import Constraint, ConstraintError
 from specdec.sampling import SamplingParams
 
+MAX_CHOICES = 16  # the most choices (n) one request may ask for
 # Our finish reasons in OpenAI's words.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "context": "length"}
 MAX_TEMPERATURE = 2.0  # OpenAI's range: 0..2
@@ -67,7 +69,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = 1  # choices, from one prefill (the cache row forked); with a seed s, choice i samples with seed s + i
     # Structured output (docs/structured.md): OpenAI's response_format, and vLLM's extensions
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -103,8 +105,8 @@ class SamplingFields(BaseModel):
         temperature = 1.0 if self.temperature is None else self.temperature
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
             raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}", "temperature")
-        if self.n != 1:
-            raise ApiError(400, f"only n=1 is supported, got {self.n}", "n")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be in [1, {MAX_CHOICES}], got {self.n}", "n")
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
         if max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
@@ -161,27 +163,29 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculation_summary(result: GenerationResult) -> dict[str, Any]:
-    """specdec's own extension of a response: what speculation did for this request."""
-    stats = result.stats
-    return {"drafted": stats.drafted, "accepted": stats.accepted, "target_forwards": stats.target_forwards,
-            "tokens_per_forward": round(stats.tau, 3)}
+def speculation_summary(results: Sequence[GenerationResult]) -> dict[str, Any]:
+    """specdec's own extension of a response: what speculation did for its choices, together."""
+    drafted, accepted = sum(r.stats.drafted for r in results), sum(r.stats.accepted for r in results)
+    forwards = sum(r.stats.target_forwards for r in results)
+    tokens = sum(r.stats.generated_tokens for r in results)
+    return {"drafted": drafted, "accepted": accepted, "target_forwards": forwards,
+            "tokens_per_forward": round(tokens / forwards, 3) if forwards else 0.0}
 
 
 def completion_object(kind: Literal["completion", "chat"], request_id: str, model: str, text: str,
                       finish_reason: str | None, created: int | None = None, chunk: bool = False,
-                      first: bool = False) -> dict[str, Any]:
+                      first: bool = False, index: int = 0) -> dict[str, Any]:
     """A completion (or a streamed chunk of one): text_completion, chat.completion(.chunk)."""
     created = created or int(time.time())
     if kind == "completion":
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         name = "text_completion"
     elif chunk:
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         name = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
                   "finish_reason": finish_reason}
         name = "chat.completion"
     return {"id": request_id, "object": name, "created": created, "model": model, "choices": [choice]}

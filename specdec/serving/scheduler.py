@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from specdec.text import StreamChunk, step_chunk
 from specdec.engine import Engine, Request
 from specdec.estimates import RunningMean
+from specdec.models.base import ForkingCache
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.speculation import SpeculationController
@@ -46,6 +47,9 @@ class Ticket:
     request: Request | None = None  # set once admitted into a cache row
     text: TextStream | None = None
     last_emit: float | None = None
+    # A request of the same prompt submitted before (OpenAI's n): while it prefills, this one waits
+    # and then starts from a copy of its cache row (Engine.prefill's forks), if the cache can fork.
+    parent: Ticket | None = None
 
 
 @dataclass
@@ -120,13 +124,24 @@ class Scheduler:
     def submit(self, prompt_ids: Sequence[int], sampling: SamplingParams, emit: Emit) -> Ticket:
         """Queue a request; its chunks go to ``emit``. Raises ValueError for a prompt the
         engine cannot take and QueueFullError when too many requests wait."""
-        ticket = Ticket(self.engine.check_prompt(prompt_ids), sampling, emit, id=next(self.ids))
+        return self.submit_choices(prompt_ids, [sampling], [emit])[0]
+
+    def submit_choices(self, prompt_ids: Sequence[int], samplings: Sequence[SamplingParams],
+                       emits: Sequence[Emit]) -> list[Ticket]:
+        """Queue one request per sampling of one prompt (OpenAI's n), together: the first
+        prefills the prompt and the others, admitted beside it, start from copies of its cache
+        row (a choice admitted later, when rows were short, prefills itself)."""
+        ids = self.engine.check_prompt(prompt_ids)
+        tickets: list[Ticket] = []
+        for sampling, emit in zip(samplings, emits, strict=True):
+            tickets.append(Ticket(ids, sampling, emit, id=next(self.ids), parent=tickets[0] if tickets else None))
         with self.wake:
-            if len(self.waiting) >= self.max_waiting:
-                raise QueueFullError(f"{len(self.waiting)} requests are waiting (the limit); retry later")
-            self.waiting.append(ticket)
+            if len(self.waiting) + len(tickets) > self.max_waiting:
+                raise QueueFullError(f"{len(self.waiting)} requests are waiting (the limit is {self.max_waiting}); "
+                                     "retry later")
+            self.waiting.extend(tickets)
             self.wake.notify()
-        return ticket
+        return tickets
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop ``ticket``: its row is freed before the next step."""
@@ -212,18 +227,28 @@ class Scheduler:
     def feed_prompts(self) -> None:
         """Feed the prefilling requests' prompts: all of them when no stream runs (none waits),
         else the next PrefillBudget tokens; the requests done start running."""
-        requests = [ticket.request for ticket in self.prefilling]
+        forks = [(ticket.parent.request, ticket.request) for ticket in self.prefilling
+                 if ticket.parent is not None and ticket.parent.request is not None and self.forks_later(ticket)]
+        requests = [ticket.request for ticket in self.prefilling if not self.forks_later(ticket)]
         before = sum(request.fed for request in requests)
         started = time.perf_counter()
-        done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None)
+        done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None, forks)
         fed = sum(request.fed for request in requests) - before
         self.prefill.observe_prefill(fed, time.perf_counter() - started)
+        if self.metrics is not None:
+            self.metrics.observe_prefill(fed, sum(child.fed for _, child in forks if child in done))
         if fed:
             self.prefill_chunks.append((fed, len(self.running)))
         for ticket in [t for t in self.prefilling if t.request in done]:
             ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
             self.prefilling.remove(ticket)
             self.running.append(ticket)
+
+    def forks_later(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` waits for its parent's prefill to copy it (else it prefills itself:
+        no parent, a parent gone or already decoding, or a cache that cannot fork)."""
+        return (ticket.parent is not None and ticket.parent in self.prefilling and ticket.request is not None
+                and ticket.request.fed == 0 and isinstance(self.cache, ForkingCache))
 
     def release(self, ticket: Ticket) -> None:
         """Give the ticket's cache row back (its contents are forgotten) and drop its state."""
