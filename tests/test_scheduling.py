@@ -238,3 +238,37 @@ def test_the_waiting_queue_is_bounded(tiny_pair):
         scheduler.submit([1, 2], SamplingParams(), lambda item: None)
     with pytest.raises(ValueError, match="empty"):
         scheduler.submit([], SamplingParams(), lambda item: None)
+
+
+def test_choices_of_one_prompt_are_admitted_together_and_forked():
+    """submit_choices (OpenAI's n): the first prefills, the others start from its row; three greedy
+    choices (three requests of one prompt and one setting, which once crashed the scheduler's
+    search of its prefilled requests) give one text, seeded ones what they give alone. Mutation,
+    checked: Request with dataclass field equality again fails it."""
+    from table_lm import table_model
+
+    target = table_model(6, seed=1)
+    prompt = [1, 2, 3, 4, 5]
+    alone = SpeculativeDecoder(target)
+    for samplings in ([SamplingParams(max_new_tokens=6)] * 3,
+                      [SamplingParams(temperature=1.0, seed=seed, max_new_tokens=6) for seed in (3, 4, 5)]):
+        scheduler = Scheduler(Engine(target), SpeculationController("off", 0), max_batch=4).start()
+        results: dict = {}
+        done = threading.Event()
+        done.expected = 3
+
+        def emit_to(index: int):
+            def emit(item):
+                if isinstance(item, BaseException) or item.result is not None:
+                    results[index] = item if isinstance(item, BaseException) else item.result.token_ids
+                if len(results) == 3:
+                    done.set()
+            return emit
+
+        try:
+            tickets = scheduler.submit_choices(prompt, samplings, [emit_to(index) for index in range(3)])
+            assert done.wait(30)
+        finally:
+            scheduler.stop()
+        assert [ticket.parent for ticket in tickets] == [None, tickets[0], tickets[0]]
+        assert [results[index] for index in range(3)] == [alone.generate(prompt, s).token_ids for s in samplings]
