@@ -26,7 +26,7 @@ from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.rules import SamplingRule, make_rule
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling import SamplingParams, TokenLogprob, logits_to_probs, token_logprobs
 from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens
 
 
@@ -49,6 +49,7 @@ class Request:
     matcher: TokenMatcher | None = None  # where a constrained request is in its grammar
     fed: int = 0  # prompt tokens in the cache row: the prefill is done at length - 1
     prompt_hidden: list[torch.Tensor] = field(default_factory=list)  # a chunked prefill's features so far
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when sampling.logprobs asks
 
     @property
     def prefilled(self) -> bool:
@@ -280,6 +281,9 @@ class Engine:
                 kept = [0, *(node + 1 for node in path.tolist())]
                 cache.compact(request.row, kept)
             hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
+            if request.sampling.logprobs is not None:  # the rows that predicted each emitted token
+                request.logprobs += token_logprobs(output.logits[[start + k for k in kept]], emitted,
+                                                   request.sampling.logprobs)
             outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache,
                                         draft.forced))
             if request.matcher is not None:

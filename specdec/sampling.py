@@ -18,6 +18,36 @@ if TYPE_CHECKING:
 from specdec.names import SAMPLING_RULES
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target, and the most likely alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # [k, vocab]: the target's logits that predicted each token
+    tokens: torch.Tensor,  # [k] int64
+    top: int,
+) -> list[TokenLogprob]:
+    """The target's own log-probabilities (log-softmax of its raw logits, before temperature,
+    top-k/p and grammar masks, as vLLM reports by default). Taken from the verify forward, whose
+    rows score each token as it would be scored alone: exact, whatever was drafted."""
+    import torch  # here, as logits_to_probs
+
+    logprobs = torch.log_softmax(logits.double(), dim=-1)  # [k, vocab]
+    chosen = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+    best = logprobs.topk(top, dim=-1) if top else None
+    return [TokenLogprob(token, value, () if best is None else
+                         tuple(zip(best.indices[row].tolist(), best.values[row].tolist())))
+            for row, (token, value) in enumerate(zip(tokens.tolist(), chosen))]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What one request asks for, defined once for the API, the CLI, the bench and the server:
@@ -38,6 +68,9 @@ class SamplingParams:
     # What the output must match (a JSON schema, a regex, a grammar; specdec.constraint): p is
     # masked to the tokens it allows, before temperature and the rest. None: free text.
     constraint: Constraint | None = None
+    # Log-probabilities of each generated token under the target, with this many most likely
+    # alternatives (0: the token's alone; None: none asked for). See token_logprobs.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string
@@ -53,6 +86,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if self.sampling_rule not in (None, *SAMPLING_RULES):
             raise ValueError(f"sampling_rule must be one of {', '.join(SAMPLING_RULES)}, got {self.sampling_rule!r}")
 

@@ -18,6 +18,7 @@ from typing import Any
 from specdec.drafting.base import StepOutcome
 from specdec.engine import Request
 from specdec.metrics import SpecStats
+from specdec.sampling import TokenLogprob
 
 
 class TokenSource(str, enum.Enum):
@@ -183,6 +184,7 @@ class GenerationResult:
     prompt_ids: list[int]
     finish_reason: str  # "eos", "stop", "max_new_tokens" or "context"
     stats: SpecStats = field(default_factory=SpecStats)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when SamplingParams.logprobs asked
 
 
 @dataclass
@@ -193,6 +195,7 @@ class StreamChunk:
     sources: list[TokenSource] = field(default_factory=list)  # one per token
     pieces: list[tuple[str, TokenSource]] = field(default_factory=list)  # released text, by source
     result: GenerationResult | None = None  # set on the last chunk only
+    logprobs: list[TokenLogprob] | None = None  # one per token, when SamplingParams.logprobs asked
 
     @property
     def text(self) -> str:
@@ -212,11 +215,16 @@ def step_chunk(request: Request, outcome: StepOutcome, length: int, text: TextSt
             request.truncate(length + index + 1)
             break
     chunk.pieces = text.release(final=request.finish_reason is not None)
+    asked = request.sampling.logprobs is not None
+    first = length - len(request.prompt_ids)  # generated tokens before this step's
+    if asked:
+        chunk.logprobs = request.logprobs[first : first + len(chunk.token_ids)]
     stats = request.stats
     stats.generated_tokens = request.length - len(request.prompt_ids)
     if request.finish_reason is not None:
         stats.total_seconds = time.perf_counter() - started
         chunk.result = GenerationResult(text=text.text, token_ids=request.generated_ids,
                                         prompt_ids=request.prompt_ids, finish_reason=request.finish_reason,
-                                        stats=stats)
+                                        stats=stats,
+                                        logprobs=request.logprobs[: len(request.generated_ids)] if asked else None)
     return chunk

@@ -205,3 +205,34 @@ def test_a_draft_model_drafts_a_batch_in_one_forward_a_round(tiny_pair, monkeypa
             assert torch.allclose(alone.probs, together[index].probs, rtol=0, atol=1e-12), (steps, index)
     gc.collect()
     assert drafter.rows.cache.rows == 8 and sorted(drafter.rows.free_rows) == list(range(8))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_are_the_targets_own_whatever_drafted_them(tiny_pair, temperature):
+    """Each generated token's log-probability and its top 3, from the verify forward: with a draft
+    model (chain and tree) or n-gram lookup, alone or in a batch, bit for bit what target-only
+    decoding reports (a token scored inside a verify block gets the logits it gets alone), which
+    is the log-softmax of the target's logits; greedy tokens are their own top alternative.
+    Mutation, checked: taking the rows of the drafted nodes instead of those that predicted each
+    emitted token (kept) fails it."""
+    import math
+
+    target = load(tiny_pair["target"])
+    prompts = batch_prompts(3, target.vocab_size, count=4)
+    samplings = [SamplingParams(temperature=temperature, seed=seed, max_new_tokens=10, logprobs=3) for seed in range(4)]
+    plain = SpeculativeDecoder(target).generate(prompts, samplings)
+    for result in plain:
+        assert len(result.logprobs) == len(result.token_ids)
+        for entry, token in zip(result.logprobs, result.token_ids):
+            assert entry.token == token and len(entry.top) == 3
+            assert entry.top[0][1] >= entry.logprob and sum(math.exp(value) for _, value in entry.top) <= 1 + 1e-9
+            if temperature == 0:
+                assert entry.top[0] == (token, entry.logprob)
+    draft = load(tiny_pair["perturbed"])
+    for kind in ("model", "tree", "ngram"):
+        decoder = SpeculativeDecoder(target, make_drafter(kind, None if kind == "ngram" else draft, tree_budget=6),
+                                     gamma=3)
+        together = decoder.generate(prompts, samplings)
+        assert [r.logprobs for r in together] == [r.logprobs for r in plain]
+        assert kind == "ngram" or sum(r.stats.accepted for r in together) > 0  # verify blocks of several tokens
+        assert decoder.generate(prompts[1], samplings[1]).logprobs == plain[1].logprobs

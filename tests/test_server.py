@@ -158,6 +158,38 @@ def test_n_choices_share_one_prefill_and_sample_as_separate_requests(server, pai
     assert len(greedy.choices) == 3 and len({choice.message.content for choice in greedy.choices}) == 1
 
 
+def test_logprobs_are_the_targets_own_streamed_or_not(server, pair):
+    """Completions' logprobs (top 2) and chat's (top 3): one entry per generated token, the values
+    the target alone reports (SpeculativeDecoder(target) with logprobs), the same streamed."""
+    url, _ = server
+    api = client(url)
+    prompt = "def add(a, b):"
+    response = api.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, logprobs=2)
+    alone = SpeculativeDecoder(pair[0]).generate(prompt, max_new_tokens=10, logprobs=2)
+    logprobs = response.choices[0].logprobs
+    assert logprobs.token_logprobs == [entry.logprob for entry in alone.logprobs]
+    assert len(logprobs.tokens) == len(logprobs.top_logprobs) == response.usage.completion_tokens
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+    assert "".join(logprobs.tokens) == response.choices[0].text
+    streamed = []
+    for chunk in api.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, logprobs=2,
+                                        stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == logprobs.token_logprobs
+    messages = [{"role": "user", "content": "Write a haiku"}]
+    chat = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(item.top_logprobs) == 3 for item in content)
+    assert all(item.top_logprobs[0].logprob >= item.logprob for item in content)
+    chat_ids = chat_prompt_ids(pair[0].tokenizer, messages)
+    alone_chat = SpeculativeDecoder(pair[0]).generate(chat_ids, max_new_tokens=8, logprobs=3)
+    assert [item.logprob for item in content] == [entry.logprob for entry in alone_chat.logprobs]
+    plain = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def wait_until_idle(scheduler, seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while scheduler.load != (0, 0) and time.monotonic() < deadline:
@@ -193,6 +225,9 @@ BAD_REQUESTS = [
     ("top_p out of range", "/v1/chat/completions",
      {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400),
     ("prompt longer than the context", "/v1/completions", {"model": MODEL, "prompt": [5] * 5000}, 400),
+    ("logprobs over 5", "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 6}, 400),
+    ("top_logprobs without logprobs", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400),
     ("n over the limit", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 17}, 400),
     ("n of 0", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, 400),
     ("no messages", "/v1/chat/completions", {"model": MODEL, "messages": []}, 400),

@@ -25,10 +25,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.decoder import GenerationResult, StreamChunk
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, completion_object,
-                                      new_id, speculation_summary, usage)
+                                      logprobs_object, new_id, speculation_summary, usage)
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
 from specdec.text import chat_prompt_ids, encode_prompt
 
@@ -154,9 +154,12 @@ async def merged(sessions: list[Session]) -> AsyncIterator[tuple[int, StreamChun
 
 
 async def respond(sessions: list[Session], kind: str, body: Any, model_name: str, http: Request,
-                  disconnect_poll_seconds: float) -> Any:
+                  disconnect_poll_seconds: float, tokenizer: Any) -> Any:
     """A completion's response, one choice per session: one object when the body does not stream,
     else server-sent events."""
+    def logprobs(entries: list[TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
+        return None if entries is None else logprobs_object(kind, entries, tokenizer, offset)
+
     request_id, created = new_id("cmpl" if kind == "completion" else "chatcmpl"), int(time.time())
     if not body.stream:
         async def result_of(session: Session) -> GenerationResult | None:
@@ -176,7 +179,8 @@ async def respond(sessions: list[Session], kind: str, body: Any, model_name: str
             return Response(status_code=499)
         done = [result for result in results if result is not None]
         choices = [completion_object(kind, request_id, model_name, result.text,
-                                     FINISH_REASONS.get(result.finish_reason), created, index=index)["choices"][0]
+                                     FINISH_REASONS.get(result.finish_reason), created, index=index,
+                                     logprobs=logprobs(result.logprobs))["choices"][0]
                    for index, result in enumerate(done)]
         response = completion_object(kind, request_id, model_name, "", None, created)
         response["choices"] = choices
@@ -187,11 +191,16 @@ async def respond(sessions: list[Session], kind: str, body: Any, model_name: str
     async def events() -> AsyncIterator[str]:
         started: set[int] = set()
         results: list[GenerationResult] = []
+        offsets = [0] * len(sessions)  # text so far per choice, in the tokens' own pieces (text_offset)
         async for index, chunk in merged(sessions):
             finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
-            if chunk.text or finish or index not in started:
+            if chunk.text or finish or index not in started or chunk.logprobs:
+                chunk_logprobs = logprobs(chunk.logprobs, offsets[index])
+                if chunk_logprobs is not None and kind == "completion" and chunk.logprobs:
+                    offsets[index] = chunk_logprobs["text_offset"][-1] + len(chunk_logprobs["tokens"][-1])
                 yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
-                                            chunk=True, first=index not in started, index=index))
+                                            chunk=True, first=index not in started, index=index,
+                                            logprobs=chunk_logprobs))
                 started.add(index)
             if chunk.result:
                 results.append(chunk.result)
@@ -237,7 +246,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from error
         sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)
-        return await respond(sessions, "completion", body, model_name, http, limits.disconnect_poll_seconds)
+        return await respond(sessions, "completion", body, model_name, http, limits.disconnect_poll_seconds,
+                             tokenizer)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):
@@ -248,7 +258,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
         sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)
-        return await respond(sessions, "chat", body, model_name, http, limits.disconnect_poll_seconds)
+        return await respond(sessions, "chat", body, model_name, http, limits.disconnect_poll_seconds, tokenizer)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.decoder import GenerationResult
 from specdec.constraint import Constraint, ConstraintError
-from specdec.sampling import SamplingParams
+from specdec.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 
 MAX_CHOICES = 16  # the most choices (n) one request may ask for
 # Our finish reasons in OpenAI's words.
@@ -100,6 +100,10 @@ class SamplingFields(BaseModel):
         except ConstraintError as error:
             raise ApiError(400, str(error), name) from None
 
+    def requested_logprobs(self) -> int | None:
+        """How many alternatives each token's log-probability comes with (None: no log-probabilities)."""
+        return None
+
     def sampling(self, max_tokens: int | None, default_max_tokens: int, limit: int) -> SamplingParams:
         """SamplingParams, or an ApiError naming the offending field."""
         temperature = 1.0 if self.temperature is None else self.temperature
@@ -117,7 +121,8 @@ class SamplingFields(BaseModel):
             return SamplingParams(temperature=temperature, top_k=self.top_k or 0,
                                   top_p=1.0 if self.top_p is None else self.top_p,
                                   min_p=self.min_p or 0.0, seed=self.seed, sampling_rule=self.sampling_rule,
-                                  max_new_tokens=max_tokens, stop=stop, constraint=self.constraint())
+                                  max_new_tokens=max_tokens, stop=stop, constraint=self.constraint(),
+                                  logprobs=self.requested_logprobs())
         except ValueError as error:
             raise ApiError(400, str(error)) from error
 
@@ -125,6 +130,12 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None  # the top alternatives per token (OpenAI's completions allow 0-5)
+
+    def requested_logprobs(self) -> int | None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= 5:
+            raise ApiError(400, f"logprobs must be in [0, 5], got {self.logprobs}", "logprobs")
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         prompt: Any = self.prompt
@@ -148,6 +159,16 @@ class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def requested_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
+                           "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -172,20 +193,44 @@ def speculation_summary(results: Sequence[GenerationResult]) -> dict[str, Any]:
             "tokens_per_forward": round(tokens / forwards, 3) if forwards else 0.0}
 
 
+def logprobs_object(kind: Literal["completion", "chat"], entries: Sequence[TokenLogprob], tokenizer: Any,
+                    offset: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs of a choice (or of a streamed chunk, whose text starts at ``offset``):
+    completions' tokens / token_logprobs / top_logprobs / text_offset, chat's content list."""
+    def text(token: int) -> str:
+        return tokenizer.decode([token])
+
+    if kind == "completion":
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(text(entry.token))
+        return {"tokens": [text(entry.token) for entry in entries],
+                "token_logprobs": [entry.logprob for entry in entries],
+                "top_logprobs": [{text(token): value for token, value in entry.top} for entry in entries],
+                "text_offset": offsets}
+
+    def item(token: int, value: float) -> dict[str, Any]:
+        return {"token": text(token), "logprob": value, "bytes": list(text(token).encode())}
+
+    return {"content": [{**item(entry.token, entry.logprob), "top_logprobs": [item(*pair) for pair in entry.top]}
+                        for entry in entries]}
+
+
 def completion_object(kind: Literal["completion", "chat"], request_id: str, model: str, text: str,
                       finish_reason: str | None, created: int | None = None, chunk: bool = False,
-                      first: bool = False, index: int = 0) -> dict[str, Any]:
+                      first: bool = False, index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A completion (or a streamed chunk of one): text_completion, chat.completion(.chunk)."""
     created = created or int(time.time())
     if kind == "completion":
-        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         name = "text_completion"
     elif chunk:
         delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         name = "chat.completion.chunk"
     else:
-        choice = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                   "finish_reason": finish_reason}
         name = "chat.completion"
     return {"id": request_id, "object": name, "created": created, "model": model, "choices": [choice]}
