@@ -167,7 +167,8 @@ class Engine:
         return request
 
     def prefill(self, requests: Sequence[Request], cache: Cache, max_tokens: int | None = None,
-                forks: Sequence[tuple[Request, Request]] = ()) -> list[Request]:
+                forks: Sequence[tuple[Request, Request]] = (),
+                on_prefilled: Callable[[Request, torch.Tensor | None], None] | None = None) -> list[Request]:
         """Feed every prompt but its last token (which the first step feeds). With
         ``prefill_chunk`` None, all prompts in one forward. Else in pieces of that many tokens,
         each at a multiple of it and alone in its forward, so a row's cache holds the same bits
@@ -176,7 +177,9 @@ class Engine:
         between the decode steps of other streams (chunked prefill). ``forks`` (parent, child):
         a child of the same prompt is not fed; once its parent's prefill is done, its row starts
         as a copy of the parent's (one prefill for OpenAI's ``n`` samples; the cache must be a
-        ForkingCache). Returns the requests whose prefill is done, forked children included."""
+        ForkingCache). ``on_prefilled(request, features)`` hears of each request fed to its end, with
+        the drafter's features of its prompt (a prefix cache keeps both). Returns the requests whose
+        prefill is done, forked children included."""
         for request in [*requests, *(child for _, child in forks)]:
             if request.fed == 0:
                 cache.rollback(request.row, 0)
@@ -199,11 +202,13 @@ class Engine:
             cast(ForkingCache, cache).fork(parent.row, child.row, parent.fed)
             child.fed = parent.fed
         for request in done:
-            if request.prompt_hidden:  # a head reads the prompt's features once, all of them
-                features = torch.cat(request.prompt_hidden)
+            features = torch.cat(request.prompt_hidden) if request.prompt_hidden else None
+            if features is not None:  # a head reads the prompt's features once, all of them
                 for reader in [request, *(child for parent, child in children if parent is request)]:
                     cast(ReadsHidden, self.drafter).prefilled(reader, features)
                 request.prompt_hidden = []
+            if on_prefilled is not None:
+                on_prefilled(request, features)
         return done + [child for _, child in children]
 
     def feed_prompts(self, pieces: list[tuple[Request, int]], cache: Cache) -> None:

@@ -82,6 +82,22 @@ def test_chat_equals_generate_on_the_templated_prompt(server, pair, reference):
     assert chunks[-1].usage.completion_tokens == 20
 
 
+def test_a_shared_system_prompt_is_prefilled_once(server, pair, reference):
+    """Two chats behind one long system prompt: the second copies its whole prefill pieces from the
+    prefix cache (counted in /metrics) and answers what the target alone answers."""
+    url, _ = server
+    api = client(url)
+    system = {"role": "system", "content": "You are a careful Python reviewer. " * 6}
+    before = metric_values(url)
+    for question in ("def add(a, b):", "def mul(a, b):"):
+        messages = [system, {"role": "user", "content": question}]
+        answer = api.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+        assert answer.choices[0].message.content == reference(chat_prompt_ids(pair[0].tokenizer, messages), 8)
+    after = metric_values(url)
+    assert after["specdec:prefix_cache_hits_total"] - before.get("specdec:prefix_cache_hits_total", 0) >= 1
+    assert after["specdec:prompt_tokens_cached_total"] - before.get("specdec:prompt_tokens_cached_total", 0) >= 32
+
+
 @pytest.mark.slow
 def test_a_hundred_concurrent_streams_all_complete_with_the_right_text(server, reference):
     url, scheduler = server
@@ -211,7 +227,7 @@ def test_cancelled_streams_free_their_rows_and_state(server):
     wait_until_idle(scheduler)
     assert scheduler.load == (0, 0)
     assert sorted(scheduler.free_rows) == list(range(MAX_BATCH))
-    assert scheduler.cache.lengths == [0] * MAX_BATCH
+    assert scheduler.cache.lengths[:MAX_BATCH] == [0] * MAX_BATCH  # (the rows past them hold the prefix cache)
     gc.collect()
     assert all(ref() is None for ref in requests + states)  # draft caches included
 

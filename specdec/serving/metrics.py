@@ -54,6 +54,12 @@ class ServerMetrics:
         self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens prefilled (computed)", registry=r)
         self.forked_prompt_tokens = Counter("specdec:prompt_tokens_forked", "Prompt tokens a request copied from "
                                             "another's cache row (one prefill for OpenAI's n choices)", registry=r)
+        self.prefix_queries = Counter("specdec:prefix_cache_queries", "Admitted requests looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("specdec:prefix_cache_hits", "Requests that started from a stored prefix",
+                                   registry=r)
+        self.cached_prompt_tokens = Counter("specdec:prompt_tokens_cached", "Prompt tokens copied from the prefix "
+                                            "cache instead of computed", registry=r)
         self.generation_tokens = Counter("specdec:generation_tokens", "Generated tokens", registry=r)
         self.ttft = Histogram("specdec:time_to_first_token_seconds", "Time to first token", registry=r,
                               buckets=LATENCY_BUCKETS)
@@ -103,6 +109,12 @@ class ServerMetrics:
     def observe_prefill(self, computed: int, forked: int) -> None:
         self.prompt_tokens.inc(computed)
         self.forked_prompt_tokens.inc(forked)
+
+    def observe_prefix_query(self, reused: int) -> None:
+        self.prefix_queries.inc()
+        if reused:
+            self.prefix_hits.inc()
+            self.cached_prompt_tokens.inc(reused)
 
     def finished(self, reason: str) -> None:
         self.requests.labels(finished_reason=reason).inc()

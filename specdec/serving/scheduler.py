@@ -24,6 +24,7 @@ from specdec.estimates import RunningMean
 from specdec.models.base import ForkingCache
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
+from specdec.serving.prefixes import PrefixCache
 from specdec.serving.speculation import SpeculationController
 from specdec.text import TextStream
 
@@ -92,14 +93,19 @@ class PrefillBudget:
 class Scheduler:
     def __init__(self, engine: Engine, controller: SpeculationController, max_batch: int = 32,
                  max_waiting: int = 1024, metrics: ServerMetrics | None = None,
-                 prefill: PrefillBudget | None = None) -> None:
+                 prefill: PrefillBudget | None = None, prefix_rows: int = 0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefix_rows < 0:
+            raise ValueError(f"prefix_rows must be >= 0, got {prefix_rows}")
         self.engine, self.controller, self.metrics = engine, controller, metrics
         self.prefill = prefill or PrefillBudget()
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.cache = engine.target.new_cache(rows=max_batch)
+        self.cache = engine.target.new_cache(rows=max_batch + prefix_rows)
         self.free_rows = list(range(max_batch))
+        # Recent prompts in prefix_rows spare rows (exact only where prompts go in whole pieces)
+        self.prefixes = (PrefixCache(self.cache, list(range(max_batch, max_batch + prefix_rows)), engine.prefill_chunk)
+                         if prefix_rows and engine.prefill_chunk and isinstance(self.cache, ForkingCache) else None)
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.prefilling: list[Ticket] = []  # admitted, prompt not all in the cache yet
         self.running: list[Ticket] = []
@@ -189,6 +195,11 @@ class Scheduler:
                 self.free_rows.append(row)
         admitted[:] = built
         self.prefilling.extend(ticket for ticket, _ in built)
+        for ticket, _ in built:
+            if self.prefixes is not None and ticket.request is not None and not self.forks_later(ticket):
+                reused = self.prefixes.reuse(ticket.request)
+                if self.metrics is not None:
+                    self.metrics.observe_prefix_query(reused)
         for ticket in [t for t in [*self.prefilling, *self.running] if t.cancelled]:
             if self.metrics is not None:
                 self.metrics.finished("abort")
@@ -232,7 +243,8 @@ class Scheduler:
         requests = [ticket.request for ticket in self.prefilling if not self.forks_later(ticket)]
         before = sum(request.fed for request in requests)
         started = time.perf_counter()
-        done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None, forks)
+        done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None, forks,
+                                   None if self.prefixes is None else self.prefixes.store)
         fed = sum(request.fed for request in requests) - before
         self.prefill.observe_prefill(fed, time.perf_counter() - started)
         if self.metrics is not None:

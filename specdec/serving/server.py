@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # the web stack and torch load only when a server is built, n
 # target costs a few decode steps, a 2k-token prompt ~128 pieces (so its TTFT grows by the steps
 # between them).
 DEFAULT_PREFILL_CHUNK = 16
+# Spare cache rows holding recent prompts (serving/prefixes.py): a shared system prompt is prefilled once.
+DEFAULT_PREFIX_CACHE_ROWS = 8
 
 
 def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:
@@ -49,12 +51,14 @@ def build_app(
     costs: VerifyCostTable | None = None,
     progress: Callable[[str], None] | None = None,
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+    prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
 ) -> FastAPI:
     """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
     with speculation "auto" and none given, it is measured here first. ``prefill_chunk``: prompts
     go in pieces of that many tokens, as many between two decode steps as cost about half a step
     (PrefillBudget; at least one), so a long prompt does not stall the running streams; None:
-    each prompt whole."""
+    each prompt whole. ``prefix_cache_rows``: recent prompts kept in that many spare cache rows,
+    whole pieces of them reused by prompts that begin the same way (0, or prefill_chunk None: off)."""
     from specdec.serving.app import create_app
     from specdec.serving.metrics import ServerMetrics
     from specdec.serving.scheduler import PrefillBudget, Scheduler
@@ -73,7 +77,7 @@ def build_app(
     controller = SpeculationController(speculation, gamma, costs, draft_cost=draft_cost)
     metrics = ServerMetrics(suffix_caches(drafter))
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
-                          prefill=PrefillBudget())
+                          prefill=PrefillBudget(), prefix_rows=prefix_cache_rows)
     return create_app(scheduler, model_name, limits, metrics)
 
 
@@ -121,6 +125,9 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                        help="prompts go in pieces of this many tokens, between the decode steps of running streams "
                             "as many as cost about half a step (at least one), so a long prompt does not stall them")
+    serve.add_argument("--prefix-cache-rows", type=int, default=DEFAULT_PREFIX_CACHE_ROWS,
+                       help="recent prompts kept in this many spare cache rows; a prompt that begins like one of them "
+                            "copies the shared part (whole prefill pieces: exact) instead of computing it (0: off)")
     serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
 
 
@@ -135,7 +142,7 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
                         limits=ServerLimits(max_tokens=args.max_tokens), progress=update,
-                        prefill_chunk=args.prefill_chunk)
+                        prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
