@@ -1,7 +1,7 @@
 """How much to speculate for the batch at hand, from measured costs (no hand-set thresholds).
 
 A server's step runs every active request through one target forward. With b requests each
-drafting g tokens, a step costs b * g * c_draft (drafting runs request by request) plus
+drafting g tokens, a step costs b * g * c_draft (c_draft: per drafted token, recent steps) plus
 T(b, g + 1), the target forward over b blocks of g + 1 tokens, and emits b * E[tokens](g).
 While the batch is small the forward is bound by reading the weights and extra tokens are
 nearly free, so drafting pays; as the batch fills the forward becomes compute-bound, T grows
