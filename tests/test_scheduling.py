@@ -126,15 +126,19 @@ def collect(scheduler: Scheduler, prompt, sampling: SamplingParams, results: dic
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, temperature):
+@pytest.mark.parametrize("kind, count, max_batch", [("model", 10, 4), ("tree", 10, 4), ("model", 40, 32)])
+def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, temperature, kind, count, max_batch):
+    """Requests join and leave a running batch (up to 32 rows, drafting in lockstep): each gets
+    the tokens it gets alone, greedy and seeded, chains and trees."""
     target = load(tiny_pair["target"], dtype="float64")
-    drafter = make_drafter("model", load(tiny_pair["perturbed"], dtype="float64"))
-    prompts = batch_prompts(3, target.vocab_size, count=10)
-    samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=8 + 3 * index)
+    drafter = make_drafter(kind, load(tiny_pair["perturbed"], dtype="float64"), tree_budget=6)
+    prompts = batch_prompts(3, target.vocab_size, count=count)
+    samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=8 + 3 * (index % 10))
                  for index in range(len(prompts))]
     alone = SpeculativeDecoder(target, drafter, gamma=3)
     expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
-    scheduler = Scheduler(Engine(target, drafter, gamma=3), SpeculationController("on", 3), max_batch=4).start()
+    scheduler = Scheduler(Engine(target, drafter, gamma=3), SpeculationController("on", 3),
+                          max_batch=max_batch).start()
     results, done = {}, threading.Event()
     done.expected = len(prompts)
     try:
@@ -147,7 +151,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, tem
     finally:
         scheduler.stop()
     assert results == expected
-    assert sorted(scheduler.free_rows) == [0, 1, 2, 3]
+    assert sorted(scheduler.free_rows) == list(range(max_batch))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
