@@ -55,6 +55,8 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     parser.add_argument("--turns", type=int, default=3, help="requests per conversation (--workload replay)")
     parser.add_argument("--compare-cache", action="store_true",
                         help="also run each speculating mode with the suffix drafter's cross-request cache off")
+    parser.add_argument("--prefix-cache-rows", type=int, default=None,
+                        help="spare cache rows for recent prompts (specdec serve's; default: serve's default, 0: off)")
     parser.add_argument("--out", default="runs/bench-serve")
 
 
@@ -262,8 +264,9 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
         if "auto" in args.modes:
             costs = profile_verify_costs(target, *profile_grid(max_batch, args.gamma),
                                          progress=lambda message: status.update(f"bench-serve: {message}"))
+        prefix_rows = {} if args.prefix_cache_rows is None else {"prefix_cache_rows": args.prefix_cache_rows}
         apps = {label: build_app(target, drafter, "bench", gamma=args.gamma, speculation=label.split(",")[0],
-                                 policy=args.policy, max_batch=max_batch, costs=costs)
+                                 policy=args.policy, max_batch=max_batch, costs=costs, **prefix_rows)
                 for label, drafter in drafters.items()}
         with contextlib.ExitStack() as servers:
             urls = {label: servers.enter_context(serve_in_thread(app)) for label, app in apps.items()}
@@ -287,6 +290,7 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             "requests": args.requests,
             "workload": args.workload,
             "turns": args.turns if args.workload == "replay" else 1,
+            "prefix_cache_rows": args.prefix_cache_rows,  # None: specdec serve's default
             "repeats": args.repeats,
         }
     )
