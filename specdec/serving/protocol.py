@@ -75,6 +75,24 @@ class SamplingFields(BaseModel):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
+    # OpenAI parameters that would change the output and are not supported: refused, not ignored
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    tools: list[Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        """An ApiError (400) naming the first parameter set to something this server does not do."""
+        unsupported = [("presence_penalty", self.presence_penalty not in (None, 0)),
+                       ("frequency_penalty", self.frequency_penalty not in (None, 0)),
+                       ("logit_bias", bool(self.logit_bias)), ("best_of", self.best_of not in (None, 1, self.n)),
+                       ("echo", bool(self.echo)), ("suffix", bool(self.suffix)), ("tools", bool(self.tools))]
+        for name, asked in unsupported:
+            if asked:
+                raise ApiError(400, f"{name} is not supported by this server (it would change the output)", name)
 
     def constraint(self) -> Constraint | None:
         """What the output must match, checked by the grammar engine; ApiError (400) if refused."""
@@ -106,6 +124,7 @@ class SamplingFields(BaseModel):
 
     def sampling(self, max_tokens: int | None, default_max_tokens: int, limit: int) -> SamplingParams:
         """SamplingParams, or an ApiError naming the offending field."""
+        self.refuse_unsupported()
         temperature = 1.0 if self.temperature is None else self.temperature
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
             raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}", "temperature")
