@@ -180,11 +180,12 @@ class Engine:
         ForkingCache). ``on_prefilled(request, features)`` hears of each request fed to its end, with
         the drafter's features of its prompt (a prefix cache keeps both). Returns the requests whose
         prefill is done, forked children included."""
-        for request in [*requests, *(child for _, child in forks)]:
+        rows = [*requests, *(child for _, child in forks)]
+        for request in rows:
             if request.fed == 0:
                 cache.rollback(request.row, 0)
-        if requests:
-            cache.reserve(max(request.budget_end for request in [*requests, *(child for _, child in forks)]))
+        if rows:
+            cache.reserve(max(request.budget_end for request in rows))
         if self.prefill_chunk is None:
             self.feed_prompts([(r, len(r.prompt_ids) - 1 - r.fed) for r in requests if not r.prefilled], cache)
         else:

@@ -9,6 +9,7 @@ import pytest
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.policy import POLICIES
 from law import assert_matches_law
+from lockstep_drafts import drafts_after
 from table_lm import table_model
 from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
 
@@ -178,28 +179,21 @@ def test_a_draft_model_drafts_a_batch_in_one_forward_a_round(tiny_pair, monkeypa
     target, draft = load(tiny_pair["target"], dtype="float64"), load(tiny_pair["perturbed"], dtype="float64")
     drafter = make_drafter(kind, draft, target=target, tree_budget=6)
     engine = SpeculativeDecoder(target, drafter, gamma=3).engine
-    prompts = [[(start * 7 + i * 3) % 96 for i in range(5 + 3 * start)] for start in range(5)]
     forwards = []
     model_forward = drafter.model.forward
     monkeypatch.setattr(drafter.model, "forward",
                         lambda *args, **kwargs: forwards.append(1) or model_forward(*args, **kwargs))
 
-    def drafts(indices: list[int], steps: int):
-        cache = target.new_cache(rows=len(indices))
-        requests = [engine.new_request(prompts[i], SamplingParams(temperature=1.0, seed=i, max_new_tokens=32), row)
-                    for row, i in enumerate(indices)]
-        engine.prefill(requests, cache)
-        for _ in range(steps):
-            forwards.clear()
-            engine.step(requests, cache)
-            assert len(forwards) == 3 if kind == "model" else 1 <= len(forwards) <= 3  # gamma 3: at most 3 rounds
-        return drafter.propose_many(requests, [3] * len(requests))
+    def counted_step(requests, cache):
+        forwards.clear()
+        engine.step(requests, cache)
+        assert len(forwards) == 3 if kind == "model" else 1 <= len(forwards) <= 3  # gamma 3: at most 3 rounds
 
     for steps in (0, 3):
-        together = drafts(list(range(5)), steps)
+        together = drafts_after(engine, drafter, list(range(5)), steps, counted_step)
         assert all(draft.num_nodes for draft in together)
         for index in range(5):
-            alone = drafts([index], steps)[0]
+            alone = drafts_after(engine, drafter, [index], steps, counted_step)[0]
             assert torch.equal(alone.tokens, together[index].tokens), (steps, index)
             assert alone.parents == together[index].parents
             assert torch.allclose(alone.probs, together[index].probs, rtol=0, atol=1e-12), (steps, index)

@@ -16,6 +16,7 @@ from specdec.drafting.head import DraftHead
 from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
 from specdec.training.head_command import HeadTraining
 from specdec.training.head_train import train_head
+from lockstep_drafts import drafts_after
 from test_greedy_equality import check_equality
 
 
@@ -136,22 +137,11 @@ def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind, qua
         quantize_linears(head, quantize)
     drafter = make_drafter(kind, target=target, head=head, tree_budget=6)
     engine = SpeculativeDecoder(target, drafter, gamma=3).engine
-    prompts = [[(start * 7 + i * 3) % 96 for i in range(5 + 3 * start)] for start in range(5)]
-
-    def drafts(indices: list[int], steps: int):
-        cache = target.new_cache(rows=len(indices))
-        requests = [engine.new_request(prompts[i], SamplingParams(temperature=1.0, seed=i, max_new_tokens=32), row)
-                    for row, i in enumerate(indices)]
-        engine.prefill(requests, cache)
-        for _ in range(steps):
-            engine.step(requests, cache)
-        return drafter.propose_many(requests, [3] * len(requests))
-
     for steps in (0, 3):
-        together = drafts(list(range(5)), steps)
+        together = drafts_after(engine, drafter, list(range(5)), steps)
         assert all(draft.num_nodes for draft in together)
         for index in range(5):
-            alone = drafts([index], steps)[0]
+            alone = drafts_after(engine, drafter, [index], steps)[0]
             assert torch.equal(alone.tokens, together[index].tokens), (steps, index)
             assert alone.probs is not None and torch.equal(alone.probs, together[index].probs), (steps, index)
 

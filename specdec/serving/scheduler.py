@@ -238,9 +238,10 @@ class Scheduler:
     def feed_prompts(self) -> None:
         """Feed the prefilling requests' prompts: all of them when no stream runs (none waits),
         else the next PrefillBudget tokens; the requests done start running."""
-        forks = [(ticket.parent.request, ticket.request) for ticket in self.prefilling
-                 if ticket.parent is not None and ticket.parent.request is not None and self.forks_later(ticket)]
-        requests = [ticket.request for ticket in self.prefilling if not self.forks_later(ticket)]
+        forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
+        forks = [(ticket.parent.request, ticket.request) for ticket in forking
+                 if ticket.parent is not None and ticket.parent.request is not None]
+        requests = [ticket.request for ticket in self.prefilling if ticket not in forking]
         before = sum(request.fed for request in requests)
         started = time.perf_counter()
         done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None, forks,
