@@ -231,20 +231,24 @@ class Engine:
             if output.hidden is not None:  # [count, features]
                 request.prompt_hidden.append(output.hidden[start : start + count])
 
-    def draft_length(self, request: Request, max_draft: int | None = None) -> int:
-        if self.drafter is None or max_draft == 0:
+    def draft_length(self, request: Request, chosen: int | None = None) -> int:
+        """The request's draft depth this step: its policy's, or ``chosen`` (a server's choice,
+        in place of the policy's; a tree then gets its drafter's own node budget)."""
+        if self.drafter is None or chosen == 0:
             return 0
-        request.shape = request.policy.next_shape()
-        gamma = request.shape.depth if max_draft is None else min(request.shape.depth, max_draft)
+        shape = request.policy.next_shape() if chosen is None else DraftShape(chosen)
+        request.shape = shape
         # Every drafted token must still fit in the request's budget.
-        return max(0, min(gamma, request.budget_end - request.length - 1))
+        return max(0, min(shape.depth, request.budget_end - request.length - 1))
 
-    def step(self, requests: Sequence[Request], cache: Cache, max_draft: int | None = None) -> list[StepOutcome]:
+    def step(self, requests: Sequence[Request], cache: Cache,
+             draft_lengths: Sequence[int] | None = None) -> list[StepOutcome]:
         """One speculative step for each request: draft, one target forward for all, verify,
         commit the accepted entries, and append the emitted tokens to each request's context
-        (cut at EOS or the end of the budget, which finish the request). ``max_draft`` caps every
-        request's draft length this step (a server's choice for the whole batch; 0: no drafting)."""
-        proposed, draft_seconds = self.propose_all(requests, max_draft)
+        (cut at EOS or the end of the budget, which finish the request). ``draft_lengths``: each
+        request's draft length this step (a server's choice for the batch; 0: no drafting), in
+        place of its policy's; None: the policies choose."""
+        proposed, draft_seconds = self.propose_all(requests, draft_lengths)
         drafts, masks = [], []
         for index, (request, draft) in enumerate(zip(requests, proposed)):
             began = time.perf_counter()
@@ -301,7 +305,8 @@ class Engine:
             self.check_finished(request, outcome)
         return outcomes
 
-    def propose_all(self, requests: Sequence[Request], max_draft: int | None) -> tuple[list[Draft], list[float]]:
+    def propose_all(self, requests: Sequence[Request],
+                    draft_lengths: Sequence[int] | None) -> tuple[list[Draft], list[float]]:
         """This step's drafts and the seconds each took: the tokens a request's grammar forces,
         else the drafter's (cut where the grammar refuses them), else nothing. The drafter drafts
         for all the requests that ask in one call (a head: one forward per depth for the batch),
@@ -311,12 +316,12 @@ class Engine:
         asking, gammas = [], []
         for index, request in enumerate(requests):
             began = time.perf_counter()
-            forced = None
-            if request.matcher is not None and self.draft_forced and max_draft != 0:
+            forced, chosen = None, None if draft_lengths is None else draft_lengths[index]
+            if request.matcher is not None and self.draft_forced and chosen != 0:
                 forced = forced_draft(request.matcher, request.budget_end - request.length - 1, request.tokens.device)
             if forced is not None:
                 drafts[index] = forced
-            elif self.drafter is not None and (gamma := self.draft_length(request, max_draft)) > 0:
+            elif self.drafter is not None and (gamma := self.draft_length(request, chosen)) > 0:
                 asking.append(index)
                 gammas.append(gamma)
             seconds[index] += time.perf_counter() - began

@@ -58,15 +58,29 @@ class AcceptanceByPosition:
     prior_weight: float = 2.0
     decay: float = 0.98
     accepted_given_reached: list[RunningMean] = field(default_factory=list)
+    # Another estimator whose alphas are this one's priors, position by position (a request's own
+    # estimates start from the server's pooled ones and move away as its text shows itself).
+    prior: AcceptanceByPosition | None = None
 
     def alphas(self) -> list[float]:
+        priors = self.prior.alphas() if self.prior is not None else None
         estimates, prior = [], self.prior_alpha
         for position in range(self.max_gamma):
+            if priors is not None:
+                prior = priors[position] if position < len(priors) else prior
             stat = self.accepted_given_reached[position] if position < len(self.accepted_given_reached) else None
             total, count = (stat.total, stat.count) if stat else (0.0, 0.0)
             prior = (total + prior * self.prior_weight) / (count + self.prior_weight)
             estimates.append(prior)
         return estimates
+
+    def reaches(self, gamma: int) -> list[float]:
+        """P(draft token j is accepted) for j < gamma: the product of alpha_0 .. alpha_j."""
+        reaches, reach = [], 1.0
+        for alpha in self.alphas()[:gamma]:
+            reach *= alpha
+            reaches.append(reach)
+        return reaches
 
     def expected_tokens(self, gamma: int) -> float:
         """E[tokens emitted by one step drafting gamma] = 1 + sum_{i<=gamma} prod_{j<=i} alpha_j."""
@@ -193,25 +207,32 @@ class VerifyCostTable:
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
-        self.cells: dict[tuple[int, int], RunningMean] = {}
+        self.cells: dict[tuple[int, float], RunningMean] = {}
 
-    def add(self, batch: int, block: int, seconds: float) -> None:
-        cell = self.cells.setdefault((batch, block), RunningMean())
+    def add(self, batch: int, block: float, seconds: float) -> None:
+        """block: tokens per row, a fraction when the rows' drafts differ in length (kept to
+        halves, so that the cells stay few)."""
+        cell = self.cells.setdefault((batch, round(block * 2) / 2), RunningMean())
         cell.forget(self.decay)
         cell.add(seconds)
 
-    def estimate(self, batch: int, block: int) -> float | None:
+    def estimate(self, batch: int, block: float) -> float | None:
+        curve = self.curve(batch)
+        return None if curve is None else curve(block)
+
+    def curve(self, batch: int) -> Callable[[float], float] | None:
+        """T(batch, block) as a function of block (mean tokens per row); None while nothing is measured."""
         by_batch: dict[int, list[tuple[float, float]]] = {}
         for (cell_batch, cell_block), cell in sorted(self.cells.items()):
             if cell.mean is not None:
                 by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
         if not by_batch:
             return None
-        along_batch = [(b, interpolate(points, block)) for b, points in sorted(by_batch.items())]
-        return interpolate(along_batch, batch)
+        lines = sorted(by_batch.items())
+        return lambda block: interpolate([(b, interpolate(points, block)) for b, points in lines], batch)
 
 
-def tokens_per_second(expected_tokens: float, depth: int, draft_seconds: float | None,
+def tokens_per_second(expected_tokens: float, depth: float, draft_seconds: float | None,
                       verify_seconds: float | None, batch: int = 1) -> float | None:
     """The cost model: expected tokens per second of a step of ``batch`` requests, each drafting
     ``depth`` levels at ``draft_seconds`` per level (drafting runs request by request) and
@@ -233,6 +254,36 @@ def best_chain_length(acceptance: AcceptanceByPosition, draft_seconds: float | N
     if len(known) < len(rates):
         return None
     return max(known, key=lambda gamma: known[gamma])
+
+
+def best_draft_lengths(reaches: Sequence[Sequence[float]], draft_seconds: float | None,
+                       verify_seconds: Callable[[float], float | None], max_gamma: int) -> list[int] | None:
+    """Each request's draft length for one step of a batch, the lengths with the highest expected
+    tokens per second: ``reaches[r][j]`` is P(request r's draft token j is accepted) (non-increasing
+    in j), ``verify_seconds(block)`` T of the batch's forward at ``block`` mean tokens per row.
+    A drafted token is worth its reach and costs ``draft_seconds`` plus its share of T's growth, so
+    the tokens are taken in order of reach across the whole batch (a request likely to be right
+    drafts longer than one that is not), and the best count of them is kept. None until every
+    cost can be estimated (a caller drafts its default then, to measure what it costs)."""
+    batch = len(reaches)
+    # Ties go to the earlier position, so with reaches non-increasing within a request a prefix of
+    # this order is a prefix of every request's draft.
+    order = sorted(((reach, -position, row) for row, request_reaches in enumerate(reaches)
+                    for position, reach in enumerate(request_reaches[:max_gamma])), reverse=True)
+    best, best_rate, expected = 0, None, float(batch)
+    for count in range(len(order) + 1):
+        if count:
+            expected += order[count - 1][0]
+        rate = tokens_per_second(expected / batch, count / batch, draft_seconds, verify_seconds(1 + count / batch),
+                                 batch)
+        if rate is None:
+            return None
+        if best_rate is None or rate > best_rate:
+            best, best_rate = count, rate
+    lengths = [0] * batch
+    for _, _, row in order[:best]:
+        lengths[row] += 1
+    return lengths
 
 
 def speedup_ceiling(verify_seconds: Mapping[int, float], reach: Sequence[float] | None = None,

@@ -42,17 +42,25 @@ def test_cost_table_interpolates_and_never_decreases():
     assert 0.2 < table.estimate(4, 5) < 1.2
 
 
+class Client:
+    """A request, as the controller sees one: something to keep its acceptance estimates by."""
+
+
+def lengths_for(controller: SpeculationController, batch: int) -> list[int]:
+    return controller.draft_lengths([Client() for _ in range(batch)])
+
+
 def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
     controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(),
                                        acceptance=learned_acceptance(0.8))
     controller.draft_costs.append(0.002)
-    choices = {batch: controller.draft_length(batch) for batch in (1, 2, 4, 8, 16, 32)}
+    choices = {batch: sum(lengths_for(controller, batch)) / batch for batch in (1, 2, 4, 8, 16, 32)}
     assert choices[1] == 4 and choices[32] == 0
     assert all(choices[a] >= choices[b] for a, b in zip((1, 2, 4, 8, 16), (2, 4, 8, 16, 32)))
-    assert controller.draft_length(1) == 4  # and it returns when the batch empties
+    assert lengths_for(controller, 1) == [4]  # and it returns when the batch empties
     poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1))
     poor.draft_costs.append(0.05)  # a slow drafter that is rarely right never pays
-    assert poor.draft_length(1) == 0
+    assert lengths_for(poor, 1) == [0]
 
 
 def test_the_policy_and_the_controller_choose_with_one_cost_model():
@@ -72,14 +80,52 @@ def test_the_policy_and_the_controller_choose_with_one_cost_model():
                                  draft_cost=RunningMean(draft_seconds, 1.0))
         controller = SpeculationController("auto", gamma=4, costs=table, acceptance=acceptance,
                                            draft_cost=draft_seconds)
-        choices.append(controller.draft_length(1))
-        assert policy.next_shape().depth == choices[-1], draft_seconds
+        [choice] = lengths_for(controller, 1)
+        choices.append(choice)
+        assert policy.next_shape().depth == choice, draft_seconds
     assert choices[0] == 4 and choices[-1] == 0 and len(set(choices)) >= 3  # the cost decides
 
 
+def test_a_request_the_drafter_guesses_well_drafts_longer_than_its_neighbour():
+    """Each request's own acceptance decides its share of the batch's draft tokens: after the
+    same steps, one whose drafts were all accepted drafts gamma, one whose drafts never were
+    drafts nothing, in one batch. Mutation, checked: pooled acceptance only (every request
+    alike) gives both the same length."""
+    costs = bandwidth_bound_costs()
+    controller = SpeculationController("auto", gamma=4, costs=costs, draft_cost=0.002)
+    good, poor = Client(), Client()
+    for _ in range(40):
+        controller.observe([good, poor], 2 + 8, 0.1, 0.016, [(4, 4), (4, 0)])
+    good_length, poor_length = controller.draft_lengths([good, poor])
+    assert good_length == 4 and poor_length == 0
+    newcomer = Client()  # starts from the pooled estimates: between the two
+    assert 0 <= controller.draft_lengths([newcomer, good])[0] <= 4
+
+
+def test_where_drafting_does_not_pay_a_one_token_probe_keeps_acceptance_measured():
+    controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(),
+                                       acceptance=learned_acceptance(0.1), draft_cost=0.05, probe_every=5)
+    batch = [Client(), Client(), Client()]
+    choices = [controller.draft_lengths(batch) for _ in range(10)]
+    assert [sum(lengths) for lengths in choices] == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+
+
+def test_the_servers_choice_replaces_each_requests_policy(tiny_pair):
+    """Engine.step's draft_lengths are each request's draft length, not a cap on its policy's:
+    a fixed gamma-2 policy drafts 4 when the server says 4, and nothing when it says 0."""
+    target = load(tiny_pair["target"], dtype="float64")
+    engine = Engine(target, make_drafter("model", load(tiny_pair["perturbed"], dtype="float64")), gamma=2)
+    requests = [engine.new_request(prompt, SamplingParams(max_new_tokens=20), row=row)
+                for row, prompt in enumerate(batch_prompts(3, target.vocab_size, count=2))]
+    cache = target.new_cache(rows=2)
+    engine.prefill(requests, cache)
+    outcomes = engine.step(requests, cache, [4, 0])
+    assert [outcome.num_drafted for outcome in outcomes] == [4, 0]
+
+
 def test_on_and_off_ignore_costs():
-    assert SpeculationController("on", gamma=3).draft_length(32) == 3
-    assert SpeculationController("off", gamma=3).draft_length(1) == 0
+    assert lengths_for(SpeculationController("on", gamma=3), 32) == [3] * 32
+    assert lengths_for(SpeculationController("off", gamma=3), 1) == [0]
     with pytest.raises(ValueError, match="speculation mode"):
         SpeculationController("sometimes", gamma=3)
 

@@ -29,7 +29,7 @@ class ServerMetrics:
         self.waiting = Gauge("specdec:num_requests_waiting", "Requests waiting for a cache row", registry=r)
         self.batch_size = Histogram("specdec:batch_size", "Requests per engine step", registry=r,
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128))
-        self.draft_length = Gauge("specdec:spec_decode_draft_length", "Draft length chosen for the last step",
+        self.draft_length = Gauge("specdec:spec_decode_draft_length", "Mean draft length chosen for the last step",
                                   registry=r)
         self.drafts = Counter("specdec:spec_decode_num_drafts", "Request-steps that drafted", registry=r)
         self.draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Drafted tokens", registry=r)
@@ -73,7 +73,7 @@ class ServerMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
 
-    def observe_step(self, batch: int, draft_length: int, outcomes: Sequence[StepOutcome]) -> None:
+    def observe_step(self, batch: int, draft_length: float, outcomes: Sequence[StepOutcome]) -> None:
         self.batch_size.observe(batch)
         self.draft_length.set(draft_length)
         for outcome in outcomes:

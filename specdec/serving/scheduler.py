@@ -3,8 +3,8 @@
 One thread owns the engine and the KV cache (``max_batch`` rows). Each loop: admit waiting
 requests into free rows, feed the prompts of those still prefilling (all of them when nothing
 runs; else a chunk under a token budget, PrefillBudget, so a long prompt does not stall the
-running streams for its whole prefill), ask the controller how much to draft for this batch
-size, run one engine step for every running request, hand each request's chunk to its ``emit``
+running streams for its whole prefill), ask the controller how much each request drafts,
+run one engine step for every running request, hand each request's chunk to its ``emit``
 callback, and free the rows of finished or cancelled requests. Callers on other threads only
 submit and cancel; ``emit`` runs on the scheduler thread and must not block.
 """
@@ -111,7 +111,7 @@ class Scheduler:
         self.running: list[Ticket] = []
         # (prompt tokens fed, streams running) of the last loops that fed (bounded: a server runs for days)
         self.prefill_chunks: collections.deque[tuple[int, int]] = collections.deque(maxlen=4096)
-        self.steps: collections.Counter[tuple[int, int]] = collections.Counter()  # (batch, draft length) -> steps
+        self.steps: collections.Counter[tuple[int, float]] = collections.Counter()  # (batch, mean draft length) -> steps
         self.ids = itertools.count()
         self.wake = threading.Condition()
         self.stopping = False
@@ -209,21 +209,22 @@ class Scheduler:
         if not self.running:
             return
         batch = [ticket.request for ticket in self.running]
-        gamma = self.controller.draft_length(len(batch))
-        self.steps[len(batch), gamma] += 1
+        draft_lengths = self.controller.draft_lengths(batch)
+        self.steps[len(batch), self.controller.last_choice] += 1
         lengths = [request.length for request in batch]
         draft_before = sum(request.stats.draft_seconds for request in batch)
         started = time.perf_counter()
-        outcomes = self.engine.step(batch, self.cache, max_draft=gamma)
+        outcomes = self.engine.step(batch, self.cache, draft_lengths)
         seconds = time.perf_counter() - started
         self.prefill.observe_step(seconds)
         draft_seconds = sum(request.stats.draft_seconds for request in batch) - draft_before
-        self.controller.observe(len(batch), gamma, seconds - draft_seconds, draft_seconds,
+        self.controller.observe(batch, len(batch) + sum(o.num_drafted for o in outcomes), seconds - draft_seconds,
+                                draft_seconds,
                                 # a grammar's forced tokens are not the drafter's guesses
                                 [(0, 0) if o.forced else (o.num_drafted, o.num_accepted) for o in outcomes])
         now = time.perf_counter()
         if self.metrics is not None:
-            self.metrics.observe_step(len(batch), gamma, outcomes)
+            self.metrics.observe_step(len(batch), self.controller.last_choice, outcomes)
         for ticket, outcome, length in zip(list(self.running), outcomes, lengths):
             chunk = step_chunk(ticket.request, outcome, length, ticket.text, ticket.submitted)
             if self.metrics is not None:

@@ -1,16 +1,19 @@
 """How much to speculate for the batch at hand, from measured costs (no hand-set thresholds).
 
-A server's step runs every active request through one target forward. With b requests each
-drafting g tokens, a step costs b * g * c_draft (c_draft: per drafted token, recent steps) plus
-T(b, g + 1), the target forward over b blocks of g + 1 tokens, and emits b * E[tokens](g).
-While the batch is small the forward is bound by reading the weights and extra tokens are
-nearly free, so drafting pays; as the batch fills the forward becomes compute-bound, T grows
-with every token and speculation stops paying. The controller picks, before every step, the g
-in 0..gamma with the highest expected tokens per second: T measured at the first startup on a
-machine over a small grid of batch sizes and block lengths (kept per machine and model in the
-cache folder, so later starts take no measurement), interpolated between, and refined online
-from every step, c_draft and the acceptance
-per position (E[tokens]) learned online.
+A server's step runs every active request through one target forward. With b requests drafting
+g_1 .. g_b tokens, a step costs (sum g_r) * c_draft (c_draft: per drafted token, recent steps)
+plus T(b, 1 + mean g), the target forward over the b blocks, and emits b + the sum of each
+drafted token's reach (the chance that it and the tokens before it are accepted). While the batch
+is small the forward is bound by reading the weights and extra tokens are nearly free, so
+drafting pays; as the batch fills the forward becomes compute-bound, T grows with every token and
+speculation stops paying. Before every step the controller gives each request its draft length,
+together the highest expected tokens per second (estimates.best_draft_lengths, the cost model the
+``cost`` policy also uses): a request whose text the drafter guesses well drafts longer than one
+it does not. T is measured at the first startup on a machine over a small grid of batch sizes and
+block lengths (kept per machine and model in the cache folder, so later starts take no
+measurement), interpolated between, and refined online from every step; c_draft and the
+acceptance per position, pooled and per request, are learned online. The server's choice is the
+only one: a request's own draft-length policy is not consulted (Engine.step's draft_lengths).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import collections
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,63 +29,80 @@ import torch
 
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
-from specdec.estimates import AcceptanceByPosition, VerifyCostTable, best_chain_length, tokens_per_second
+from specdec.estimates import AcceptanceByPosition, VerifyCostTable, best_draft_lengths
 from specdec.sampling import SamplingParams
 from specdec.names import SPECULATION_MODES as MODES
 
 
 
 class SpeculationController:
-    """Chooses each step's draft length for the whole batch: ``on`` always drafts gamma, ``off``
-    never drafts, ``auto`` maximizes expected tokens per second under the measured costs."""
+    """Chooses each step's draft length for every request of the batch: ``on`` always drafts
+    gamma, ``off`` never drafts, ``auto`` maximizes the batch's expected tokens per second under
+    the measured costs (estimates.best_draft_lengths), from each request's own acceptance."""
 
     def __init__(self, mode: str, gamma: int, costs: VerifyCostTable | None = None,
-                 acceptance: AcceptanceByPosition | None = None, draft_cost: float | None = None) -> None:
+                 acceptance: AcceptanceByPosition | None = None, draft_cost: float | None = None,
+                 probe_every: int = 16) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown speculation mode {mode!r}; choose one of {', '.join(MODES)}")
         self.mode, self.gamma = mode, gamma
         self.costs = costs or VerifyCostTable()
+        # Pooled over every request: a new request's estimates start from it.
         self.acceptance = acceptance or AcceptanceByPosition(max_gamma=max(gamma, 1))
+        self.by_request: weakref.WeakKeyDictionary[object, AcceptanceByPosition] = weakref.WeakKeyDictionary()
         # Seconds per drafted token, per request: the median of recent steps, because a step now
-        # and then also feeds the draft model a backlog (a new prompt, tokens of undrafted steps).
+        # and then also feeds the drafter a backlog (a new prompt, tokens of undrafted steps).
         self.draft_costs: collections.deque[float] = collections.deque(maxlen=64)
         if draft_cost is not None:
             self.draft_costs.append(draft_cost)
-        self.last_choice = 0
+        # Where drafting does not pay, a one-token probe after this many undrafted steps keeps the
+        # acceptance measured (the text, or the load, may change).
+        self.probe_every, self.undrafted_steps = probe_every, 0
+        self.last_choice = 0.0  # the last step's mean draft length
 
     @property
     def draft_cost(self) -> float | None:
         return statistics.median(self.draft_costs) if self.draft_costs else None
 
-    def expected_rate(self, batch: int, gamma: int) -> float | None:
-        """Expected emitted tokens per second of a step of ``batch`` requests drafting gamma."""
-        return tokens_per_second(self.acceptance.expected_tokens(gamma), gamma, self.draft_cost,
-                                 self.costs.estimate(batch, gamma + 1), batch)
+    def acceptance_of(self, request: object) -> AcceptanceByPosition:
+        """``request``'s own acceptance estimates (its prior: the pooled ones)."""
+        own = self.by_request.get(request)
+        if own is None:
+            own = self.by_request[request] = AcceptanceByPosition(
+                max_gamma=self.acceptance.max_gamma, decay=self.acceptance.decay, prior=self.acceptance)
+        return own
 
-    def draft_length(self, batch: int) -> int:
+    def draft_lengths(self, requests: Sequence[object]) -> list[int]:
+        """This step's draft length for each of ``requests`` (the batch, in order)."""
         if self.mode == "off" or self.gamma == 0:
-            choice = 0
+            lengths = [0] * len(requests)
         elif self.mode == "on":
-            choice = self.gamma
+            lengths = [self.gamma] * len(requests)
         else:
-            best = best_chain_length(self.acceptance, self.draft_cost,
-                                     lambda block: self.costs.estimate(batch, block), self.gamma, batch)
+            reaches = [self.acceptance_of(request).reaches(self.gamma) for request in requests]
+            curve = self.costs.curve(len(requests))
+            best = None if curve is None else best_draft_lengths(reaches, self.draft_cost, curve, self.gamma)
             # Nothing known yet (no draft cost measured): draft, and learn what it costs.
-            choice = self.gamma if best is None else best
-        self.last_choice = choice
-        return choice
+            lengths = [self.gamma] * len(requests) if best is None else best
+            self.undrafted_steps = 0 if any(lengths) else self.undrafted_steps + 1
+            if self.undrafted_steps >= self.probe_every and requests:
+                lengths[max(range(len(requests)), key=lambda index: reaches[index][0])] = 1
+                self.undrafted_steps = 0
+        self.last_choice = sum(lengths) / max(1, len(lengths))
+        return lengths
 
-    def observe(self, batch: int, gamma: int, verify_seconds: float, draft_seconds: float,
+    def observe(self, requests: Sequence[object], tokens: int, verify_seconds: float, draft_seconds: float,
                 outcomes: Sequence[tuple[int, int]]) -> None:
-        """One step's measurements: its verify time, its total draft time, and each request's
-        (drafted, accepted)."""
-        self.costs.add(batch, gamma + 1, verify_seconds)
+        """One step's measurements: its forward's ``tokens`` (every row of every request's block),
+        its verify time, its total draft time, and each request's (drafted, accepted)."""
+        self.costs.add(len(requests), tokens / max(1, len(requests)), verify_seconds)
         drafted = sum(num_drafted for num_drafted, _ in outcomes)
         if drafted:
             self.draft_costs.append(draft_seconds / drafted)
-        for num_drafted, num_accepted in outcomes:
+        for request, (num_drafted, num_accepted) in zip(requests, outcomes, strict=True):
             if num_drafted:
                 self.acceptance.update(num_drafted, num_accepted)
+                self.acceptance_of(request).update(num_drafted, num_accepted)
 
 
 def profile_verify_costs(

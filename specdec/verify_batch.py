@@ -1,0 +1,148 @@
+"""Verification of a whole engine step in one pass over the flattened ragged batch (vLLM's shape:
+every request's drafted nodes in one tensor, with cumulative counts), instead of a call per
+request: a handful of tensor operations and one host sync for any batch size.
+
+- Greedy, chains and trees (``greedy_verify_ragged``): a node is accepted when its token is the
+  target's argmax at its parent and its parent is accepted; each request keeps its deepest
+  accepted node's path. It emits what greedy_tree_verify_tokens emits request by request.
+- Rejection sampling of chains (``rejection_sample_ragged``): the acceptance tests and the
+  residual distributions of every request at once; the random numbers come from each request's
+  own generator, drawn in the order rejection_sample draws them (its uniforms, then its final
+  token), so a request's samples are what it gets alone, whatever its neighbours.
+
+Trees under rejection sampling (recursive, sibling by sibling) and the coupled rule (noise keyed
+by position) stay with each request's rule (specdec.rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.verify import residual_distribution
+
+
+@dataclass(frozen=True)
+class RaggedDrafts:
+    """Drafts of several requests, flattened. Request r owns nodes cu_nodes[r] .. cu_nodes[r + 1]
+    and rows cu_nodes[r] + r .. cu_nodes[r + 1] + r of the target's output (its block: the last
+    context token, then its nodes)."""
+
+    tokens: torch.Tensor  # [nodes] int64
+    parents: torch.Tensor  # [nodes] int64: the parent's index within its request, -1 for the root
+    cu_nodes: torch.Tensor  # [batch + 1] int64, cumulative node counts
+    depths: torch.Tensor  # [nodes] int64: 0 for the root's children
+    max_depth: int  # the deepest node's depth + 1 (a chain's length), 0 when nothing was drafted
+
+    @staticmethod
+    def of(tokens: Sequence[torch.Tensor],  # [nodes_r] int64 each
+           parents: Sequence[Sequence[int] | None],  # each request's tree parents; None for a chain
+           device: torch.device | str = "cpu") -> RaggedDrafts:
+        counts = [piece.shape[0] for piece in tokens]
+        flat_parents: list[int] = []
+        flat_depths: list[int] = []
+        for count, tree in zip(counts, parents, strict=True):
+            tree = list(range(-1, count - 1)) if tree is None else list(tree)
+            depths: list[int] = []
+            for parent in tree:
+                depths.append(0 if parent < 0 else depths[parent] + 1)
+            flat_parents.extend(tree)
+            flat_depths.extend(depths)
+        cu_nodes = torch.tensor([0, *counts], device=device).cumsum(0)
+        flat = torch.cat(list(tokens)).to(device) if tokens else torch.zeros(0, dtype=torch.long, device=device)
+        return RaggedDrafts(flat.long(), torch.tensor(flat_parents, dtype=torch.long, device=device), cu_nodes,
+                            torch.tensor(flat_depths, dtype=torch.long, device=device), max(flat_depths, default=-1) + 1)
+
+    @property
+    def batch(self) -> int:
+        return self.cu_nodes.shape[0] - 1
+
+    def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per node: its request [nodes], its index within the request [nodes], and per request
+        the row of its block's first token in the target's output [batch]."""
+        counts = self.cu_nodes[1:] - self.cu_nodes[:-1]
+        request = torch.repeat_interleave(torch.arange(self.batch, device=counts.device), counts)
+        local = torch.arange(self.tokens.shape[0], device=counts.device) - self.cu_nodes[:-1][request]
+        return request, local, self.cu_nodes[:-1] + torch.arange(self.batch, device=counts.device)
+
+
+def greedy_verify_ragged(
+    drafts: RaggedDrafts,
+    target_tokens: torch.Tensor,  # [nodes + batch] int64: the target's argmax at each row
+) -> list[tuple[torch.Tensor, list[int]]]:  # per request: emitted [m + 1], accepted path [m] (node indices)
+    """Every request's longest drafted path that the target's argmax follows, then the target's
+    next token, in one pass. Among siblings with the same token the first counts (as request by
+    request)."""
+    request, _, block_start = drafts.layout()
+    nodes = drafts.tokens.shape[0]
+    node_index = torch.arange(nodes, device=drafts.tokens.device)
+    parent_node = torch.where(drafts.parents >= 0, drafts.cu_nodes[:-1][request] + drafts.parents, -1)  # [nodes]
+    # The row whose argmax a node must equal: its parent's (the block's first row for the root's children).
+    parent_row = block_start[request] + drafts.parents + 1  # [nodes]
+    matches = drafts.tokens == target_tokens[parent_row]
+    if nodes:  # only the first of siblings with one token may match
+        _, group = torch.unique(parent_row * (int(drafts.tokens.max()) + 1) + drafts.tokens, return_inverse=True)
+        first = torch.full((int(group.max()) + 1,), nodes, dtype=torch.long, device=group.device)
+        matches &= first.scatter_reduce(0, group, node_index, "amin")[group] == node_index
+    accepted, has_parent, safe_parent = matches, parent_node >= 0, parent_node.clamp_min(0)
+    for _ in range(max(0, drafts.max_depth - 1)):  # acceptance travels down one level a round
+        accepted = matches & (~has_parent | accepted[safe_parent])
+    # Each request's deepest accepted node (accepted nodes form one path: no two siblings match),
+    # its index kept in the score's low digits.
+    score = torch.where(accepted, (drafts.depths + 1) * (nodes + 1) + nodes - node_index, 0)  # [nodes]
+    best = torch.zeros(drafts.batch, dtype=torch.long, device=score.device).scatter_reduce(0, request, score, "amax")
+    has_path = best > 0
+    deepest = nodes - best % (nodes + 1)  # [batch], a global node index where has_path
+    final_rows = torch.where(has_path, block_start + deepest - drafts.cu_nodes[:-1] + 1, block_start)
+    # One host sync for everything the caller needs.
+    deepest_list, has_list = deepest.tolist(), has_path.tolist()
+    finals, parents, tokens = target_tokens[final_rows].tolist(), parent_node.tolist(), drafts.tokens.tolist()
+    starts = drafts.cu_nodes.tolist()
+    results = []
+    for index in range(drafts.batch):
+        path: list[int] = []
+        node = deepest_list[index] if has_list[index] else -1
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        path.reverse()
+        emitted = [tokens[node] for node in path] + [finals[index]]
+        results.append((torch.tensor(emitted, dtype=torch.long, device=drafts.tokens.device),
+                        [node - starts[index] for node in path]))
+    return results
+
+
+def rejection_sample_ragged(
+    drafts: RaggedDrafts,  # chains only
+    draft_probs: torch.Tensor,  # [nodes, vocab]: q each token was drawn from (point masses for deterministic drafts)
+    target_probs: torch.Tensor,  # [nodes + batch, vocab]
+    generators: Sequence[torch.Generator | None],  # [batch]: each request's own
+) -> list[torch.Tensor]:  # per request: emitted [n_accepted + 1] int64
+    """rejection_sample (Leviathan et al. 2023) for every request's chain at once: accept drafted
+    x with probability min(1, p(x) / q(x)) until the first rejection, then a token from
+    norm(max(0, p - q)) there, or from p after the last draft when all are accepted."""
+    request, local, block_start = drafts.layout()
+    nodes, counts = drafts.tokens.shape[0], (drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]).tolist()
+    target_probs = target_probs.to(draft_probs.dtype)
+    index = drafts.tokens[:, None]
+    p_x = target_probs[block_start[request] + local].gather(-1, index)[:, 0]  # [nodes]: row i predicts node i
+    q_x = draft_probs.gather(-1, index)[:, 0]
+    acceptance = torch.clamp(p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), max=1.0)
+    uniforms = torch.cat([torch.rand(count, generator=generator, device=draft_probs.device, dtype=draft_probs.dtype)
+                          for count, generator in zip(counts, generators, strict=True)]) if nodes else acceptance
+    rejected = torch.where(uniforms < acceptance, drafts.cu_nodes[1:][request] - drafts.cu_nodes[:-1][request], local)
+    num_accepted = (drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]).scatter_reduce(0, request, rejected, "amin")  # [batch]
+    all_accepted = num_accepted == drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]
+    # q at the first rejected position, zeros after a fully accepted chain (so the residual is p).
+    q_rows = draft_probs[(drafts.cu_nodes[:-1] + num_accepted).clamp_max(max(0, nodes - 1))] if nodes else \
+        torch.zeros(drafts.batch, target_probs.shape[1], dtype=draft_probs.dtype, device=draft_probs.device)
+    p_rows = target_probs[block_start + num_accepted]
+    final = torch.where(all_accepted[:, None], p_rows, residual_distribution(q_rows, p_rows))  # [batch, vocab]
+    results = []
+    for row, (accepted, start, generator) in enumerate(zip(num_accepted.tolist(), drafts.cu_nodes.tolist(),
+                                                            generators)):
+        final_token = torch.multinomial(final[row], 1, generator=generator)
+        results.append(torch.cat([drafts.tokens[start : start + accepted], final_token]))
+    return results

@@ -1,0 +1,104 @@
+"""The one-pass verifier of a ragged batch (specdec/verify_batch.py) against the request-by-request
+verifiers it replaces: the same tokens and paths for every request of random batches of chains
+and trees (greedy), the same samples from the same generators (rejection sampling), and the
+target's law per row of a batch (chi-square)."""
+
+import torch
+from hypothesis import given, settings, strategies as st
+from scipy.stats import chisquare
+
+from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample
+from specdec.verify_batch import RaggedDrafts, greedy_verify_ragged, rejection_sample_ragged
+
+VOCAB = 5  # small, so that drafts often match and siblings often repeat a token
+
+
+@st.composite
+def drafted_block(draw):
+    """(tokens [n], parents or None for a chain, target argmax [n + 1])."""
+    count = draw(st.integers(0, 7))
+    tree = draw(st.booleans())
+    parents = [draw(st.integers(-1, index - 1)) for index in range(count)] if tree else None
+    tokens = torch.tensor(draw(st.lists(st.integers(0, VOCAB - 1), min_size=count, max_size=count)), dtype=torch.long)
+    argmax = torch.tensor(draw(st.lists(st.integers(0, VOCAB - 1), min_size=count + 1, max_size=count + 1)))
+    return tokens, parents, argmax
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(drafted_block(), min_size=1, max_size=6))
+def test_greedy_ragged_equals_request_by_request(blocks):
+    """Every request's emitted tokens and accepted path equal greedy_verify_tokens (chains) and
+    greedy_tree_verify_tokens (trees, repeated sibling tokens included)."""
+    drafts = RaggedDrafts.of([tokens for tokens, _, _ in blocks], [parents for _, parents, _ in blocks])
+    results = greedy_verify_ragged(drafts, torch.cat([argmax for _, _, argmax in blocks]))
+    for (tokens, parents, argmax), (emitted, path) in zip(blocks, results, strict=True):
+        if parents is None:
+            assert emitted.tolist() == greedy_verify_tokens(tokens, argmax).tolist()
+            assert path == list(range(len(path)))
+        else:
+            expected, expected_path = greedy_tree_verify_tokens(tokens, parents, argmax)
+            assert (emitted.tolist(), path) == (expected.tolist(), expected_path.tolist())
+
+
+def test_greedy_ragged_follows_the_first_of_repeated_siblings():
+    """Siblings 0 and 1 both hold the target's token; 1 has a matching child, 0 none. Request by
+    request the first sibling is taken and the path ends there; so it must here (a chain beside it).
+    Mutation, checked: without the first-sibling rule the path goes on through node 1."""
+    tree = torch.tensor([2, 2, 3])
+    argmax = torch.tensor([2, 4, 3, 0])  # root -> 2; after node 0 -> 4; after node 1 -> 3; after node 2 -> 0
+    chain, chain_argmax = torch.tensor([1, 1]), torch.tensor([1, 0, 3])
+    drafts = RaggedDrafts.of([chain, tree], [None, (-1, -1, 1)])
+    (chain_emitted, _), (emitted, path) = greedy_verify_ragged(drafts, torch.cat([chain_argmax, argmax]))
+    assert (emitted.tolist(), path) == ([2, 4], [0])
+    assert chain_emitted.tolist() == [1, 0]
+
+
+def random_probs(rows: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    weights = torch.rand(rows, vocab, generator=generator, dtype=torch.float64) ** 3
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def test_rejection_ragged_draws_what_each_request_draws_alone():
+    """The same seeds give every request of a batch the tokens rejection_sample gives it alone, for
+    draft lengths 0-5 side by side, with q and with point masses. Mutation, checked: drawing
+    every request's uniforms from the first request's generator fails."""
+    source = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        counts = [trial % 6, (trial * 7) % 4, 5, 0, (trial * 3) % 6][: 1 + trial % 5]
+        vocab = 6
+        q = [random_probs(count, vocab, source) for count in counts]
+        tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
+                  for rows, count in zip(q, counts)]
+        p = [random_probs(count + 1, vocab, source) for count in counts]
+        if trial % 3 == 0:  # like p in places, so that long prefixes get accepted
+            p = [0.8 * target + 0.2 * torch.cat([rows, target[-1:]]) for rows, target in zip(q, p)]
+        point_mass = trial % 4 == 1
+        seeds = [1000 * trial + index for index in range(len(counts))]
+        alone = [rejection_sample(tokens[i], None if point_mass else q[i], p[i],
+                                  torch.Generator().manual_seed(seeds[i])).tolist() for i in range(len(counts))]
+        flat_q = torch.cat([torch.nn.functional.one_hot(t, vocab).double() if point_mass else rows
+                            for t, rows in zip(tokens, q)])
+        batched = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * len(counts)), flat_q, torch.cat(p),
+                                          [torch.Generator().manual_seed(seed) for seed in seeds])
+        assert [emitted.tolist() for emitted in batched] == alone, trial
+
+
+def test_every_row_of_a_ragged_batch_has_the_targets_law():
+    """The first emitted token of each of 3 requests (drafts of 0, 2 and 4 tokens from q != p)
+    follows that request's p, over 6000 batched steps (chi-square, p-value > 1e-3)."""
+    vocab, steps = 5, 6000
+    source = torch.Generator().manual_seed(7)
+    counts = [0, 2, 4]
+    q = [random_probs(count, vocab, source) for count in counts]
+    p = [random_probs(count + 1, vocab, source) for count in counts]
+    generators = [torch.Generator().manual_seed(seed) for seed in (11, 12, 13)]
+    firsts = torch.zeros(len(counts), vocab)
+    for _ in range(steps):
+        tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
+                  for rows, count in zip(q, counts)]
+        emitted = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * 3), torch.cat(q), torch.cat(p), generators)
+        for index, tokens_out in enumerate(emitted):
+            firsts[index, int(tokens_out[0])] += 1
+    for index in range(len(counts)):
+        expected = p[index][0].float() * steps
+        assert chisquare(firsts[index], expected / expected.sum() * steps).pvalue > 1e-3, index
