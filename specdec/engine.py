@@ -26,8 +26,8 @@ from specdec.metrics import SpecStats
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.rules import SamplingRule, make_rule
-from specdec.sampling import SamplingParams, TokenLogprob, logits_to_probs, token_logprobs
-from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens
+from specdec.sampling import SamplingParams, TokenLogprob, token_logprobs
+from specdec.verify_batch import verify_request, verify_step
 
 
 @dataclass(eq=False)  # a request is itself: two of one prompt and settings are still two
@@ -279,10 +279,9 @@ class Engine:
         logits = mask_logits(output.logits, constrained)  # [n, vocab]
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         outcomes = []
-        for request, draft, start, end in zip(requests, drafts, attention.offsets, attention.offsets[1:]):
-            emitted, path = self.verify(
-                request, draft, logits[start:end], None if argmax is None else argmax[start:end]
-            )
+        verdicts = verify_step(requests, drafts, logits, argmax, attention.offsets, self.verify, self.one_pass_verify)
+        for request, draft, start, (emitted, path) in zip(requests, drafts, attention.offsets[:-1], verdicts,
+                                                          strict=True):
             # Keep the entries of the last context token and the accepted drafts.
             if path is None:
                 kept = list(range(emitted.shape[0]))
@@ -345,23 +344,8 @@ class Engine:
         ends = [index for index, token in enumerate(tokens) if token in self.target.eos_token_ids]
         return tokens[: ends[0] + 1] if ends else tokens
 
-    @staticmethod
-    def verify(
-        request: Request,
-        draft: Draft,
-        target_logits: torch.Tensor,  # [gamma + 1, vocab]: after the last context token, after each draft node
-        target_argmax: torch.Tensor | None,  # [gamma + 1], when greedy
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # emitted [m + 1], accepted tree path [m] (None: a chain)
-        if request.sampling.greedy:
-            assert target_argmax is not None  # the engine takes it whenever a request is greedy
-            if draft.parents is None:
-                return greedy_verify_tokens(draft.tokens, target_argmax), None
-            return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)
-        target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
-        if draft.parents is None:  # row i of target_probs draws output position length + i
-            return request.rule.verify_chain(draft.tokens, draft.probs, target_probs, request.length), None
-        positions = [request.length + depth for depth in block_depths(draft)]
-        return request.rule.verify_tree(draft.tokens, draft.parents, draft.probs, target_probs, positions)
+    verify = staticmethod(verify_request)  # one request's verdict (RecordingEngine records through it)
+    one_pass_verify = True  # a step's greedy requests and sampled chains in one pass (verify_batch.verify_step)
 
     def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         """Append the emitted tokens and tell the drafter, the policy and the stats."""

@@ -10,18 +10,29 @@ request: a handful of tensor operations and one host sync for any batch size.
   own generator, drawn in the order rejection_sample draws them (its uniforms, then its final
   token), so a request's samples are what it gets alone, whatever its neighbours.
 
-Trees under rejection sampling (recursive, sibling by sibling) and the coupled rule (noise keyed
-by position) stay with each request's rule (specdec.rules).
+``verify_step`` sorts an engine step's requests into those passes. Trees under rejection sampling
+(recursive, sibling by sibling) and the coupled rule (noise keyed by position) stay with each
+request's rule (specdec.rules: ``ragged_chains`` says which rule's chains join the pass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.verify import residual_distribution
+from specdec.sampling import logits_to_probs
+from specdec.drafting.base import block_depths
+from specdec.verify import (greedy_tree_verify_tokens, greedy_verify_tokens, point_mass_probs,
+                            residual_distribution)
+
+if TYPE_CHECKING:
+    from specdec.drafting.base import Draft
+    from specdec.engine import Request
+
+Verdict = tuple[torch.Tensor, torch.Tensor | None]  # emitted [m + 1], a tree's accepted path [m] (None: a chain)
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,8 @@ class RaggedDrafts:
         cu_nodes = torch.tensor([0, *counts], device=device).cumsum(0)
         flat = torch.cat(list(tokens)).to(device) if tokens else torch.zeros(0, dtype=torch.long, device=device)
         return RaggedDrafts(flat.long(), torch.tensor(flat_parents, dtype=torch.long, device=device), cu_nodes,
-                            torch.tensor(flat_depths, dtype=torch.long, device=device), max(flat_depths, default=-1) + 1)
+                            torch.tensor(flat_depths, dtype=torch.long, device=device),
+                            max(flat_depths, default=-1) + 1)
 
     @property
     def batch(self) -> int:
@@ -146,3 +158,76 @@ def rejection_sample_ragged(
         final_token = torch.multinomial(final[row], 1, generator=generator)
         results.append(torch.cat([drafts.tokens[start : start + accepted], final_token]))
     return results
+
+
+def draft_probs_of(draft: Draft, target_probs: torch.Tensor) -> torch.Tensor:  # [nodes, vocab]
+    """q of a chain's tokens: its own, or point masses (a deterministic drafter) in p's precision."""
+    if draft.probs is None:
+        return point_mass_probs(draft.tokens, target_probs.shape[1]).to(target_probs.dtype)
+    return draft.probs[: draft.num_nodes]
+
+
+def verify_request(
+    request: Request,
+    draft: Draft,
+    target_logits: torch.Tensor,  # [gamma + 1, vocab]: after the last context token, after each draft node
+    target_argmax: torch.Tensor | None,  # [gamma + 1], when greedy
+) -> Verdict:
+    """One request's verdict, by its sampling rule."""
+    if request.sampling.greedy:
+        assert target_argmax is not None  # the engine takes it whenever a request is greedy
+        if draft.parents is None:
+            return greedy_verify_tokens(draft.tokens, target_argmax), None
+        return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)
+    target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
+    if draft.parents is None:  # row i of target_probs draws output position length + i
+        return request.rule.verify_chain(draft.tokens, draft.probs, target_probs, request.length), None
+    positions = [request.length + depth for depth in block_depths(draft)]
+    return request.rule.verify_tree(draft.tokens, draft.parents, draft.probs, target_probs, positions)
+
+
+def verify_step(
+    requests: Sequence[Request],
+    drafts: Sequence[Draft],
+    logits: torch.Tensor,  # [rows, vocab]: the step's target logits, every request's block
+    argmax: torch.Tensor | None,  # [rows], taken when any request is greedy
+    offsets: Sequence[int],  # [batch + 1]: request r's block is rows offsets[r] .. offsets[r + 1]
+    verify_one: Callable[[Request, Draft, torch.Tensor, torch.Tensor | None], Verdict] = verify_request,
+    one_pass: bool = True,
+) -> list[Verdict]:
+    """Each request's verdict: greedy requests (chains and trees) in one pass, sampled chains of a
+    rule that allows it in one pass per sampling setting (the target's probabilities are computed
+    for all their rows at once), the rest by ``verify_one``, request by request (all of them
+    without ``one_pass``)."""
+    verdicts: list[Verdict | None] = [None] * len(requests)
+    device = logits.device
+
+    def rows_of(indices: list[int]) -> torch.Tensor:  # [rows of those requests' blocks]
+        return torch.cat([torch.arange(offsets[i], offsets[i + 1], device=device) for i in indices])
+
+    greedy = [i for i, request in enumerate(requests) if request.sampling.greedy and one_pass]
+    if greedy:
+        assert argmax is not None  # taken whenever a request is greedy
+        ragged = RaggedDrafts.of([drafts[i].tokens for i in greedy], [drafts[i].parents for i in greedy], device)
+        for i, (emitted, path) in zip(greedy, greedy_verify_ragged(ragged, argmax[rows_of(greedy)])):
+            verdicts[i] = emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long)
+    groups: dict[tuple, list[int]] = {}
+    for i, (request, draft) in enumerate(zip(requests, drafts)):
+        if one_pass and not request.sampling.greedy and request.rule.ragged_chains and draft.parents is None:
+            sampling = request.sampling
+            # q's precision is the arithmetic's (rejection_sample's); point masses take p's (float32).
+            precision = torch.float32 if draft.probs is None else draft.probs.dtype
+            key = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, precision)
+            groups.setdefault(key, []).append(i)
+    for group in groups.values():
+        target_probs = logits_to_probs(logits[rows_of(group)], requests[group[0]].sampling)  # [rows, vocab]
+        draft_probs = torch.cat([draft_probs_of(drafts[i], target_probs) for i in group])
+        ragged = RaggedDrafts.of([drafts[i].tokens for i in group], [None] * len(group), device)
+        for i, emitted in zip(group, rejection_sample_ragged(ragged, draft_probs, target_probs,
+                                                             [requests[i].generator for i in group])):
+            verdicts[i] = emitted, None
+    for i, (request, draft) in enumerate(zip(requests, drafts)):
+        if verdicts[i] is None:
+            start, end = offsets[i], offsets[i + 1]
+            verdicts[i] = verify_one(request, draft, logits[start:end], None if argmax is None else argmax[start:end])
+    return [verdict for verdict in verdicts if verdict is not None]

@@ -75,13 +75,16 @@ def test_batched_greedy_on_the_bundled_pair():
     assert [r.text for r in together] == [r.text for r in alone]
 
 
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram", "staged"])
-def test_per_request_seeds_give_the_same_samples_alone_and_in_any_batch(drafter_kind):
+def test_per_request_seeds_give_the_same_samples_alone_and_in_any_batch(drafter_kind, rule):
+    """Rejection-sampled chains are verified in one pass over the batch (verify_batch.py), each
+    with its own generator; coupled ones request by request."""
     target = table_model(6, seed=100)
     decoder = SpeculativeDecoder(target, table_drafter(drafter_kind, 6), gamma=3)
     prompts = [[start, *PROMPT] for start in range(5)]
-    samplings = [SamplingParams(temperature=1.0, seed=40 + i, max_new_tokens=12 + i, top_k=4 * (i % 2))
-                 for i in range(5)]
+    samplings = [SamplingParams(temperature=1.0, seed=40 + i, max_new_tokens=12 + i, top_k=4 * (i % 2),
+                                sampling_rule=rule) for i in range(5)]
     alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings)]
     assert len(set(map(tuple, alone))) > 1
     together = [r.token_ids for r in decoder.generate(prompts, samplings)]
@@ -92,8 +95,10 @@ def test_per_request_seeds_give_the_same_samples_alone_and_in_any_batch(drafter_
 
 
 @pytest.mark.slow
-def test_law_of_every_row_of_a_batch():
-    """Chi-square per row: 4 rows with different prompts and sampling, decoded together."""
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_law_of_every_row_of_a_batch(rule):
+    """Chi-square per row: 4 rows with different prompts and sampling, decoded together (with the
+    rejection rule the batch's chains are verified in one pass)."""
     vocab, length, samples = 6, 3, 6000
     target = table_model(vocab, seed=100)
     decoder = SpeculativeDecoder(target, table_drafter("model", vocab), gamma=2)
@@ -102,7 +107,8 @@ def test_law_of_every_row_of_a_batch():
     laws = [exact_sequence_law(target, p, length, s) for p, s in zip(prompts, cases)]
     counts = [dict.fromkeys(law, 0) for law in laws]
     for seed in range(samples):
-        samplings = [dataclasses.replace(s, seed=seed * 4 + row, max_new_tokens=length) for row, s in enumerate(cases)]
+        samplings = [dataclasses.replace(s, seed=seed * 4 + row, max_new_tokens=length, sampling_rule=rule)
+                     for row, s in enumerate(cases)]
         for row, result in enumerate(decoder.generate(prompts, samplings)):
             counts[row][tuple(result.token_ids)] += 1
     for row, (law, count) in enumerate(zip(laws, counts)):
@@ -230,3 +236,28 @@ def test_logprobs_are_the_targets_own_whatever_drafted_them(tiny_pair, temperatu
         assert [r.logprobs for r in together] == [r.logprobs for r in plain]
         assert kind == "ngram" or sum(r.stats.accepted for r in together) > 0  # verify blocks of several tokens
         assert decoder.generate(prompts[1], samplings[1]).logprobs == plain[1].logprobs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("kind", ["model", "tree"])
+def test_a_step_verifies_its_batch_in_one_pass(tiny_pair, monkeypatch, kind, temperature):
+    """Greedy chains and trees, and rejection-sampled chains, of 5 requests are verified without a
+    call per request (Engine.verify is the per-request path: sampled trees, the coupled rule), and
+    the texts are what each request gets alone. Mutation, checked: routing every request to
+    Engine.verify fails the count."""
+    from specdec.engine import Engine
+
+    target = load(tiny_pair["target"], dtype="float64")
+    drafter = make_drafter(kind, load(tiny_pair["perturbed"], dtype="float64"), tree_budget=6)
+    prompts = [[(5 * i + 3 * j) % target.vocab_size for j in range(4 + i)] for i in range(5)]
+    samplings = [SamplingParams(temperature=temperature, seed=i, sampling_rule="rejection", max_new_tokens=10)
+                 for i in range(5)]
+    decoder = SpeculativeDecoder(target, drafter, gamma=3)
+    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings)]
+    calls = []
+    per_request = Engine.verify
+    monkeypatch.setattr(Engine, "verify", staticmethod(lambda *args: calls.append(1) or per_request(*args)))
+    together = [result.token_ids for result in decoder.generate(prompts, samplings)]
+    assert together == alone
+    sampled_trees = kind == "tree" and temperature > 0
+    assert (len(calls) > 0) == sampled_trees

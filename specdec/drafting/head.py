@@ -173,13 +173,15 @@ class DraftHead(nn.Module):
         positions: torch.Tensor,  # [n] int64
         cache: KVCache,
         attention: Attention,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # draft logits [n, draft_vocab], output features [n, hidden]
+        logit_rows: torch.Tensor | None = None,  # [k] int64: the rows whose logits are wanted (None: all)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # draft logits [n or k, draft_vocab], output features [n, hidden]
         """Score a ragged block as the target's forward does (models/base.py): chains or trees,
         written past each row's committed length and not committed. Where the attention asks for
         batch invariance, each row gets what it gets alone, in any batch: float linears in calls of
         DEFAULT_FIXED_ROWS rows and attention per query after a row's first entries (the
         target's own scheme, transformer.make_batch_invariant), so that a request's drafts never
-        depend on the requests drafting beside it."""
+        depend on the requests drafting beside it. ``logit_rows``: the LM head runs on those rows
+        only (feeding a backlog wants the last row's), each row's logits what they are among all."""
         cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
         fixed_rows = self.fixed_rows(attention.batch_invariant)
         plan = plan_attention(attention, positions, cache, {None}, per_query=attention.batch_invariant)
@@ -188,7 +190,9 @@ class DraftHead(nn.Module):
         embeds, features, cos, sin = (pad_rows(x, fixed_rows) for x in (embeds, features.to(self.dtype), cos, sin))
         out = self.midlayer(embeds, features, cos, sin, plan, cache, fixed_rows)
         count = tokens.shape[0]
-        return project(self.lm_head, self.norm(out), fixed_rows)[:count], out[:count]
+        out = out[:count]
+        scored = out if logit_rows is None else out[logit_rows]
+        return project(self.lm_head, pad_rows(self.norm(scored), fixed_rows), fixed_rows)[: scored.shape[0]], out
 
 
 def pad_rows(x: torch.Tensor, fixed_rows: int | None) -> torch.Tensor:  # [n, ...] -> [n + padding, ...]

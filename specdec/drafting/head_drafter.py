@@ -90,13 +90,14 @@ class HeadDrafter(BaseDrafter):
         positions = torch.cat([torch.arange(state.fed, state.fed + block.shape[0], device=block.device)
                                for state, block in zip(feeding, blocks)])
         attention = Attention(tuple(Segment(state.row, block.shape[0]) for state, block in zip(feeding, blocks)))
+        last_rows = torch.tensor(attention.offsets[1:], device=self.device) - 1  # only they are drafted from
         logits, features = self.head(torch.cat(blocks), self.head.fuse(hidden, batch_invariant=True), positions,
-                                     self.cache, attention)
-        for state, block, end in zip(feeding, blocks, attention.offsets[1:]):
+                                     self.cache, attention, logit_rows=last_rows)
+        for index, (state, block, end) in enumerate(zip(feeding, blocks, attention.offsets[1:])):
             self.cache.commit(state.row, block.shape[0])
             state.fed += block.shape[0]
             state.pending_tokens, state.pending_hidden = [], []
-            state.root_logits, state.root_features = self.to_target(logits[end - 1 : end]), features[end - 1 : end]
+            state.root_logits, state.root_features = self.to_target(logits[index : index + 1]), features[end - 1 : end]
 
     def drafting(self, requests: Sequence[DraftRequest], gammas: Sequence[int],
                  budget: int | None = None) -> list[tuple[int, int]]:

@@ -82,6 +82,8 @@ def verify_mask(draft: Draft) -> torch.Tensor:  # [gamma + 1, gamma + 1] bool
 class RecordingEngine(Engine):
     """The engine, keeping a StepRecord per step (for a single request)."""
 
+    one_pass_verify = False  # every verdict goes through verify, which records it
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.records: list[StepRecord] = []

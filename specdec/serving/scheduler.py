@@ -111,7 +111,8 @@ class Scheduler:
         self.running: list[Ticket] = []
         # (prompt tokens fed, streams running) of the last loops that fed (bounded: a server runs for days)
         self.prefill_chunks: collections.deque[tuple[int, int]] = collections.deque(maxlen=4096)
-        self.steps: collections.Counter[tuple[int, float]] = collections.Counter()  # (batch, mean draft length) -> steps
+        # (batch, mean draft length) -> steps
+        self.steps: collections.Counter[tuple[int, float]] = collections.Counter()
         self.ids = itertools.count()
         self.wake = threading.Condition()
         self.stopping = False
