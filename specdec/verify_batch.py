@@ -1,10 +1,10 @@
 """Verification of a whole engine step in one pass over the flattened ragged batch (vLLM's shape:
 every request's drafted nodes in one tensor, with cumulative counts), instead of a call per
-request: a handful of tensor operations and one host sync for any batch size.
+request: one host sync for any batch size.
 
-- Greedy, chains and trees (``greedy_verify_ragged``): a node is accepted when its token is the
-  target's argmax at its parent and its parent is accepted; each request keeps its deepest
-  accepted node's path. It emits what greedy_tree_verify_tokens emits request by request.
+- Greedy, chains and trees (``greedy_verify_ragged``): the batch's tokens and the target's argmax
+  go to the host once, and each request's path is walked there. It emits what
+  greedy_tree_verify_tokens emits request by request.
 - Rejection sampling of chains (``rejection_sample_ragged``): the acceptance tests and the
   residual distributions of every request at once; the random numbers come from each request's
   own generator, drawn in the order rejection_sample draws them (its uniforms, then its final
@@ -44,28 +44,17 @@ class RaggedDrafts:
     tokens: torch.Tensor  # [nodes] int64
     parents: torch.Tensor  # [nodes] int64: the parent's index within its request, -1 for the root
     cu_nodes: torch.Tensor  # [batch + 1] int64, cumulative node counts
-    depths: torch.Tensor  # [nodes] int64: 0 for the root's children
-    max_depth: int  # the deepest node's depth + 1 (a chain's length), 0 when nothing was drafted
 
     @staticmethod
     def of(tokens: Sequence[torch.Tensor],  # [nodes_r] int64 each
            parents: Sequence[Sequence[int] | None],  # each request's tree parents; None for a chain
            device: torch.device | str = "cpu") -> RaggedDrafts:
         counts = [piece.shape[0] for piece in tokens]
-        flat_parents: list[int] = []
-        flat_depths: list[int] = []
-        for count, tree in zip(counts, parents, strict=True):
-            tree = list(range(-1, count - 1)) if tree is None else list(tree)
-            depths: list[int] = []
-            for parent in tree:
-                depths.append(0 if parent < 0 else depths[parent] + 1)
-            flat_parents.extend(tree)
-            flat_depths.extend(depths)
+        flat_parents = [parent for count, tree in zip(counts, parents, strict=True)
+                        for parent in (range(-1, count - 1) if tree is None else tree)]
         cu_nodes = torch.tensor([0, *counts], device=device).cumsum(0)
         flat = torch.cat(list(tokens)).to(device) if tokens else torch.zeros(0, dtype=torch.long, device=device)
-        return RaggedDrafts(flat.long(), torch.tensor(flat_parents, dtype=torch.long, device=device), cu_nodes,
-                            torch.tensor(flat_depths, dtype=torch.long, device=device),
-                            max(flat_depths, default=-1) + 1)
+        return RaggedDrafts(flat.long(), torch.tensor(flat_parents, dtype=torch.long, device=device), cu_nodes)
 
     @property
     def batch(self) -> int:
@@ -81,49 +70,35 @@ class RaggedDrafts:
 
 
 def greedy_verify_ragged(
-    drafts: RaggedDrafts,
-    target_tokens: torch.Tensor,  # [nodes + batch] int64: the target's argmax at each row
+    draft_tokens: Sequence[torch.Tensor],  # [nodes_r] int64 per request
+    parents: Sequence[Sequence[int] | None],  # each request's tree parents (-1: the root); None for a chain
+    target_tokens: torch.Tensor,  # [rows] int64: the target's argmax at each row of the step
+    offsets: Sequence[int],  # [batch + 1]: request r's block is rows offsets[r] .. offsets[r] + nodes_r + 1
 ) -> list[tuple[torch.Tensor, list[int]]]:  # per request: emitted [m + 1], accepted path [m] (node indices)
-    """Every request's longest drafted path that the target's argmax follows, then the target's
-    next token, in one pass. Among siblings with the same token the first counts (as request by
-    request)."""
-    request, _, block_start = drafts.layout()
-    nodes = drafts.tokens.shape[0]
-    node_index = torch.arange(nodes, device=drafts.tokens.device)
-    parent_node = torch.where(drafts.parents >= 0, drafts.cu_nodes[:-1][request] + drafts.parents, -1)  # [nodes]
-    # The row whose argmax a node must equal: its parent's (the block's first row for the root's children).
-    parent_row = block_start[request] + drafts.parents + 1  # [nodes]
-    matches = drafts.tokens == target_tokens[parent_row]
-    if nodes:  # only the first of siblings with one token may match
-        _, group = torch.unique(parent_row * (int(drafts.tokens.max()) + 1) + drafts.tokens, return_inverse=True)
-        first = torch.full((int(group.max()) + 1,), nodes, dtype=torch.long, device=group.device)
-        matches &= first.scatter_reduce(0, group, node_index, "amin")[group] == node_index
-    accepted, has_parent, safe_parent = matches, parent_node >= 0, parent_node.clamp_min(0)
-    for _ in range(max(0, drafts.max_depth - 1)):  # acceptance travels down one level a round
-        accepted = matches & (~has_parent | accepted[safe_parent])
-    # Each request's deepest accepted node (accepted nodes form one path: no two siblings match),
-    # its index kept in the score's low digits.
-    score = torch.where(accepted, (drafts.depths + 1) * (nodes + 1) + nodes - node_index, 0)  # [nodes]
-    best = torch.zeros(drafts.batch, dtype=torch.long, device=score.device).scatter_reduce(0, request, score, "amax")
-    has_path = best > 0
-    deepest = nodes - best % (nodes + 1)  # [batch], a global node index where has_path
-    final_rows = torch.where(has_path, block_start + deepest - drafts.cu_nodes[:-1] + 1, block_start)
-    # One host sync for everything the caller needs.
-    deepest_list, has_list = deepest.tolist(), has_path.tolist()
-    finals, parents, tokens = target_tokens[final_rows].tolist(), parent_node.tolist(), drafts.tokens.tolist()
-    starts = drafts.cu_nodes.tolist()
-    results = []
-    for index in range(drafts.batch):
-        path: list[int] = []
-        node = deepest_list[index] if has_list[index] else -1
-        while node >= 0:
-            path.append(node)
-            node = parents[node]
-        path.reverse()
-        emitted = [tokens[node] for node in path] + [finals[index]]
-        results.append((torch.tensor(emitted, dtype=torch.long, device=drafts.tokens.device),
-                        [node - starts[index] for node in path]))
-    return results
+    """Every request's longest drafted path that the target's argmax follows (the first matching
+    child at each node, as greedy_tree_verify_tokens), then the target's next token: one transfer
+    of the batch's tokens to the host and a walk over them, then one tensor of every emitted token.
+    (Measured on 2 CPU cores, tensor operations for the walk cost more than it: a few dozen small
+    ops against a few hundred integer comparisons; the host sync is the one any step makes.)"""
+    device = target_tokens.device
+    counts = [piece.shape[0] for piece in draft_tokens]
+    flat_drafts = torch.cat(list(draft_tokens)).tolist() if draft_tokens else []
+    best = target_tokens.tolist()
+    paths, emitted, start = [], [], 0
+    for count, tree, first_row in zip(counts, parents, offsets, strict=False):
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(range(-1, count - 1) if tree is None else tree):
+            children.setdefault(parent, []).append(node)
+        node, path = -1, []
+        while (match := next((child for child in children.get(node, ())
+                              if flat_drafts[start + child] == best[first_row + node + 1]), None)) is not None:
+            path.append(match)
+            node = match
+        paths.append(path)
+        emitted.append([flat_drafts[start + node] for node in path] + [best[first_row + node + 1]])
+        start += count
+    flat = torch.tensor([token for tokens_out in emitted for token in tokens_out], dtype=torch.long, device=device)
+    return list(zip(flat.split([len(tokens_out) for tokens_out in emitted]), paths))
 
 
 def rejection_sample_ragged(
@@ -208,8 +183,9 @@ def verify_step(
     greedy = [i for i, request in enumerate(requests) if request.sampling.greedy and one_pass]
     if greedy:
         assert argmax is not None  # taken whenever a request is greedy
-        ragged = RaggedDrafts.of([drafts[i].tokens for i in greedy], [drafts[i].parents for i in greedy], device)
-        for i, (emitted, path) in zip(greedy, greedy_verify_ragged(ragged, argmax[rows_of(greedy)])):
+        for i, (emitted, path) in zip(greedy, greedy_verify_ragged([drafts[i].tokens for i in greedy],
+                                                                   [drafts[i].parents for i in greedy], argmax,
+                                                                   [offsets[i] for i in greedy])):
             verdicts[i] = emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long)
     groups: dict[tuple, list[int]] = {}
     for i, (request, draft) in enumerate(zip(requests, drafts)):
@@ -220,6 +196,8 @@ def verify_step(
             key = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, precision)
             groups.setdefault(key, []).append(i)
     for group in groups.values():
+        if len(group) == 1:  # alone, the per-request path is the same verdict with fewer operations
+            continue
         target_probs = logits_to_probs(logits[rows_of(group)], requests[group[0]].sampling)  # [rows, vocab]
         draft_probs = torch.cat([draft_probs_of(drafts[i], target_probs) for i in group])
         ragged = RaggedDrafts.of([drafts[i].tokens for i in group], [None] * len(group), device)

@@ -29,8 +29,11 @@ def drafted_block(draw):
 def test_greedy_ragged_equals_request_by_request(blocks):
     """Every request's emitted tokens and accepted path equal greedy_verify_tokens (chains) and
     greedy_tree_verify_tokens (trees, repeated sibling tokens included)."""
-    drafts = RaggedDrafts.of([tokens for tokens, _, _ in blocks], [parents for _, parents, _ in blocks])
-    results = greedy_verify_ragged(drafts, torch.cat([argmax for _, _, argmax in blocks]))
+    offsets = [0]
+    for tokens, _, _ in blocks:
+        offsets.append(offsets[-1] + tokens.shape[0] + 1)
+    results = greedy_verify_ragged([tokens for tokens, _, _ in blocks], [parents for _, parents, _ in blocks],
+                                   torch.cat([argmax for _, _, argmax in blocks]), offsets)
     for (tokens, parents, argmax), (emitted, path) in zip(blocks, results, strict=True):
         if parents is None:
             assert emitted.tolist() == greedy_verify_tokens(tokens, argmax).tolist()
@@ -43,12 +46,12 @@ def test_greedy_ragged_equals_request_by_request(blocks):
 def test_greedy_ragged_follows_the_first_of_repeated_siblings():
     """Siblings 0 and 1 both hold the target's token; 1 has a matching child, 0 none. Request by
     request the first sibling is taken and the path ends there; so it must here (a chain beside it).
-    Mutation, checked: without the first-sibling rule the path goes on through node 1."""
+    (A vectorized version of this pass once missed it: its deepest accepted node went through node 1.)"""
     tree = torch.tensor([2, 2, 3])
     argmax = torch.tensor([2, 4, 3, 0])  # root -> 2; after node 0 -> 4; after node 1 -> 3; after node 2 -> 0
     chain, chain_argmax = torch.tensor([1, 1]), torch.tensor([1, 0, 3])
-    drafts = RaggedDrafts.of([chain, tree], [None, (-1, -1, 1)])
-    (chain_emitted, _), (emitted, path) = greedy_verify_ragged(drafts, torch.cat([chain_argmax, argmax]))
+    (chain_emitted, _), (emitted, path) = greedy_verify_ragged([chain, tree], [None, (-1, -1, 1)],
+                                                               torch.cat([chain_argmax, argmax]), [0, 3, 7])
     assert (emitted.tolist(), path) == ([2, 4], [0])
     assert chain_emitted.tolist() == [1, 0]
 
