@@ -235,7 +235,7 @@ class VerifyCostTable:
 def tokens_per_second(expected_tokens: float, depth: float, draft_seconds: float | None,
                       verify_seconds: float | None, batch: int = 1) -> float | None:
     """The cost model: expected tokens per second of a step of ``batch`` requests, each drafting
-    ``depth`` levels at ``draft_seconds`` per level (drafting runs request by request) and
+    ``depth`` levels (a mean, when their drafts differ) at ``draft_seconds`` per drafted token and
     verified in one forward of ``verify_seconds``. None while a cost it needs is unknown."""
     if verify_seconds is None or (depth > 0 and draft_seconds is None):
         return None
