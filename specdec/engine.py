@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -294,11 +294,12 @@ class Engine:
                 request.logprobs += token_logprobs(output.logits[[start + k for k in kept]], emitted,
                                                    request.sampling.logprobs)
             outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache,
-                                        draft.forced))
+                                        draft.forced, draft.drafter))
             if request.matcher is not None:
                 request.matcher.consume(self.through_eos(emitted.tolist()))
                 request.stats.grammar_seconds += request.matcher.take_seconds()
         verify_seconds = time.perf_counter() - drafted_at
+        outcomes = [replace(outcome, verify_seconds=verify_seconds) for outcome in outcomes]
         for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
             self.advance(request, outcome, seconds, verify_seconds)
             self.check_finished(request, outcome)
@@ -364,7 +365,7 @@ class Engine:
         if outcome.forced:
             request.stats.observe_forced(outcome.num_accepted)
         else:
-            request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths)
+            request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths, outcome.drafter)
         if outcome.from_cache is not None:
             request.stats.observe_cache(sum(outcome.from_cache), outcome.accepted_from_cache)
         request.stats.draft_seconds += draft_seconds

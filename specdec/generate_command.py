@@ -134,6 +134,7 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
             if stats.source_drafted
             else []
         ),
+        *([("drafted by (auto's choice)", stats.drafter_summary())] if stats.by_drafter else []),
         *(
             [("from earlier requests (cache)", f"{stats.accepted_from_cache} accepted of {stats.drafted_from_cache} "
                                                "drafted")]

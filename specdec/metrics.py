@@ -31,15 +31,24 @@ class SpecStats:
     forced_tokens: int = 0
     # in the grammar engine: masks along each draft, forced tokens, advancing (inside draft / verify seconds)
     grammar_seconds: float = 0.0
+    # An auto drafter's choices: candidate name ("none": no draft) -> [steps, drafted, accepted]
+    by_drafter: dict[str, list[int]] = field(default_factory=dict)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification
     total_seconds: float = 0.0
 
-    def observe(self, num_drafted: int, num_accepted: int, tree_widths: list[int] | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, tree_widths: list[int] | None = None,
+                drafter: str | None = None) -> None:
         """Record one speculative step (for a tree: num_drafted nodes, tree_widths[d] of them at
-        depth d, and num_accepted the length of the accepted path)."""
+        depth d, and num_accepted the length of the accepted path; ``drafter``: which of an auto
+        drafter's candidates drafted it)."""
         self.target_forwards += 1
+        if drafter is not None:
+            counts = self.by_drafter.setdefault(drafter, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += num_drafted
+            counts[2] += num_accepted
         self.drafted += num_drafted
         self.accepted += num_accepted
         depth = num_drafted if tree_widths is None else len(tree_widths)
@@ -86,6 +95,12 @@ class SpecStats:
         """Mean number of tree nodes at each depth, over the steps that reached it."""
         return [n / d if d else 0.0 for n, d in zip(self.tree_nodes_at, self.drafted_at)]
 
+    def drafter_summary(self) -> str:
+        """The auto drafter's choices in words: "suffix 12 steps (30/41 accepted), none 3 steps"."""
+        return ", ".join(f"{name} {steps} steps" + (f" ({accepted}/{drafted} accepted)" if drafted else "")
+                         for name, (steps, drafted, accepted) in sorted(self.by_drafter.items(),
+                                                                        key=lambda item: -item[1][0]))
+
     @property
     def other_seconds(self) -> float:
         return max(0.0, self.total_seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
@@ -100,7 +115,11 @@ class SpecStats:
         merged = SpecStats()
         for name, value in asdict(self).items():
             theirs = getattr(other, name)
-            if isinstance(value, list):
+            if isinstance(value, dict):
+                value = {name: [a + b for a, b in zip(value.get(name, [0, 0, 0]), theirs.get(name, [0, 0, 0]))]
+                         for name in {**value, **theirs}}
+                setattr(merged, name, value)
+            elif isinstance(value, list):
                 size = max(len(value), len(theirs))
                 value = [(value + [0] * size)[i] + (theirs + [0] * size)[i] for i in range(size)]
                 setattr(merged, name, value)

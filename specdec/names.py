@@ -3,7 +3,7 @@ parser is built from these, so `specdec --help` and argument errors answer at on
 that implement each name import them from here."""
 
 SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules
-DRAFTERS = ("model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
+DRAFTERS = ("auto", "model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
             "suffix-tree", "ngram-edit")  # specdec.drafting
 # what --tree turns a chain drafter into
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree",
@@ -23,7 +23,21 @@ def base_kinds(spec: str) -> list[str]:
         else:
             kinds.append(kind)
     return kinds
-POLICIES = ("fixed", "heuristic", "threshold", "cost")  # specdec.policy
+POLICIES = ("fixed", "heuristic", "threshold", "cost", "auto")  # specdec.policy
+# "auto" drafts with every drafter available and chooses each step's draft and length itself
+# (specdec.drafting.auto): its policy only caps the length, at this many tokens unless --gamma says.
+AUTO = "auto"
+AUTO_GAMMA, GAMMA = 12, 4
+
+
+def default_policy(drafter: str) -> str:
+    """The policy a drafter runs with when none is named: auto's own choice, else a fixed length."""
+    return AUTO if drafter == AUTO else "fixed"
+
+
+def default_gamma(policy: str | None) -> int:
+    """--gamma when unset: a cap for the auto policy, the draft length for the others."""
+    return AUTO_GAMMA if policy == AUTO else GAMMA
 TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation

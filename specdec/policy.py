@@ -68,6 +68,13 @@ class FixedPolicy:
         """A fixed gamma learns nothing."""
 
 
+class DrafterChoosesPolicy(FixedPolicy):
+    """For the auto drafter, which chooses each step's draft and its length itself (from measured
+    acceptance and costs, specdec.drafting.auto): the policy only caps the length at gamma."""
+
+    name = "auto"
+
+
 class HeuristicPolicy(FixedPolicy):
     """+2 after a step whose drafts were all accepted, -1 otherwise (transformers' "heuristic")."""
 
@@ -253,4 +260,6 @@ def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
         return CostModelPolicy(gamma=gamma)
     if name == "tree-cost":
         return TreeCostPolicy(gamma)
+    if name == "auto":
+        return DrafterChoosesPolicy(gamma)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES + TREE_POLICIES)}")

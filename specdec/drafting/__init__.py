@@ -1,6 +1,7 @@
 from pathlib import Path
 from typing import cast
 
+from specdec.drafting.auto import AutoDrafter
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.edits import EditingNGramDrafter
 from specdec.drafting.head import DraftHead
@@ -16,7 +17,10 @@ from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 from specdec.models.base import LanguageModel
 
-from specdec.names import DRAFTERS, SUFFIX_FIRST, TREE_KINDS, base_kinds
+from specdec.names import AUTO, DRAFTERS, SUFFIX_FIRST, TEXT_DRAFTERS, TREE_KINDS, base_kinds
+
+# auto's candidates that need nothing but the text; a head and a draft model join when given
+AUTO_TEXT_CANDIDATES = ("suffix", "ngram", "ngram-edit")
 
 
 def reads_target(drafter: str) -> bool:
@@ -48,7 +52,14 @@ def make_drafter(
     folder, loaded for ``target``). "suffix" and "suffix-tree" copy from this request's text and from
     a cache of earlier outputs of at most ``suffix_cache_tokens`` tokens (0: no cache). "ngram-edit"
     is n-gram lookup that learns the edits the output makes to the text it copies (a renamed
-    identifier) and makes them in later copies."""
+    identifier) and makes them in later copies. "auto" holds the text drafters, the head (when
+    given) and the draft model (when given) as candidates and picks each step's draft by measured
+    cost (specdec.drafting.auto)."""
+    if kind == AUTO:
+        names = [*AUTO_TEXT_CANDIDATES, *(["head"] if head is not None and target is not None else []),
+                 *(["model"] if draft_model is not None else [])]
+        return AutoDrafter({name: make_drafter(name, draft_model, max_n, min_n, False, tree_budget, target, vocab_rule,
+                                               head, suffix_cache_tokens) for name in names}, TEXT_DRAFTERS)
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter(
@@ -102,6 +113,7 @@ def make_drafter(
 
 
 __all__ = [
+    "AutoDrafter",
     "DRAFTERS",
     "Draft",
     "DraftHead",

@@ -44,6 +44,7 @@ class Draft:
     # not from this request's own text; None: no node was (what users see marked in --show and explain)
     from_cache: tuple[bool, ...] | None = None
     forced: bool = False  # the tokens a request's grammar forces (specdec.grammar): accepted for certain
+    drafter: str | None = None  # which of an auto drafter's candidates drafted it ("none": none did)
 
     @property
     def num_nodes(self) -> int:
@@ -79,6 +80,8 @@ class StepOutcome:
     parents: tuple[int, ...] | None = None  # the drafted tree the path indexes (None for a chain)
     from_cache: tuple[bool, ...] | None = None  # the draft's (Draft.from_cache)
     forced: bool = False  # the draft was the tokens the request's grammar forces (Draft.forced)
+    drafter: str | None = None  # the draft's (Draft.drafter)
+    verify_seconds: float | None = None  # the step's target forward and verification (a batch's: all its requests')
 
     @property
     def num_accepted(self) -> int:

@@ -1,0 +1,229 @@
+"""``auto``: every drafter available for a target is a candidate at every step, and one cost model
+picks the step's draft (whose, and how long), or none when no draft pays.
+
+Candidates come in two kinds. Drafters that copy from text (suffix, n-gram, ngram-edit) cost
+microseconds: each drafts every step, and each is judged on every step's outcome whether it was
+verified or not (its guess is compared with the tokens the target emitted: the count it would have
+had accepted; for sampling, a point-mass guess x is accepted with probability p(x), the chance
+that the target's own draw is x, so the comparison estimates the same rate). Drafters that run a
+forward (a draft head, a draft model) cost real time: they draft only when chosen, and one that
+has not drafted for ``probe_every`` steps gets a step, so its estimate stays alive.
+
+The cost model (Leviathan et al. 2023, with measured costs; p = target, q = draft): a draft of g
+tokens from candidate c is worth E_c[tokens](g) = 1 + sum of its reaches (c's acceptance by
+position on this request, the pooled estimate over earlier requests as its prior) and costs
+g * (c's seconds per drafted token) + T(g + 1), with T(k) the measured seconds of a k-token verify
+block; no draft is worth 1 token for T(1). The highest expected tokens per second wins.
+
+Lossless like every drafter: the choice reads only the context and earlier steps' outcomes, never
+the draws that verify this step; the chosen draft is verified as it would be alone (a head's q,
+point masses for copied text).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, describe_drafter,
+                                   propose_many, suffix_caches)
+from specdec.drafting.merge import SubRequest
+from specdec.drafting.model import common_prefix
+from specdec.estimates import AcceptanceByPosition, RunningMean, VerifyCost, tokens_per_second
+
+NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
+
+
+@dataclass
+class Candidate:
+    """One drafter auto may pick, and what is measured of it across requests."""
+
+    name: str
+    drafter: Drafter
+    copies_text: bool  # drafts every step for free, judged on every outcome (no forward of its own)
+    pooled: AcceptanceByPosition  # acceptance by position over every request: each request's prior
+    seconds_per_token: RunningMean = field(default_factory=RunningMean)  # drafting, for those that run a forward
+
+
+@dataclass
+class AutoState:
+    """One request's auto state: each candidate's own state and acceptance, this step's free drafts."""
+
+    states: list[Any]
+    acceptance: list[AcceptanceByPosition]
+    shadows: list[list[int] | None]  # this step's draft of each text candidate (None: forward candidates)
+    chosen: int | None = None  # the candidate whose draft this step verifies
+    idle: list[int] = field(default_factory=list)  # steps since each candidate last drafted
+
+
+@dataclass(frozen=True)
+class Choice:
+    candidate: int | None  # None: no draft
+    length: int
+    rate: float | None  # expected tokens per second; None where a cost is not measured yet
+
+
+class AutoDrafter(BaseDrafter):
+    """Picks, each step and for each request, the candidate draft with the highest expected tokens
+    per second (see the module docstring). ``candidates`` maps a name (what stats and metrics
+    show) to a drafter; ``text_drafters`` names those that only copy text."""
+
+    def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], probe_every: int = 16,
+                 max_gamma: int = 16, decay: float = 0.98) -> None:
+        if not candidates:
+            raise ValueError("the auto drafter needs at least one candidate drafter")
+        if any(name == NO_DRAFT for name in candidates):
+            raise ValueError(f"{NO_DRAFT!r} names the choice of no draft, not a candidate")
+        vocabularies = {d.vocab_size for d in candidates.values() if d.vocab_size is not None}
+        if len(vocabularies) > 1:
+            raise ValueError(f"the auto drafter's candidates have different vocabularies: {sorted(vocabularies)}")
+        readers = [d for d in candidates.values() if d.hidden_layers]
+        if len({d.hidden_layers for d in readers}) > 1:
+            raise ValueError("the auto drafter's candidates read different target layers; give it at most one head")
+        self.candidates = [Candidate(name, drafter, name in text_drafters,
+                                     AcceptanceByPosition(max_gamma=max_gamma, decay=decay))
+                           for name, drafter in candidates.items()]
+        self.vocab_size = vocabularies.pop() if vocabularies else None
+        self.hidden_layers = readers[0].hidden_layers if readers else ()
+        self.probe_every, self.max_gamma, self.decay = probe_every, max_gamma, decay
+        self.verify_cost = VerifyCost(decay)  # T(k) of this target, shared by every request
+
+    def describe(self) -> str:
+        names = ", ".join(f"{c.name} ({describe_drafter(c.drafter)})" for c in self.candidates)
+        return f"auto: each step the draft with the most expected tokens per second, or none, of {names}"
+
+    def start(self, prompt_ids: torch.Tensor) -> AutoState:  # prompt_ids [n] int64
+        return AutoState(
+            states=[c.drafter.start(prompt_ids) for c in self.candidates],
+            acceptance=[AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay, prior=c.pooled)
+                        for c in self.candidates],
+            shadows=[None] * len(self.candidates),
+            idle=[0] * len(self.candidates),
+        )
+
+    def member(self, request: DraftRequest, index: int) -> SubRequest:
+        return SubRequest(request, request.draft_state.states[index])
+
+    # The choice.
+
+    def rate(self, state: AutoState, index: int | None, length: int) -> float | None:
+        """Expected tokens per second of drafting ``length`` tokens with candidate ``index`` (None: no draft)."""
+        if index is None or length == 0:
+            return tokens_per_second(1.0, 0, 0.0, self.verify_cost.seconds(1))
+        candidate = self.candidates[index]
+        per_token = 0.0 if candidate.copies_text else candidate.seconds_per_token.mean
+        return tokens_per_second(state.acceptance[index].expected_tokens(length), length, per_token,
+                                 self.verify_cost.seconds(length + 1))
+
+    def choose(self, state: AutoState, gamma: int) -> Choice:
+        """The best (candidate, length) for this step, given the free drafts in ``state.shadows``."""
+        options = [Choice(None, 0, self.rate(state, None, 0))]
+        untried = []  # forward candidates whose drafting cost is not measured yet
+        for index, candidate in enumerate(self.candidates):
+            shadow = state.shadows[index]
+            most = len(shadow) if shadow is not None else gamma
+            if not candidate.copies_text and candidate.seconds_per_token.mean is None:
+                untried.append(index)
+                continue
+            options += [Choice(index, length, self.rate(state, index, length)) for length in range(1, most + 1)]
+        if untried:  # measure what it costs: its default length, once
+            return Choice(untried[0], min(gamma, 4), None)
+        if any(option.rate is None for option in options):  # T(k) not measured yet: the longest free draft
+            longest = max(options, key=lambda option: option.length)
+            return replace(longest, rate=None)
+        best = max(options, key=lambda option: option.rate or 0.0)
+        stale = [index for index, candidate in enumerate(self.candidates)
+                 if not candidate.copies_text and state.idle[index] >= self.probe_every and index != best.candidate]
+        if stale:  # a probe keeps its estimate alive: its best length, at least one token
+            probe = max((option for option in options if option.candidate == stale[0]),
+                        key=lambda option: option.rate or 0.0, default=Choice(stale[0], 1, None))
+            return probe
+        return best
+
+    def propose(self, request: DraftRequest, gamma: int) -> Draft:
+        return self.propose_many([request], [gamma])[0]
+
+    def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
+        """Every text candidate drafts for every request; each request's choice is made; the forward
+        candidates chosen draft for their requests in one call each (a head: one forward per depth)."""
+        free: list[list[Draft | None]] = []
+        for request, gamma in zip(requests, gammas, strict=True):
+            state: AutoState = request.draft_state
+            drafts: list[Draft | None] = []
+            for index, candidate in enumerate(self.candidates):
+                draft = candidate.drafter.propose(self.member(request, index), gamma) if candidate.copies_text \
+                    else None
+                drafts.append(draft)
+                state.shadows[index] = None if draft is None else draft.tokens.tolist()
+            free.append(drafts)
+        choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas)]
+        result = [Draft.empty(request.context.device) for request in requests]
+        for position, (request, choice) in enumerate(zip(requests, choices)):
+            request.draft_state.chosen = choice.candidate
+            shadow = free[position][choice.candidate] if choice.candidate is not None else None
+            if shadow is not None:
+                result[position] = replace(shadow.truncated(choice.length), drafter=self.candidates[
+                    choice.candidate].name)
+        for index, candidate in enumerate(self.candidates):
+            asking = [position for position, choice in enumerate(choices)
+                      if choice.candidate == index and not candidate.copies_text]
+            if not asking:
+                continue
+            began = time.perf_counter()
+            drafts = propose_many(candidate.drafter, [self.member(requests[p], index) for p in asking],
+                                  [choices[p].length for p in asking])
+            drafted = sum(draft.num_nodes for draft in drafts)
+            if drafted:
+                candidate.seconds_per_token.forget(self.decay)
+                candidate.seconds_per_token.add((time.perf_counter() - began) / drafted)
+            for position, draft in zip(asking, drafts):
+                result[position] = replace(draft, drafter=candidate.name)
+        return [draft if draft.num_nodes else replace(draft, drafter=NO_DRAFT) for draft in result]
+
+    # What each step teaches.
+
+    def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
+        state: AutoState = request.draft_state
+        if not outcome.forced:
+            if outcome.verify_seconds is not None:
+                self.verify_cost.add(outcome.num_drafted + 1, outcome.verify_seconds)
+            emitted = outcome.emitted.tolist()
+            for index, candidate in enumerate(self.candidates):
+                if index == state.chosen and outcome.num_drafted:
+                    learned: tuple[int, int] | None = (outcome.num_drafted, outcome.num_accepted)
+                else:
+                    learned = judged(state.shadows[index], emitted)
+                if learned is not None:
+                    state.acceptance[index].update(*learned)
+                    candidate.pooled.update(*learned)
+                state.idle[index] = 0 if index == state.chosen else state.idle[index] + 1
+        # Only the drafter whose draft was verified hears of it; the others hear the new tokens.
+        elsewhere = replace(outcome, num_drafted=0, path=None, parents=None, from_cache=None)
+        for index, candidate in enumerate(self.candidates):
+            candidate.drafter.observe(self.member(request, index), outcome if index == state.chosen else elsewhere)
+        state.chosen, state.shadows = None, [None] * len(self.candidates)
+
+    def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
+        for index, candidate in enumerate(self.candidates):
+            if candidate.drafter.hidden_layers:
+                reader: ReadsHidden = candidate.drafter  # type: ignore[assignment]
+                reader.prefilled(self.member(request, index), hidden)
+
+    def suffix_caches(self) -> list[Any]:
+        return [cache for candidate in self.candidates for cache in suffix_caches(candidate.drafter)]
+
+
+def judged(guess: list[int] | None, emitted: list[int]) -> tuple[int, int] | None:
+    """(drafted, accepted) that a chain ``guess`` not verified this step would have had, read off the
+    tokens the target emitted: accepted up to its first token that differs from them; where it
+    agrees with all of them, only that much is known (a longer guess is judged on what was seen)."""
+    if not guess:
+        return None
+    agree = common_prefix(guess, emitted)
+    if agree < min(len(guess), len(emitted)):
+        return len(guess), agree  # rejected at its first difference
+    return agree, agree

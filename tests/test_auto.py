@@ -1,0 +1,153 @@
+"""The auto drafter: lossless with every candidate set (greedy identity, the sampled law, the
+coupled rule), and its choice follows what each candidate is measured to give."""
+
+from unittest import mock
+
+import pytest
+import torch
+
+import specdec.drafting.auto
+from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.drafting.auto import AutoDrafter, judged
+from specdec.drafting.base import ContextRequest
+from specdec.drafting.ngram import NGramDrafter
+from test_greedy_equality import DRAFT_KINDS, check_equality, random_cases
+from test_heads import perturbed, trained_head
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair):
+    target = load(tiny_pair["target"], dtype="float64")
+    return target, {kind: load(tiny_pair[kind], dtype="float64") for kind in DRAFT_KINDS}
+
+
+def test_a_guess_not_verified_is_judged_by_the_tokens_emitted():
+    assert judged([5, 6, 7], [5, 9]) == (3, 1)  # rejected at its second token
+    assert judged([5, 6, 7], [8]) == (3, 0)
+    assert judged([5, 6], [5, 6, 2]) == (2, 2)  # all of it agreed
+    assert judged([5, 6, 7, 8], [5, 6]) == (2, 2)  # agreed as far as was seen: no more is known
+    assert judged([], [1]) is None and judged(None, [1]) is None
+
+
+@pytest.mark.slow
+def test_auto_with_text_candidates_equals_target_only(models):
+    """One drafter over all the cases, so the suffix cache is warm from earlier outputs."""
+    target, _ = models
+    check_equality(target, {"auto": make_drafter("auto", target=target)}, "auto")
+
+
+@pytest.mark.slow
+def test_auto_with_a_draft_model_equals_target_only(models):
+    target, drafts = models
+    drafters = {kind: make_drafter("auto", drafts[kind], target=target) for kind in DRAFT_KINDS}
+    counts = check_equality(target, drafters, "auto")
+    assert counts["same"][0] == counts["same"][1] > 0  # a draft that is the target: every token accepted
+
+
+@pytest.mark.slow
+def test_auto_with_a_head_equals_target_only(models, tmp_path_factory):
+    target, drafts = models
+    head = trained_head(target, tmp_path_factory.mktemp("head"))
+    drafters = {"head": make_drafter("auto", target=target, head=head),
+                "head+model": make_drafter("auto", drafts["perturbed"], target=target, head=perturbed(head, 0.5, 2))}
+    check_equality(target, drafters, "auto")
+    assert [c.name for c in drafters["head+model"].candidates] == ["suffix", "ngram", "ngram-edit", "head", "model"]
+
+
+def test_auto_drafts_with_the_candidate_that_pays(models):
+    """A draft model that is the target wins most steps on text with no repeats; an independent one
+    is dropped for the free drafts or none once measured (its acceptance is near zero)."""
+    target, drafts = models
+    prompts = [prompt for prompt, _, _ in random_cases(3, target.vocab_size, 12)]
+    used = {}
+    for kind in ("same", "independent"):
+        decoder = SpeculativeDecoder(target, make_drafter("auto", drafts[kind], target=target), gamma=6, policy="auto")
+        steps: dict[str, int] = {}
+        for prompt in prompts:
+            for name, (count, _, _) in decoder.generate(prompt, max_new_tokens=32).stats.by_drafter.items():
+                steps[name] = steps.get(name, 0) + count
+        used[kind] = steps
+    share = {kind: steps.get("model", 0) / sum(steps.values()) for kind, steps in used.items()}
+    assert share["same"] > 0.6 and share["independent"] < 0.3, used
+
+
+def test_the_steps_each_candidate_drafted_are_counted(models):
+    target, _ = models
+    prompt = [3, 4, 5, 6, 7] * 6
+    result = SpeculativeDecoder(target, make_drafter("auto", target=target), policy="auto").generate(
+        prompt, max_new_tokens=24)
+    steps = result.stats.by_drafter
+    assert sum(count for count, _, _ in steps.values()) == result.stats.target_forwards
+    assert sum(drafted for _, drafted, _ in steps.values()) == result.stats.drafted
+    assert sum(accepted for _, _, accepted in steps.values()) == result.stats.accepted
+    assert set(steps) <= {"suffix", "ngram", "ngram-edit", "none"}
+    assert result.stats.to_dict()["by_drafter"] == steps
+    assert "steps" in result.stats.drafter_summary()
+
+
+def test_auto_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="at least one"):
+        AutoDrafter({}, ())
+    with pytest.raises(ValueError, match="choice of no draft"):
+        AutoDrafter({"none": NGramDrafter(3)}, ("none",))
+
+
+def test_a_forward_candidate_is_probed_after_idle_steps():
+    """A candidate that is never best still drafts once every probe_every steps (its estimate stays alive)."""
+    class Counting(NGramDrafter):
+        calls = 0
+
+        def propose(self, request, gamma):
+            Counting.calls += 1
+            return super().propose(request, gamma)
+
+    auto = AutoDrafter({"ngram": NGramDrafter(3), "slow": Counting(3)}, ("ngram",), probe_every=4)
+    auto.candidates[1].seconds_per_token.add(10.0)  # costs ten seconds a token: never worth it
+    auto.verify_cost.add(1, 0.01)
+    auto.verify_cost.add(3, 0.012)
+    request = ContextRequest.started(auto, torch.tensor([1, 2, 3, 1, 2]))
+    from specdec.drafting.base import StepOutcome
+
+    for _ in range(12):
+        draft = auto.propose(request, 4)
+        assert draft.drafter in ("ngram", "none", "slow")
+        auto.observe(request, StepOutcome(torch.tensor([1]), 0, verify_seconds=0.01))
+    assert Counting.calls == 2  # steps 5 and 10: after 4 idle steps each time
+
+
+@pytest.mark.slow
+def test_auto_law_of_three_tokens(tmp_path_factory):
+    """Chi-square of 20k seeded 3-token generations against the enumerated law of a 6-token target,
+    auto with a head, the text drafters and a perturbed draft model as candidates, temperature 0.9."""
+    from law import StepClock, assert_matches_law, sample_sequences
+    from specdec.drafting.head_format import new_head
+    from test_heads import exact_law
+    from tiny import save_random_model
+
+    folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5,
+                               tokenizer=False, bos_token_id=None, eos_token_id=None)
+    draft_folder = save_random_model(tmp_path_factory.mktemp("six-draft"), vocab_size=6, seed=6, init_scale=0.5,
+                                     tokenizer=False, bos_token_id=None, eos_token_id=None)
+    target, draft = load(folder, dtype="float64"), load(draft_folder, dtype="float64")
+    torch.manual_seed(4)
+    head = new_head(target, torch.tensor([0, 2, 3, 5])).to(target.dtype)
+    with torch.no_grad():
+        head.lm_head.weight.mul_(20.0)
+    sampling = SamplingParams(temperature=0.9)
+    prompt = [1, 4, 2, 1, 4]
+    decoder = SpeculativeDecoder(target, make_drafter("auto", draft, target=target, head=head), gamma=3,
+                                 policy="auto")
+    with mock.patch.object(specdec.drafting.auto, "time", StepClock()):
+        counts, accepted, drafted = sample_sequences(decoder, prompt, sampling, 3, 20000)
+    assert 0 < accepted < drafted
+    assert_matches_law(counts, exact_law(target, prompt, 3, sampling), "auto")
+
+
+def test_auto_under_the_coupled_rule_gives_the_target_alone_text(models):
+    """With a seed (the coupled rule), auto's sampled text is the target alone's, whatever it drafts."""
+    target, drafts = models
+    decoder = SpeculativeDecoder(target, make_drafter("auto", drafts["perturbed"], target=target), policy="auto")
+    alone = SpeculativeDecoder(target)
+    for seed, (prompt, length, _) in enumerate(random_cases(11, target.vocab_size, 20)):
+        sampling = SamplingParams(temperature=0.8, seed=seed, max_new_tokens=length)
+        assert decoder.generate(prompt, sampling).token_ids == alone.generate(prompt, sampling).token_ids
