@@ -70,17 +70,18 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gamma",
         type=int,
-        default=4,
-        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold; a tree's depth limit)",
+        help="draft tokens per step (the start for heuristic/cost, the maximum for threshold and auto; a tree's "
+        "depth limit; default: 12 for auto, else 4)",
     )
     parser.add_argument(
         "--drafter",
         metavar="|".join(DRAFTERS),
-        help="model: the draft model; ngram: prompt lookup (no model); suffix: suffix decoding (no model: "
+        help="auto: each step the draft with the most expected tokens per second (or none) of every drafter "
+        "available here: suffix, ngram, ngram-edit, a draft head found for the target, the --draft model; "
+        "model: the draft model; ngram: prompt lookup (no model); suffix: suffix decoding (no model: "
         "this request's text and a cache of earlier outputs); staged: draft model + n-gram "
         "stage; tree / ngram-tree / staged-tree / suffix-tree: token trees; A+B: both, merged into one tree; "
-        "suffix-or-X: suffix decoding where the text repeats 4+ tokens, drafter X elsewhere (default: "
-        "model; for the default pair, the drafter measured fastest with it)",
+        "suffix-or-X: suffix decoding where the text repeats 4+ tokens, drafter X elsewhere (default: auto)",
     )
     parser.add_argument(
         "--tree",
@@ -106,7 +107,8 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
         "--policy",
         choices=POLICIES + TREE_POLICIES,
         help="how many tokens to draft each step (tree-cost: a tree's depth and width from measured "
-        "acceptance and costs; default: fixed, or the default pair's measured best)",
+        "acceptance and costs; auto: the auto drafter chooses, up to --gamma; default: auto for the auto "
+        "drafter, else fixed)",
     )
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
@@ -172,9 +174,14 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
         args.backend = "specdec"
     quantize = None if args.quantize == "none" else args.quantize
     if args.target:
-        if args.quantize is None and gguf_on_own_forward(args.target, args.backend) and args.dtype == "float32" \
-                and args.device == "cpu":
-            quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic: float32's text, ~8x faster
+        gguf = args.target.endswith(".gguf")
+        own_forward = gguf_on_own_forward(args.target, args.backend) if gguf else args.backend in ("auto", "specdec")
+        if args.quantize is None and own_forward and args.dtype == "float32" and args.device == "cpu":
+            if gguf:
+                quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic: float32's text
+            chosen = fastest_precision(args, errors)
+            if chosen is not None:
+                quantize = chosen[0]
         return args.target, args.draft, quantize, None
     if args.draft:
         raise ValueError("--draft needs --target: the default draft only fits the default target")
@@ -192,6 +199,25 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
                 errors.print(f"[dim]{why}[/]", highlight=False, soft_wrap=True)
     errors.print(f"[dim]default pair: {pair.name} ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
     return str(target), str(pair.draft), quantize, pair
+
+
+def fastest_precision(args: argparse.Namespace, errors: Console) -> tuple[str | None] | None:
+    """(quantize,) measured fastest and exact for --target on this CPU (once; said in one line; None
+    in it: float32), or None where the model is small enough not to measure (precision_choice)."""
+    from specdec.models.loading import load
+    from specdec.models.precision_choice import choose_precision
+
+    backend = "specdec" if args.target.endswith(".gguf") else args.backend
+
+    def load_as(quantize: str | None):
+        return load(args.target, quantize=quantize, backend=backend, trust_remote_code=args.trust_remote_code)
+
+    with waiting(errors, "choosing the fastest exact precision for this model here") as update:
+        choice = choose_precision(args.target, load_as, update)
+    if choice is None:
+        return None
+    errors.print(f"[dim]{choice[1]}[/]", highlight=False, soft_wrap=True)
+    return (choice[0],)
 
 
 def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True, resolved=None):
@@ -234,29 +260,37 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     """The target, and a function that makes a new drafter as --drafter, --tree and --no-draft ask
     (None: the target alone) on the models loaded once; its keywords override the options'
     (``suffix_cache_tokens=0``). Each drafter has its own state shared across requests (a suffix
-    cache), so servers compared side by side each get one."""
+    cache), so servers compared side by side each get one. Unset --drafter is auto: every drafter
+    available here (a head found for the target by itself, the --draft model when given)."""
     from specdec.drafting import make_drafter, reads_target
+    from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds, default_gamma, default_policy
 
-    resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter or ""))
+    args.drafter = args.drafter or AUTO
+    auto = args.drafter == AUTO
+    # auto on a GGUF: the own forward, whose hidden states a head reads (llama.cpp's give none)
+    reads_hidden = bool(args.draft_head) or reads_target(args.drafter) or (auto and (args.target or "").endswith(".gguf"))
+    resolved = resolve_models(args, errors, reads_hidden=reads_hidden)
     pair = resolved[3]
-    # Unset --drafter/--policy: the default pair's measured best, else a draft model, fixed gamma;
-    # trees take the cost policy's tree form.
-    chosen = (
-        "" if args.drafter and args.policy else " (unset options: the default pair's measured fastest)" if pair else ""
-    )
-    args.drafter = args.drafter or (pair.drafter if pair else "model")
     if args.policy is None:
-        args.policy = pair.policy if pair else "fixed"
-        if args.policy == "cost" and (args.tree or drafts_trees(args.drafter)):
+        args.policy = default_policy(args.drafter)
+        if args.tree or drafts_trees(args.drafter):
             args.policy = "tree-cost"
-    from specdec.names import TEXT_DRAFTERS, base_kinds
-
-    needs_model = not args.no_draft and any(
-        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(args.drafter)
-    )
+    if args.gamma is None:
+        args.gamma = default_gamma(args.policy)
+    chosen = ""
+    # auto takes a draft model only when one is named (the default pair's draft broke even: docs/default-pair.md)
+    needs_model = not args.no_draft and (bool(args.draft) if auto else any(
+        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(args.drafter)))
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
+    head = args.draft_head or (pair.head if pair and target.backend == "specdec" else None)
+    if head is None and auto and not args.no_draft:
+        from specdec.drafting.head_finder import find_head
+
+        head = find_head(target)
+        if head is not None:
+            chosen = f" (draft head found for this target: {head})"
     said = False  # what runs is said once, for the first drafter made
 
     def make(**overrides):
@@ -264,7 +298,6 @@ def load_drafting(args: argparse.Namespace, errors: Console):
         if args.no_draft or (draft is None and needs_model):
             drafter = None
         else:
-            head = args.draft_head or (pair.head if pair else None)
             options = dict(max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree, tree_budget=args.tree_budget,
                            target=target, vocab_rule=args.vocab_rule, head=head,
                            suffix_cache_tokens=args.suffix_cache_tokens)

@@ -34,8 +34,6 @@ class DefaultPair:
     target: Path
     draft: Path
     quantize: str | None  # the precision that is fastest for this pair on a CPU
-    drafter: str = "model"  # the drafter and policy measured fastest with it (docs/default-pair.md)
-    policy: str = "fixed"
     target_gguf: Path | None = None  # the target's own GGUF, for llama.cpp's kernels where they are faster
     head: Path | None = None  # its shipped EAGLE-3 draft head (--drafter head|head-tree)
 
@@ -124,10 +122,9 @@ def smollm2_pair(status=None) -> DefaultPair | None:
     if not (marker.is_file() and json.loads(marker.read_text()) == conversion_record(gguf_path)):
         convert_smollm2(gguf_path, folder, status)
     layers = json.loads((SMOLLM2_DRAFT / "draft_source.json").read_text())["teacher_layers"]
-    # The n-gram drafter with the cost policy: measured fastest with this target (docs/default-pair.md).
     return DefaultPair(f"SmolLM2-135M-Instruct (its distilled {len(layers)}-layer draft: --drafter model; its draft "
-                       "head: --drafter head)",
-                       folder / "target", folder / "draft", "int8", drafter="ngram", policy="cost",
+                       "head, one of auto's candidates)",
+                       folder / "target", folder / "draft", "int8",
                        target_gguf=gguf_path, head=SMOLLM2_HEAD if (SMOLLM2_HEAD / "config.json").is_file() else None)
 
 

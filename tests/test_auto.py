@@ -41,7 +41,8 @@ def test_auto_with_a_draft_model_equals_target_only(models):
     target, drafts = models
     drafters = {kind: make_drafter("auto", drafts[kind], target=target) for kind in DRAFT_KINDS}
     counts = check_equality(target, drafters, "auto")
-    assert counts["same"][0] == counts["same"][1] > 0  # a draft that is the target: every token accepted
+    # drafts that always, never and partly agree all went through verification
+    assert counts["same"][0] > counts["perturbed"][0] > counts["independent"][0] >= 0, counts
 
 
 @pytest.mark.slow

@@ -140,6 +140,13 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
     num_layers = getattr(getattr(target.network, "config", None), "num_layers", None) or \
         target.network.model.config.num_hidden_layers
     config = head_config(json.loads((folder / CONFIG_FILE).read_text()), num_layers)
+    from specdec.drafting.head_finder import check_fits
+
+    check_fits(folder, target)  # a head that records another target is refused, whatever its shapes
+    if config.target_hidden_size != target_embedding(target).shape[1]:
+        raise ValueError(f"the head at {folder} reads features of width {config.target_hidden_size}, the target "
+                         f"{target.name} has hidden size {target_embedding(target).shape[1]}: a head works only "
+                         "with the target it was trained for")
     if config.vocab_size != target.vocab_size:
         raise ValueError(f"the head at {folder} drafts over {config.vocab_size} tokens, the target {target.name} "
                          f"has {target.vocab_size}: a head works only with the target it was trained for")

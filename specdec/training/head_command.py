@@ -18,7 +18,8 @@ def add_parser(commands, add_model_options) -> None:
                     "training-time test -> an EAGLE-3 folder (config.json, model.safetensors, README.md) "
                     "for --drafter head|head-tree --draft-head DIR. Resumes from --out/checkpoint.pt.")
     add_model_options(parser)  # the target as it will be drafted for (its precision decides its features)
-    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--out", help="output folder (default: $SPECDEC_CACHE/heads/<target name>, where the "
+                                      "auto drafter finds the head for this target by itself)")
     parser.add_argument(
         "--data", nargs="+", default=(), help="files or folders of code (default: Python's standard library)"
     )
@@ -54,13 +55,24 @@ def run(args: argparse.Namespace, errors: Console, load_target) -> int:
 
     import dataclasses
 
+    target = load_target(args, errors)
+    if args.out is None:
+        from specdec.machine import cache_root
+
+        args.out = str(cache_root() / "heads" / safe_name(target.name))
+        errors.print(f"[dim]training into {args.out} (found there by --drafter auto for this target)[/]",
+                     highlight=False, soft_wrap=True)
     # Every setting but these two is the option of the same name.
     options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HeadTraining)
                if field.name not in ("data", "command")}
     settings = HeadTraining(**options, data=tuple(args.data), command=shlex.join(["specdec", *args.argv]))
     from specdec.training.head_train import train_head
 
-    target = load_target(args, errors)
     folder = train_head(target, settings, errors)
-    errors.print(f"head saved to {folder}: use it with --drafter head-tree --draft-head {folder}")
+    errors.print(f"head saved to {folder}: --drafter auto finds it for this target (or --draft-head {folder})")
     return 0
+
+
+def safe_name(name: str) -> str:
+    """A model's name as one folder name."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name.strip("/").rsplit("/", 1)[-1]) or "target"

@@ -10,6 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+
+from specdec.drafting.head_finder import target_identity, write_identity
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -109,7 +111,11 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                 save_checkpoint(out, head, optimizer, generator, step, history, settings)
     hours = (time.perf_counter() - started) / 3600
     card = model_card(target, settings, history, hours, len(train), plan, str(matmuls).removeprefix("torch."))
-    return save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+    folder = save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+    identity = target_identity(target)
+    if identity is not None:  # so that `auto` finds the head for this target by itself
+        write_identity(folder, identity)
+    return folder
 
 
 def initial_head(target, settings: HeadTraining, vocabulary: torch.Tensor, layers: tuple[int, ...]):

@@ -1,0 +1,78 @@
+"""The fastest exact precision for a user's model on this CPU, chosen once and said in one line.
+
+A checkpoint's float32 is rarely the fastest way to run it on a CPU: a 1.5B model reads 6 GB of
+weights per token in float32 and under 1 GB in int4. Which precision is fastest depends on the
+instruction set (int8's oneDNN path is flattest with AMX, int4's kernel elsewhere), so nothing is
+assumed: each candidate whose verify blocks are exact here (a token scored inside a block gets the
+logits it gets alone) is loaded and timed on a 1- and a 5-token forward, once per machine and model
+shape (backend_choice.choose_fastest_exact), and the fastest runs. The line that says so gives the
+way back: ``--quantize none`` for a folder's own float32 (its text, and how much slower it was
+measured), ``--quantize w8a32`` for a GGUF's weights held exactly with float32 activations.
+
+Models under ``SMALL_MODEL_PARAMETERS`` keep float32 unmeasured: their forward is mostly overhead,
+and measuring would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+SMALL_MODEL_PARAMETERS = 50_000_000
+FOLDER_CANDIDATES = ("int4", "int8", "none")  # none: the checkpoint's own float32
+GGUF_CANDIDATES = ("int4", "w8a32")  # w8a32 holds a GGUF's 4- and 8-bit weights exactly: float32's text
+
+
+def parameter_estimate(path: Path) -> int | None:
+    """Parameters of a Hugging Face folder from its config.json (a GGUF: its bytes, about one per
+    parameter at 8 bits); None when neither says."""
+    if path.suffix == ".gguf":
+        return path.stat().st_size if path.is_file() else None
+    try:
+        config = json.loads((path / "config.json").read_text())
+        hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+        intermediate = config.get("intermediate_size", 4 * hidden)
+        return layers * (4 * hidden * hidden + 3 * hidden * intermediate) + config["vocab_size"] * hidden
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def shape_key(path: Path) -> str:
+    """What the measurement is kept under besides the machine: the model's shape, not its weights."""
+    if path.suffix == ".gguf":
+        return f"gguf {path.stat().st_size}"
+    config = json.loads((path / "config.json").read_text())
+    return " ".join(f"{key}={config.get(key)}" for key in ("model_type", "hidden_size", "intermediate_size",
+                                                            "num_hidden_layers", "num_attention_heads",
+                                                            "num_key_value_heads", "vocab_size"))
+
+
+def choose_precision(path: str, load: Callable[[str | None], object],
+                     progress: Callable[[str], None] | None = None) -> tuple[str | None, str] | None:
+    """(quantize for ``load``, the line that says why) for a CPU float32 target left unset by the
+    user; None where the model is small (float32 stays). ``load(quantize)`` loads the target."""
+    from specdec.models.backend_choice import choose_fastest_exact
+
+    where = Path(path)
+    parameters = parameter_estimate(where)
+    if parameters is None or parameters < SMALL_MODEL_PARAMETERS:
+        return None
+    gguf = where.suffix == ".gguf"
+    names = GGUF_CANDIDATES if gguf else FOLDER_CANDIDATES
+    candidates = {name: (lambda name=name: load(None if name == "none" else name)) for name in names}
+    choice = choose_fastest_exact(candidates, f"precision {shape_key(where)}", progress)  # type: ignore[arg-type]
+    fastest = choice.milliseconds[choice.name]
+    way_back = "w8a32" if gguf else "none"
+    back = choice.milliseconds.get(way_back)
+    what = "the GGUF's weights exactly, float32 activations" if gguf else "the checkpoint's float32 text"
+    if choice.name == way_back:
+        line = f"precision: {choice.name} ({what}), the fastest exact one measured here"
+    else:
+        slower = f", {back / fastest:.1f}x slower here" if back else f" ({choice.refused.get(way_back, 'not run')})"
+        line = (f"precision: {choice.name}, the fastest with exact verify blocks on this CPU "
+                f"({fastest:.0f} ms for a 1- plus a 5-token forward); --quantize {way_back} for {what}{slower}")
+    others = [name for name in choice.milliseconds if name not in (choice.name, way_back)]
+    if others:
+        line += "; also measured: " + ", ".join(f"{name} {choice.milliseconds[name]:.0f} ms" for name in others)
+    return (None if choice.name == "none" else choice.name), line + " (measured once, cached)"
