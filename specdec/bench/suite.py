@@ -21,6 +21,7 @@ from specdec.bench.runner import (
 )
 from specdec.constraint import Constraint
 from specdec.decoder import SpeculativeDecoder
+from specdec.names import default_gamma, default_policy
 from specdec.drafting.vocab import vocabulary_mismatch
 from specdec.sampling import SamplingParams
 from specdec.models.base import LanguageModel
@@ -125,11 +126,12 @@ def all_speculative_methods() -> list[str]:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES
 
-    # Heads need a trained head for the target (--draft-head): name them explicitly.
-    return [f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith("head") for policy in POLICIES]
+    # Heads need a trained head for the target (--draft-head): name them explicitly. auto chooses its own lengths.
+    return ["auto", *(f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith("head") and
+                      drafter != "auto" for policy in POLICIES if policy != "auto")]
 
 
-def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, gamma: int,
+def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, gamma: int | None,
                 ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
                 head=None) -> Method:
     """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
@@ -151,12 +153,13 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     if method == REFERENCE:
         return speculative_method(name, SpeculativeDecoder(target, draft_forced=not flag))
     drafter_kind, _, policy = method.partition(":")
+    policy = policy or default_policy(drafter_kind)
     drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head)
-    return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=gamma, policy=policy or "fixed",
-                                                       draft_forced=not flag))
+    return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=default_gamma(policy) if gamma is None
+                                                       else gamma, policy=policy, draft_forced=not flag))
 
 
-def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int,
+def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int | None,
                   ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
                   head=None) -> list[Method]:
     """head: a DraftHead or an EAGLE-3 folder for the head methods (loaded once, shared)."""
@@ -198,7 +201,7 @@ def run_bench(
     methods: Sequence[str],
     prompts: Sequence[Prompt],
     settings: SamplingParams,
-    gamma: int,
+    gamma: int | None,
     out: Path,
     progress: Callable[[str], None] | None = None,
     extra: dict | None = None,
@@ -272,7 +275,7 @@ def run_bench(
         sections.insert(0, "## greedy identity failures\n\n" + "\n".join(f"- {m}" for m in run.mismatches))
     (out / "results.md").write_text(
         f"# specdec bench, {payload['date']}\n\nmachine: {payload['machine']}; target {target.name}, "
-        f"draft {payload['draft']}, gamma {gamma}, temperature {settings.temperature}, "
+        f"draft {payload['draft']}, gamma {gamma or 'default'}, temperature {settings.temperature}, "
         f"max_new_tokens {settings.max_new_tokens}, {len(prompts)} prompts\n\n" + "\n\n".join(sections) + "\n"
     )
     plot_summaries(summaries, out / "results.png", f"{target.name} / {payload['draft']}, "

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, describe_drafter,
-                                   propose_many, suffix_caches)
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome,
+                                   describe_drafter, propose_many, suffix_caches)
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import common_prefix
 from specdec.estimates import AcceptanceByPosition, RunningMean, VerifyCost, tokens_per_second
@@ -150,24 +150,21 @@ class AutoDrafter(BaseDrafter):
     def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
         """Every text candidate drafts for every request; each request's choice is made; the forward
         candidates chosen draft for their requests in one call each (a head: one forward per depth)."""
-        free: list[list[Draft | None]] = []
+        free: list[list[Draft | None]] = []  # [request][candidate]: the text candidates' drafts
         for request, gamma in zip(requests, gammas, strict=True):
             state: AutoState = request.draft_state
-            drafts: list[Draft | None] = []
-            for index, candidate in enumerate(self.candidates):
-                draft = candidate.drafter.propose(self.member(request, index), gamma) if candidate.copies_text \
-                    else None
-                drafts.append(draft)
-                state.shadows[index] = None if draft is None else draft.tokens.tolist()
-            free.append(drafts)
+            own: list[Draft | None] = [
+                candidate.drafter.propose(self.member(request, index), gamma) if candidate.copies_text else None
+                for index, candidate in enumerate(self.candidates)]
+            state.shadows = [None if draft is None else draft.tokens.tolist() for draft in own]
+            free.append(own)
         choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas)]
         result = [Draft.empty(request.context.device) for request in requests]
         for position, (request, choice) in enumerate(zip(requests, choices)):
             request.draft_state.chosen = choice.candidate
-            shadow = free[position][choice.candidate] if choice.candidate is not None else None
-            if shadow is not None:
-                result[position] = replace(shadow.truncated(choice.length), drafter=self.candidates[
-                    choice.candidate].name)
+            if choice.candidate is not None and (copied := free[position][choice.candidate]) is not None:
+                result[position] = replace(copied.truncated(choice.length),
+                                           drafter=self.candidates[choice.candidate].name)
         for index, candidate in enumerate(self.candidates):
             asking = [position for position, choice in enumerate(choices)
                       if choice.candidate == index and not candidate.copies_text]
@@ -176,7 +173,7 @@ class AutoDrafter(BaseDrafter):
             began = time.perf_counter()
             drafts = propose_many(candidate.drafter, [self.member(requests[p], index) for p in asking],
                                   [choices[p].length for p in asking])
-            drafted = sum(draft.num_nodes for draft in drafts)
+            drafted = sum(draft.num_nodes for draft in drafts)  # type: int
             if drafted:
                 candidate.seconds_per_token.forget(self.decay)
                 candidate.seconds_per_token.add((time.perf_counter() - began) / drafted)

@@ -38,6 +38,12 @@ def parameter_estimate(path: Path) -> int | None:
         return None
 
 
+def worth_measuring(path: str) -> bool:
+    """Whether a target is big enough that its precision is measured (else float32 stays)."""
+    parameters = parameter_estimate(Path(path))
+    return parameters is not None and parameters >= SMALL_MODEL_PARAMETERS
+
+
 def shape_key(path: Path) -> str:
     """What the measurement is kept under besides the machine: the model's shape, not its weights."""
     if path.suffix == ".gguf":
@@ -55,8 +61,7 @@ def choose_precision(path: str, load: Callable[[str | None], object],
     from specdec.models.backend_choice import choose_fastest_exact
 
     where = Path(path)
-    parameters = parameter_estimate(where)
-    if parameters is None or parameters < SMALL_MODEL_PARAMETERS:
+    if not worth_measuring(path):
         return None
     gguf = where.suffix == ".gguf"
     names = GGUF_CANDIDATES if gguf else FOLDER_CANDIDATES
