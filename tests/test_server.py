@@ -337,3 +337,22 @@ def test_models_health_and_metrics(server):
         value for name, value in values.items() if name.startswith(per_position))
     assert values["specdec:time_to_first_token_seconds_count"] >= 1
     assert values["specdec:num_requests_running"] == 0
+
+
+def test_auto_serves_the_target_alone_text_and_counts_its_choices(pair, reference):
+    """The auto drafter behind the server: each request's text is the target's alone, and /metrics
+    counts the steps of each candidate it chose (and those it left undrafted)."""
+    target, draft = pair
+    app = build_app(target, make_drafter("auto", draft, target=target), MODEL, gamma=8, speculation="on",
+                    max_batch=4)
+    prompts = suite_prompts(4)
+    with serve_in_thread(app) as url:
+        texts = [client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                temperature=0).choices[0].text for prompt in prompts]
+        values = metric_values(url)
+    assert texts == [reference(prompt, 24) for prompt in prompts]
+    steps = {name.split('"')[1]: value for name, value in values.items()
+             if name.startswith("specdec:drafter_steps_total")}
+    assert set(steps) <= {"suffix", "ngram", "ngram-edit", "model", "none"} and sum(steps.values()) > 0, steps
+    accepted = sum(value for name, value in values.items() if name.startswith("specdec:drafter_accepted_tokens_total"))
+    assert accepted == values["specdec:spec_decode_num_accepted_tokens_total"]

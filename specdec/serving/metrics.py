@@ -43,6 +43,10 @@ class ServerMetrics:
                                             "Tokens emitted per drafting step (accepted + 1) since start", registry=r)
         self.accepted_from_cache = Counter("specdec:spec_decode_num_accepted_tokens_from_cache",
                                            "Accepted draft tokens copied from earlier requests' outputs", registry=r)
+        self.drafter_steps = Counter("specdec:drafter_steps", "Request-steps by the candidate the auto drafter chose "
+                                     "(none: no draft)", ["drafter"], registry=r)
+        self.drafter_accepted = Counter("specdec:drafter_accepted_tokens", "Accepted draft tokens by the auto "
+                                        "drafter's candidate that drafted them", ["drafter"], registry=r)
         self.forced_tokens = Counter("specdec:forced_tokens", "Tokens a request's grammar forced, drafted for free "
                                      "(not in the drafted / accepted counts)", registry=r)
         if suffix_caches:
@@ -79,6 +83,9 @@ class ServerMetrics:
         for outcome in outcomes:
             if outcome.forced:
                 self.forced_tokens.inc(outcome.num_accepted)
+            elif outcome.drafter is not None:
+                self.drafter_steps.labels(drafter=outcome.drafter).inc()
+                self.drafter_accepted.labels(drafter=outcome.drafter).inc(outcome.num_accepted)
             if not outcome.num_drafted or outcome.forced:
                 continue
             self.drafts.inc()
