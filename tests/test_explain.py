@@ -195,3 +195,23 @@ def test_steps_mark_drafts_copied_from_earlier_requests(pair):
     assert "(cache)" in console.export_text()
     assert "(cache)" in report_html(run, pair[0].tokenizer, None, 4, PROMPT, step=cached[0].index)
     assert run.result.stats.accepted_from_cache > 0
+
+
+def test_steps_say_which_candidate_auto_chose(pair):
+    """Under the auto drafter every recorded step names its choice, as the stats count them, in the
+    terminal view and the HTML report."""
+    from specdec.drafting import make_drafter
+
+    target = pair[0]
+    run = record_generation(target, make_drafter("auto", pair[1], target=target), PROMPT * 3,
+                            SamplingParams(max_new_tokens=24), policy="auto")
+    choices = [record.drafter for record in run.records]
+    assert None not in choices[:-1]  # only a last step with no room left for a draft asks no drafter
+    choices = [name for name in choices if name is not None]
+    assert {name: choices.count(name) for name in set(choices)} == {
+        name: steps for name, (steps, _, _) in run.result.stats.by_drafter.items()}
+    record = next(record for record in run.records if record.drafter != "none")
+    console = Console(record=True, width=200)
+    console.print(step_renderable(step_view(record), target.tokenizer, len(run.records)))
+    assert f"by {record.drafter} (auto)" in console.export_text()
+    assert f"by {record.drafter})" in report_html(run, target.tokenizer, None, 4, PROMPT, step=record.index)

@@ -39,6 +39,7 @@ class StepRecord:
     emitted: list[int] = field(default_factory=list)
     path: list[int] | None = None  # accepted tree nodes (None: a chain)
     from_cache: tuple[bool, ...] | None = None  # per draft node: copied from earlier requests' outputs
+    drafter: str | None = None  # the auto drafter's choice this step (None: another drafter)
     draft_ms: float = 0.0  # drafting this step (the draft model's forwards, or a lookup)
     verify_ms: float = 0.0  # the target's one forward over the block, and verification
 
@@ -100,7 +101,8 @@ class RecordingEngine(Engine):
             positions=[length - 1 + depth for depth in block_depths(draft)], mask=verify_mask(draft),
             q=None if draft.probs is None else draft.probs.detach().cpu(),
             p=logits_to_probs(target_logits, sampling).cpu(), greedy=sampling.greedy, generator_state=state,
-            emitted=emitted.tolist(), path=None if path is None else path.tolist(), from_cache=draft.from_cache))
+            emitted=emitted.tolist(), path=None if path is None else path.tolist(), from_cache=draft.from_cache,
+            drafter=draft.drafter))
         return emitted, path
 
     def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:

@@ -146,7 +146,8 @@ def step_html(view: StepView, tokenizer: Any, expanded: bool = False) -> str:
         charts.append(bars_html("norm(max(0, p - q)): drawn from", view.final_top, tokenizer))
     emitted = " ".join(html.escape(token_text(tokenizer, t)) for t in record.emitted)
     kind = "tree" if record.parents is not None else "chain"
-    summary = (f"step {record.index}: {record.gamma} drafted ({kind}), {record.num_accepted} accepted"
+    by = f" by {record.drafter}" if record.drafter else ""
+    summary = (f"step {record.index}: {record.gamma} drafted ({kind}{by}), {record.num_accepted} accepted"
                f"{', rejection' if record.rejected else ''}; draft {record.draft_ms:.2f} ms, target forward + verify "
                f"{record.verify_ms:.2f} ms")
     return (f"<details{' open' if expanded else ''}>"

@@ -101,7 +101,8 @@ def cost_text(view: StepView) -> Text:
 def step_renderable(view: StepView, tokenizer: Any, steps: int) -> RenderableType:
     record = view.record
     title = Text(f"step {record.index} of {steps}: context of {record.context_length} tokens, "
-                 f"{record.gamma} drafted{' (a tree)' if record.parents is not None else ''}", style="bold")
+                 f"{record.gamma} drafted{' (a tree)' if record.parents is not None else ''}"
+                 f"{f', by {record.drafter} (auto)' if record.drafter else ''}", style="bold")
     return Group(title, block_table(view, tokenizer), drafts_table(view, tokenizer), charts(view, tokenizer),
                  outcome_text(view, tokenizer), cost_text(view))
 
