@@ -137,10 +137,11 @@ class TreeAcceptance:
             self.stats.setdefault((depth, widths[depth]), RunningMean()).add(1.0 if depth < num_accepted else 0.0)
 
 
-def fit_line(points: Sequence[tuple[float, float]], x: float, weights: Sequence[float] | None = None) -> float | None:
+def fitted_line(points: Sequence[tuple[float, float]],
+                weights: Sequence[float] | None = None) -> Callable[[float], float] | None:
     """Least-squares line through (x, y) points (weighted: a point's weight is the evidence behind
-    it), its slope clipped at 0 (a longer block never costs less), evaluated at x; None when the
-    weight sits on one x (no slope to fit)."""
+    it), its slope clipped at 0 (a longer block never costs less); None when the weight sits on
+    one x (no slope to fit)."""
     weights = weights or [1.0] * len(points)
     total = sum(weights)
     mean_x = sum(w * px for w, (px, _) in zip(weights, points)) / total
@@ -148,8 +149,14 @@ def fit_line(points: Sequence[tuple[float, float]], x: float, weights: Sequence[
     variance = sum(w * (px - mean_x) ** 2 for w, (px, _) in zip(weights, points))
     if variance <= 1e-6 * total:
         return None
-    covariance = sum(w * (px - mean_x) * (py - mean_y) for w, (px, py) in zip(weights, points))
-    return max(1e-9, mean_y + max(0.0, covariance / variance) * (x - mean_x))
+    slope = max(0.0, sum(w * (px - mean_x) * (py - mean_y) for w, (px, py) in zip(weights, points)) / variance)
+    return lambda x: max(1e-9, mean_y + slope * (x - mean_x))
+
+
+def fit_line(points: Sequence[tuple[float, float]], x: float, weights: Sequence[float] | None = None) -> float | None:
+    """fitted_line evaluated at x."""
+    line = fitted_line(points, weights)
+    return None if line is None else line(x)
 
 
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
@@ -187,17 +194,23 @@ class VerifyCost:
         self.by_block.setdefault(block, RunningMean()).add(seconds)
 
     def seconds(self, block: int) -> float | None:
+        return self.curve()(block)
+
+    def curve(self) -> Callable[[int], float | None]:
+        """T as a function of the block size, fitted once (for callers that ask many sizes a step)."""
         measured = [(k, m) for k, m in self.by_block.items() if m.mean is not None]
         if not measured:
-            return None
-        if self.prefer_measured and block in self.by_block and self.by_block[block].count >= 1.0:
-            return self.by_block[block].mean
+            return lambda block: None
         points, weights = [(k, m.total / m.count) for k, m in measured], [m.count for _, m in measured]
-        fitted = fit_line(points, block, weights)
-        if fitted is not None:
-            return fitted
+        line = fitted_line(points, weights)
         k0, t0 = max(zip(weights, points))[1]  # the size measured most
-        return max(1e-9, t0 * (1 + 0.05 * (block - k0)))
+
+        def seconds(block: int) -> float | None:
+            if self.prefer_measured and block in self.by_block and self.by_block[block].count >= 1.0:
+                return self.by_block[block].mean
+            return line(block) if line is not None else max(1e-9, t0 * (1 + 0.05 * (block - k0)))
+
+        return seconds
 
 
 class VerifyCostTable:

@@ -55,21 +55,58 @@ def test_auto_with_a_head_equals_target_only(models, tmp_path_factory):
     assert [c.name for c in drafters["head+model"].candidates] == ["suffix", "ngram", "ngram-edit", "head", "model"]
 
 
+class FreeDrafting:
+    """time for the auto drafter: drafting takes no time, so only acceptance decides."""
+
+    @staticmethod
+    def perf_counter() -> float:
+        return 0.0
+
+
 def test_auto_drafts_with_the_candidate_that_pays(models):
-    """A draft model that is the target wins most steps on text with no repeats; an independent one
-    is dropped for the free drafts or none once measured (its acceptance is near zero)."""
+    """With drafting free, a draft model that is the target wins most steps; an independent one is
+    dropped for the text drafters or none once measured (its acceptance is near zero). (A tiny
+    draft as big as the target costs a target forward a token: then no draft of it pays, rightly.)"""
     target, drafts = models
     prompts = [prompt for prompt, _, _ in random_cases(3, target.vocab_size, 12)]
     used = {}
     for kind in ("same", "independent"):
         decoder = SpeculativeDecoder(target, make_drafter("auto", drafts[kind], target=target), gamma=6, policy="auto")
         steps: dict[str, int] = {}
-        for prompt in prompts:
-            for name, (count, _, _) in decoder.generate(prompt, max_new_tokens=32).stats.by_drafter.items():
-                steps[name] = steps.get(name, 0) + count
+        with mock.patch.object(specdec.drafting.auto, "time", FreeDrafting()):
+            for prompt in prompts:
+                for name, (count, _, _) in decoder.generate(prompt, max_new_tokens=32).stats.by_drafter.items():
+                    steps[name] = steps.get(name, 0) + count
         used[kind] = steps
     share = {kind: steps.get("model", 0) / sum(steps.values()) for kind, steps in used.items()}
     assert share["same"] > 0.6 and share["independent"] < 0.3, used
+
+
+def test_the_cost_model_weighs_acceptance_against_cost():
+    """The choice itself: a text draft accepted often beats a costly forward candidate; the same
+    candidate, cheap and accepted, beats it; where nothing is accepted, no draft."""
+    from specdec.drafting.auto import AutoState
+
+    auto = AutoDrafter({"ngram": NGramDrafter(3), "head": NGramDrafter(3)}, ("ngram",))
+    auto.verify_cost.add(1, 0.010)
+    auto.verify_cost.add(5, 0.012)
+
+    def state(text_alpha: float, head_alpha: float, shadow: list[int]) -> AutoState:
+        s = auto.start(torch.tensor([1, 2, 3]))
+        for index, alpha in enumerate((text_alpha, head_alpha)):
+            for _ in range(200):
+                s.acceptance[index].update(1, 1 if torch.rand(()) < alpha else 0)
+        s.shadows = [shadow, None]
+        return s
+
+    torch.manual_seed(0)
+    auto.candidates[1].seconds_per_token.add(0.004)
+    assert auto.choose(state(0.9, 0.9, [5, 6, 7, 8]), 8).candidate == 0  # free and accepted
+    assert auto.choose(state(0.05, 0.95, [5]), 8).candidate == 1  # the head is worth its cost
+    assert auto.choose(state(0.0, 0.0, [5, 6]), 8).candidate is None  # nothing pays
+    auto.candidates[1].seconds_per_token = type(auto.candidates[1].seconds_per_token)()
+    auto.candidates[1].seconds_per_token.add(0.050)  # five target forwards a token: never worth it
+    assert auto.choose(state(0.05, 0.95, [5]), 8).candidate != 1
 
 
 def test_the_steps_each_candidate_drafted_are_counted(models):

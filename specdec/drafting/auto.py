@@ -110,26 +110,29 @@ class AutoDrafter(BaseDrafter):
 
     # The choice.
 
-    def rate(self, state: AutoState, index: int | None, length: int) -> float | None:
-        """Expected tokens per second of drafting ``length`` tokens with candidate ``index`` (None: no draft)."""
-        if index is None or length == 0:
-            return tokens_per_second(1.0, 0, 0.0, self.verify_cost.seconds(1))
+    def rates(self, state: AutoState, index: int, most: int, verify: list[float | None]) -> list[Choice]:
+        """Expected tokens per second of drafting 1..most tokens with candidate ``index``, where
+        ``verify[k]`` is T(k + 1) (the alphas and T computed once a step: this runs every step)."""
         candidate = self.candidates[index]
         per_token = 0.0 if candidate.copies_text else candidate.seconds_per_token.mean
-        return tokens_per_second(state.acceptance[index].expected_tokens(length), length, per_token,
-                                 self.verify_cost.seconds(length + 1))
+        choices, expected = [], 1.0
+        for length, reach in enumerate(state.acceptance[index].reaches(most), start=1):
+            expected += reach
+            choices.append(Choice(index, length, tokens_per_second(expected, length, per_token, verify[length])))
+        return choices
 
     def choose(self, state: AutoState, gamma: int) -> Choice:
         """The best (candidate, length) for this step, given the free drafts in ``state.shadows``."""
-        options = [Choice(None, 0, self.rate(state, None, 0))]
+        curve = self.verify_cost.curve()
+        verify = [curve(block) for block in range(1, gamma + 2)]  # [k]: T(k + 1)
+        options = [Choice(None, 0, tokens_per_second(1.0, 0, 0.0, verify[0]))]
         untried = []  # forward candidates whose drafting cost is not measured yet
         for index, candidate in enumerate(self.candidates):
             shadow = state.shadows[index]
-            most = len(shadow) if shadow is not None else gamma
             if not candidate.copies_text and candidate.seconds_per_token.mean is None:
                 untried.append(index)
-                continue
-            options += [Choice(index, length, self.rate(state, index, length)) for length in range(1, most + 1)]
+            else:
+                options += self.rates(state, index, len(shadow) if shadow is not None else gamma, verify)
         if untried:  # measure what it costs: its default length, once
             return Choice(untried[0], min(gamma, 4), None)
         if any(option.rate is None for option in options):  # T(k) not measured yet: the longest free draft
