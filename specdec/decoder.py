@@ -37,10 +37,13 @@ def is_batch(prompt: Prompt | Sequence[Prompt]) -> bool:
 class SpeculativeDecoder:
     """Speculative decoding of ``target`` with ``drafter`` proposing ``gamma`` tokens a step.
 
-    drafter may be a Drafter, a LanguageModel (wrapped in a ModelDrafter) or None, which gives
-    plain target-only decoding through the same loop (the baseline). policy is a name or a
-    policy object that every request copies. draft_forced: a constrained request's forced tokens
-    (specdec.grammar) are drafted before asking the drafter (off only to measure what they bring).
+    drafter may be a Drafter, a LanguageModel (wrapped in a ModelDrafter), a name of a drafter that
+    needs no draft model ("auto": every such drafter and the head found for the target, each step's
+    best; "suffix", "ngram", ...) or None, which gives plain target-only decoding through the same
+    loop (the baseline). policy is a name or a policy object that every request copies (unset:
+    "auto" for the auto drafter, which then drafts up to gamma = 12, else "fixed" with gamma 4).
+    draft_forced: a constrained request's forced tokens (specdec.grammar) are drafted before asking
+    the drafter (off only to measure what they bring).
     prefill_chunk: a prompt is prefilled in pieces of that many tokens (Engine.prefill), as a
     server with that chunk prefills it (the same cache bits); None: in one piece.
     Every generate() or stream() call has its own cache rows, so calls never disturb each other.
@@ -49,9 +52,9 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: LanguageModel,
-        drafter: Drafter | LanguageModel | None = None,
-        gamma: int = 4,
-        policy: str | DraftLengthPolicy = "fixed",
+        drafter: Drafter | LanguageModel | str | None = None,
+        gamma: int | None = None,
+        policy: str | DraftLengthPolicy | None = None,
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
     ) -> None:

@@ -23,6 +23,7 @@ from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft,
 from specdec.drafting.base import (Draft, Drafter, ReadsHidden, StepOutcome, StopRule, block_depths, block_parents,
                                    propose_many, tree_widths)
 from specdec.metrics import SpecStats
+from specdec.names import AUTO, default_gamma
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.rules import SamplingRule, make_rule
@@ -80,11 +81,16 @@ class Request:
         self.length = min(self.length, length)
 
 
-def as_drafter(drafter: Drafter | LanguageModel | None, target: LanguageModel) -> Drafter | None:
+def as_drafter(drafter: Drafter | LanguageModel | str | None, target: LanguageModel) -> Drafter | None:
     """A loaded draft model becomes a "model" drafter paired with the target by tokenizer
-    (make_drafter); drafters pass through."""
+    (make_drafter); a name, a drafter that needs no draft model ("auto" with the head found for
+    the target, "suffix", "ngram", ...); drafters pass through."""
     from specdec.drafting import make_drafter
 
+    if isinstance(drafter, str):
+        from specdec.drafting.head_finder import find_head
+
+        return make_drafter(drafter, target=target, head=find_head(target) if drafter == AUTO else None)
     return make_drafter("model", drafter, target=target) if isinstance(drafter, LanguageModel) else drafter
 
 
@@ -99,24 +105,27 @@ class Engine:
     def __init__(
         self,
         target: LanguageModel,
-        drafter: Drafter | LanguageModel | None = None,
-        gamma: int = 4,
-        policy: str | DraftLengthPolicy = "fixed",
+        drafter: Drafter | LanguageModel | str | None = None,
+        gamma: int | None = None,
+        policy: str | DraftLengthPolicy | None = None,
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
     ) -> None:
+        self.drafter = as_drafter(drafter, target)
+        # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
+        chosen: str | DraftLengthPolicy = policy or getattr(self.drafter, "default_policy", "fixed")
+        gamma = default_gamma(chosen if isinstance(chosen, str) else None) if gamma is None else gamma
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
         self.target = target
         self.prefill_chunk = prefill_chunk  # prompt pieces (Engine.prefill); None: a prompt in one piece
-        self.drafter = as_drafter(drafter, target)
         # A constrained request's forced tokens are drafted before asking the drafter (off: to measure them)
         self.draft_forced = draft_forced
         # Each request gets its own policy: what a policy learns of the text never leaks between
         # generations; measured seconds (the models' and the machine's) are shared (for_request).
-        template = make_policy(policy, gamma) if isinstance(policy, str) else policy
+        template = make_policy(chosen, gamma) if isinstance(chosen, str) else chosen
         self.new_policy: Callable[[], DraftLengthPolicy] = getattr(template, "for_request",
                                                                    lambda: copy.deepcopy(template))
         draft_vocab = getattr(self.drafter, "vocab_size", None)

@@ -22,10 +22,9 @@ def models(tiny_pair):
 
 
 def test_a_guess_not_verified_is_judged_by_the_tokens_emitted():
-    assert judged([5, 6, 7], [5, 9]) == (3, 1)  # rejected at its second token
-    assert judged([5, 6, 7], [8]) == (3, 0)
-    assert judged([5, 6], [5, 6, 2]) == (2, 2)  # all of it agreed
-    assert judged([5, 6, 7, 8], [5, 6]) == (2, 2)  # agreed as far as was seen: no more is known
+    assert judged([5, 6, 7], [5, 9]) == (1, 1)  # its first token is judged: the target's own was 5
+    assert judged([5, 6, 7], [8]) == (1, 0)
+    assert judged([5, 6], [5, 6, 2]) == (1, 1)
     assert judged([], [1]) is None and judged(None, [1]) is None
 
 
@@ -189,3 +188,16 @@ def test_auto_under_the_coupled_rule_gives_the_target_alone_text(models):
     for seed, (prompt, length, _) in enumerate(random_cases(11, target.vocab_size, 20)):
         sampling = SamplingParams(temperature=0.8, seed=seed, max_new_tokens=length)
         assert decoder.generate(prompt, sampling).token_ids == alone.generate(prompt, sampling).token_ids
+
+
+def test_one_argument_in_python(models):
+    """SpeculativeDecoder(target, "auto"): the auto drafter with its own policy, capped at 12 tokens."""
+    target, _ = models
+    decoder = SpeculativeDecoder(target, "auto")
+    assert isinstance(decoder.drafter, AutoDrafter)
+    policy = decoder.engine.new_policy()
+    assert policy.name == "auto" and policy.next_shape().depth == 12
+    prompt = [5, 6, 7, 8, 9] * 5
+    assert decoder.generate(prompt, max_new_tokens=30).token_ids == \
+        SpeculativeDecoder(target).generate(prompt, max_new_tokens=30).token_ids
+    assert SpeculativeDecoder(target, "ngram").engine.new_policy().next_shape().depth == 4  # fixed, gamma 4

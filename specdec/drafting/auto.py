@@ -5,7 +5,8 @@ Candidates come in two kinds. Drafters that copy from text (suffix, n-gram, ngra
 microseconds: each drafts every step, and each is judged on every step's outcome whether it was
 verified or not (its guess is compared with the tokens the target emitted: the count it would have
 had accepted; for sampling, a point-mass guess x is accepted with probability p(x), the chance
-that the target's own draw is x, so the comparison estimates the same rate). Drafters that run a
+that the target's own draw is x, so the comparison estimates the same rate); only its first token
+is judged so, deeper ones when its own draft is verified. Drafters that run a
 forward (a draft head, a draft model) cost real time: they draft only when chosen, and one that
 has not drafted for ``probe_every`` steps gets a step, so its estimate stays alive.
 
@@ -32,7 +33,6 @@ import torch
 from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome,
                                    describe_drafter, propose_many, suffix_caches)
 from specdec.drafting.merge import SubRequest
-from specdec.drafting.model import common_prefix
 from specdec.estimates import AcceptanceByPosition, RunningMean, VerifyCost, tokens_per_second
 
 NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
@@ -71,6 +71,8 @@ class AutoDrafter(BaseDrafter):
     """Picks, each step and for each request, the candidate draft with the highest expected tokens
     per second (see the module docstring). ``candidates`` maps a name (what stats and metrics
     show) to a drafter; ``text_drafters`` names those that only copy text."""
+
+    default_policy = "auto"  # it chooses each step's length itself: the policy only caps it
 
     def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], probe_every: int = 16,
                  max_gamma: int = 16, decay: float = 0.98) -> None:
@@ -218,12 +220,11 @@ class AutoDrafter(BaseDrafter):
 
 
 def judged(guess: list[int] | None, emitted: list[int]) -> tuple[int, int] | None:
-    """(drafted, accepted) that a chain ``guess`` not verified this step would have had, read off the
-    tokens the target emitted: accepted up to its first token that differs from them; where it
-    agrees with all of them, only that much is known (a longer guess is judged on what was seen)."""
+    """(drafted, accepted) of the first token of a chain ``guess`` not verified this step, read off
+    the tokens the target emitted. Only the first: every step reaches it, so it is judged without
+    bias; a deeper position is seen only where the verified draft got that far, on text that was
+    easy to guess (judged there too, a candidate looked better than it drafts). Deeper positions
+    are learned from the steps whose verified draft is the candidate's own."""
     if not guess:
         return None
-    agree = common_prefix(guess, emitted)
-    if agree < min(len(guess), len(emitted)):
-        return len(guess), agree  # rejected at its first difference
-    return agree, agree
+    return 1, int(guess[0] == emitted[0])
