@@ -179,7 +179,10 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
         if args.quantize is None and own_forward and args.dtype == "float32" and args.device == "cpu":
             if gguf:
                 quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic: float32's text
-            chosen = fastest_precision(args, errors)
+            from specdec.models.precision_choice import announce_precision
+
+            chosen = announce_precision(args.target, "specdec" if gguf else args.backend, args.trust_remote_code,
+                                        errors)
             if chosen is not None:
                 quantize = chosen[0]
         return args.target, args.draft, quantize, None
@@ -199,27 +202,6 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
                 errors.print(f"[dim]{why}[/]", highlight=False, soft_wrap=True)
     errors.print(f"[dim]default pair: {pair.name} ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
     return str(target), str(pair.draft), quantize, pair
-
-
-def fastest_precision(args: argparse.Namespace, errors: Console) -> tuple[str | None] | None:
-    """(quantize,) measured fastest and exact for --target on this CPU (once; said in one line; None
-    in it: float32), or None where the model is small enough not to measure (precision_choice)."""
-    from specdec.models.loading import load
-    from specdec.models.precision_choice import choose_precision, worth_measuring
-
-    if not worth_measuring(args.target):
-        return None
-    backend = "specdec" if args.target.endswith(".gguf") else args.backend
-
-    def load_as(quantize: str | None):
-        return load(args.target, quantize=quantize, backend=backend, trust_remote_code=args.trust_remote_code)
-
-    with waiting(errors, "choosing the fastest exact precision for this model here") as update:
-        choice = choose_precision(args.target, load_as, update)
-    if choice is None:
-        return None
-    errors.print(f"[dim]{choice[1]}[/]", highlight=False, soft_wrap=True)
-    return (choice[0],)
 
 
 def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True, resolved=None):
@@ -271,17 +253,14 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     args.drafter = args.drafter or (("model" if args.draft else "ngram") if args.tree else AUTO)
     auto = args.drafter == AUTO
     # auto on a GGUF: the own forward, whose hidden states a head reads (llama.cpp's give none)
-    gguf = (args.target or "").endswith(".gguf")
-    reads_hidden = bool(args.draft_head) or reads_target(args.drafter) or (auto and gguf)
-    resolved = resolve_models(args, errors, reads_hidden=reads_hidden)
+    resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter) or (
+        auto and (args.target or "").endswith(".gguf")))
     pair = resolved[3]
     if args.policy is None:
         args.policy = default_policy(args.drafter)
         if args.tree or drafts_trees(args.drafter):
             args.policy = "tree-cost"
-    if args.gamma is None:
-        args.gamma = default_gamma(args.policy)
-    chosen = ""
+    args.gamma, chosen = default_gamma(args.policy) if args.gamma is None else args.gamma, ""
     # auto takes a draft model only when one is named (the default pair's draft broke even: docs/default-pair.md)
     needs_model = not args.no_draft and (bool(args.draft) if auto else any(
         kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(args.drafter)))

@@ -9,6 +9,8 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
+import re
+
 import enum
 import time
 from collections.abc import Sequence
@@ -78,8 +80,24 @@ def chat_text(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Token ids of chat_text (the template already holds every special token it wants)."""
-    return list(tokenizer.encode(chat_text(tokenizer, messages), add_special_tokens=False))
+    """Token ids of chat_text (the template already holds every special token it wants). A
+    message's content is text: where it holds the string of an added token (``<|im_end|>`` typed
+    by a user), that string is encoded as the text it is, never as the control token, or a user
+    could end their turn and write the system's or the assistant's. The template is then rendered
+    around placeholders, its own pieces encoded as usual and each content with special tokens
+    split (a conversation without such strings is encoded whole, as always)."""
+    markers = [token for token in getattr(tokenizer, "get_added_vocab", dict)() if len(token) > 1]
+    if not any(marker in message["content"] for message in messages for marker in markers):
+        return list(tokenizer.encode(chat_text(tokenizer, messages), add_special_tokens=False))
+    holders = {f"\ue000{index}\ue001": message["content"] for index, message in enumerate(messages)}
+    text = chat_text(tokenizer, [{**message, "content": holder} for holder, message in zip(holders, messages)])
+    ids: list[int] = []
+    for piece in re.split("(\ue000\\d+\ue001)", text):
+        if piece in holders:
+            ids += tokenizer.encode(holders[piece], add_special_tokens=False, split_special_tokens=True)
+        elif piece:
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+    return ids
 
 
 class IncrementalDetokenizer:

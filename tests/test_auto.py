@@ -22,9 +22,10 @@ def models(tiny_pair):
 
 
 def test_a_guess_not_verified_is_judged_by_the_tokens_emitted():
-    assert judged([5, 6, 7], [5, 9]) == (1, 1)  # its first token is judged: the target's own was 5
-    assert judged([5, 6, 7], [8]) == (1, 0)
-    assert judged([5, 6], [5, 6, 2]) == (1, 1)
+    assert judged([5, 6, 7], [5, 9]) == (3, 1)  # rejected at its second token
+    assert judged([5, 6, 7], [8]) == (3, 0)
+    assert judged([5, 6], [5, 6, 2]) == (2, 2)  # all of it agreed
+    assert judged([5, 6, 7, 8], [5, 6]) == (2, 2)  # agreed as far as was seen: no more is known
     assert judged([], [1]) is None and judged(None, [1]) is None
 
 

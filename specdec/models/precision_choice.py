@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 SMALL_MODEL_PARAMETERS = 50_000_000
@@ -81,3 +82,24 @@ def choose_precision(path: str, load: Callable[[str | None], object],
     if others:
         line += "; also measured: " + ", ".join(f"{name} {choice.milliseconds[name]:.0f} ms" for name in others)
     return (None if choice.name == "none" else choice.name), line + " (measured once, cached)"
+
+
+def announce_precision(target: str, backend: str, trust_remote_code: bool, errors: Any) -> tuple[str | None] | None:
+    """(quantize,) for the command line's --target with --quantize unset (None in it: float32),
+    measured with a progress line and said in one line on ``errors`` (a rich Console); None where
+    the model is small enough not to measure."""
+    from specdec.models.loading import load
+    from specdec.progress import waiting
+
+    if not worth_measuring(target):
+        return None
+
+    def load_as(quantize: str | None) -> object:
+        return load(target, quantize=quantize, backend=backend, trust_remote_code=trust_remote_code)
+
+    with waiting(errors, "choosing the fastest exact precision for this model here") as update:
+        choice = choose_precision(target, load_as, update)
+    if choice is None:
+        return None
+    errors.print(f"[dim]{choice[1]}[/]", highlight=False, soft_wrap=True)
+    return (choice[0],)

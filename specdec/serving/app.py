@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import os
 import time
@@ -38,6 +39,45 @@ class ServerLimits:
     max_tokens: int = 2048  # the most new tokens one request may ask for
     default_chat_tokens: int = 512  # when a chat request names no max_tokens
     disconnect_poll_seconds: float = 0.5
+    api_key: str | None = None  # every /v1 route then needs "Authorization: Bearer <key>"
+    # The largest request body read (413 past it, before it is parsed); None: 32 bytes per token of
+    # the context, at least 1 MiB: a prompt the context cannot hold is refused before it is tokenized.
+    max_body_bytes: int | None = None
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets a 413 before anything parses it
+    (at once from its Content-Length; as it arrives when chunked)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", ())).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            response = error_response(too_large(self.limit))
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise BodyTooLarge
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over this server's limit of {limit} bytes", code="body_too_large")
 
 
 class Session:
@@ -58,13 +98,17 @@ class Session:
     async def chunks(self, http: Request | None = None, poll: float = 0.5) -> AsyncIterator[StreamChunk]:
         """The request's chunks up to its result; cancels the request if the consumer stops
         early or (when ``http`` is given) the client disconnects."""
+        checked = time.monotonic()
         try:
             while True:
+                # A client that left is noticed within ``poll`` seconds, also while tokens keep coming.
+                if http is not None and time.monotonic() - checked >= poll:
+                    checked = time.monotonic()
+                    if await http.is_disconnected():
+                        return
                 try:
                     item = await asyncio.wait_for(self.queue.get(), poll) if http else await self.queue.get()
                 except asyncio.TimeoutError:
-                    if await http.is_disconnected():
-                        return
                     continue
                 if isinstance(item, BaseException):
                     raise ApiError(500, f"generation failed: {item}", kind="server_error") from item
@@ -101,6 +145,10 @@ def add_error_handlers(app: FastAPI) -> None:
             return error_response(ApiError(400, f"the request body is not valid JSON{at}: {reason}"))
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
         return error_response(ApiError(400, f"invalid request body: {first.get('msg', error)}", where))
+
+    @app.exception_handler(BodyTooLarge)
+    async def body_too_large(request: Request, _: BodyTooLarge) -> JSONResponse:
+        return error_response(too_large(request.app.state.max_body_bytes))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -230,7 +278,20 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.scheduler = scheduler  # for tests and embedding programs
+    app.state.max_body_bytes = limits.max_body_bytes or max(1 << 20, 32 * max_context)
     add_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=app.state.max_body_bytes)
+    if limits.api_key:
+        expected = f"Bearer {limits.api_key}".encode()
+
+        @app.middleware("http")
+        async def require_key(request: Request, call_next: Any) -> Response:
+            # /health and /metrics stay open (load balancers and Prometheus scrape them)
+            given = request.headers.get("authorization", "").encode()
+            if request.url.path.startswith("/v1") and not hmac.compare_digest(given, expected):
+                return error_response(ApiError(401, "this server needs an API key: Authorization: Bearer <key>",
+                                               code="invalid_api_key", kind="authentication_error"))
+            return await call_next(request)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
@@ -254,7 +315,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
         check_model(body.model)
         sampling = body.sampling(body.requested_max_tokens, limits.default_chat_tokens, limits.max_tokens)
         try:
-            prompt_ids = chat_prompt_ids(tokenizer, [m.model_dump() for m in body.messages])
+            prompt_ids = chat_prompt_ids(tokenizer, [m.as_text(index) for index, m in enumerate(body.messages)])
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
         sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)

@@ -21,6 +21,17 @@ MAX_CHOICES = 16  # the most choices (n) one request may ask for
 # Our finish reasons in OpenAI's words.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "context": "length"}
 MAX_TEMPERATURE = 2.0  # OpenAI's range: 0..2
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit seed, as torch's generators take it
+
+
+def check_text(text: str, param: str) -> str:
+    """``text`` if it can be encoded (UTF-8); a lone surrogate gets a 400 naming where it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ApiError(400, f"{param} is not valid Unicode text: a lone surrogate at character {error.start}",
+                       param) from None
+    return text
 
 
 class ApiError(Exception):
@@ -135,7 +146,10 @@ class SamplingFields(BaseModel):
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         if max_tokens > limit:
             raise ApiError(400, f"max_tokens is {max_tokens}, but this server allows at most {limit}", "max_tokens")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ApiError(400, f"seed must be a 64-bit integer, in [-2^63, 2^63 - 1]; got {self.seed}", "seed")
+        stop = tuple(check_text(text, "stop") for text in ((self.stop,) if isinstance(self.stop, str) else
+                                                          (self.stop or ())))
         try:
             return SamplingParams(temperature=temperature, top_k=self.top_k or 0,
                                   top_p=1.0 if self.top_p is None else self.top_p,
@@ -164,14 +178,28 @@ class CompletionRequest(SamplingFields):
             prompt = prompt[0]  # a list of one prompt is that prompt (a string or a list of ids)
         if not prompt:
             raise ApiError(400, "prompt is empty", "prompt")
-        return prompt
+        return check_text(prompt, "prompt") if isinstance(prompt, str) else prompt
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | None = ""
+    content: str | list[dict[str, Any]] | None = ""
+
+    def as_text(self, index: int) -> dict[str, str]:
+        """{"role", "content"} with the content as text (OpenAI's text parts joined); a 400 for what
+        is not text (null, image parts, a lone surrogate)."""
+        where = f"messages[{index}].content"
+        content = self.content
+        if content is None:
+            raise ApiError(400, f"{where} is null; give the message's text", where)
+        if isinstance(content, list):
+            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+                raise ApiError(400, f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                                    "supported", where)
+            content = "".join(part["text"] for part in content)
+        return {"role": self.role, "content": check_text(content, where)}
 
 
 class ChatRequest(SamplingFields):

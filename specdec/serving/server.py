@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import contextlib
 import threading
 import time
@@ -129,6 +130,23 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
                        help="recent prompts kept in this many spare cache rows; a prompt that begins like one of them "
                             "copies the shared part (whole prefill pieces: exact) instead of computing it (0: off)")
     serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                       help="every /v1 route needs 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; "
+                            "/health and /metrics stay open)")
+    serve.add_argument("--max-body-bytes", type=int,
+                       help="the largest request body read; more gets a 413 before parsing (default: 32 bytes per "
+                            "context token, at least 1 MiB)")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
@@ -141,8 +159,13 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
     with waiting(errors, "measuring verify costs (once per machine and model)") as update:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
-                        limits=ServerLimits(max_tokens=args.max_tokens), progress=update,
+                        limits=ServerLimits(max_tokens=args.max_tokens, api_key=args.api_key,
+                                            max_body_bytes=args.max_body_bytes), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows)
-    errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation})")
+    errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation}"
+                 f"{', API key required' if args.api_key else ''})")
+    if not args.api_key and not is_loopback(args.host):
+        errors.print(f"[yellow]warning: serving on {args.host} without an API key: anyone who can reach it can use "
+                     "it (--api-key KEY or SPECDEC_API_KEY)[/]")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
