@@ -74,7 +74,7 @@ class AutoDrafter(BaseDrafter):
 
     default_policy = "auto"  # it chooses each step's length itself: the policy only caps it
 
-    def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], probe_every: int = 16,
+    def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], probe_every: int = 64,
                  max_gamma: int = 16, decay: float = 0.98) -> None:
         if not candidates:
             raise ValueError("the auto drafter needs at least one candidate drafter")
