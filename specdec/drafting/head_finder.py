@@ -26,6 +26,7 @@ import torch
 from specdec.machine import cache_root
 from specdec.models.base import LanguageModel
 
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # what an EAGLE-3 head's config.json names (head_format.py)
 TARGET_FILE = "target.json"
 PROBE_ROWS, PROBE_COLUMNS = 16, 8
 # bfloat16 keeps 8 bits of mantissa; a Q4_K/Q6_K GGUF's blocks round further: both stay well inside
@@ -52,6 +53,18 @@ class TargetIdentity:
         return None
 
 
+def target_embedding(target: LanguageModel) -> torch.Tensor:  # [vocab, hidden]
+    """The target's input embedding, which the head shares (own forward or transformers adapter)."""
+    network = target.network
+    module = getattr(network, "embed_tokens", None)
+    if module is None and hasattr(network, "model"):
+        module = network.model.get_input_embeddings()
+    if module is None:
+        raise ValueError(f"a draft head reads the target's hidden states and embedding; the {target.backend} backend "
+                         "gives neither (load the target with --backend specdec)")
+    return module.weight.detach().float()
+
+
 def embedding_probe(embedding: torch.Tensor) -> tuple[float, ...]:  # embedding [vocab, hidden]
     rows = torch.linspace(0, embedding.shape[0] - 1, PROBE_ROWS).long()
     return tuple(round(float(value), 6) for value in embedding[rows, :PROBE_COLUMNS].float().flatten())
@@ -59,8 +72,6 @@ def embedding_probe(embedding: torch.Tensor) -> tuple[float, ...]:  # embedding 
 
 def target_identity(target: LanguageModel) -> TargetIdentity | None:
     """The identity of a target on specdec's own forward (None: another backend, which gives no hidden states)."""
-    from specdec.drafting.head_format import target_embedding
-
     config = getattr(target.network, "config", None)
     if target.backend != "specdec" or config is None or not hasattr(config, "num_layers"):
         return None
@@ -94,8 +105,6 @@ def head_folders() -> list[Path]:
 
 
 def is_head(folder: Path) -> bool:
-    from specdec.drafting.head_format import ARCHITECTURE
-
     try:
         return ARCHITECTURE in json.loads((folder / "config.json").read_text()).get("architectures", [])
     except (OSError, ValueError):

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from specdec.drafting.head import DraftHead, HeadConfig, default_feature_layers
+from specdec.drafting.head_finder import ARCHITECTURE, check_fits, target_embedding
 from specdec.models.base import LanguageModel
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
 
 
@@ -118,18 +118,6 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no {WEIGHTS_FILE} or pytorch_model.bin in {folder}")
 
 
-def target_embedding(target: LanguageModel) -> torch.Tensor:  # [vocab, hidden]
-    """The target's input embedding, which the head shares (own forward or transformers adapter)."""
-    network = target.network
-    module = getattr(network, "embed_tokens", None)
-    if module is None and hasattr(network, "model"):
-        module = network.model.get_input_embeddings()
-    if module is None:
-        raise ValueError(f"a draft head reads the target's hidden states and embedding; the {target.backend} backend "
-                         "gives neither (load the target with --backend specdec)")
-    return module.weight.detach().float()
-
-
 def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = torch.float32,
               quantize: str | None = None) -> DraftHead:
     """An EAGLE-3 head from ``folder``, checked against the target it drafts for. quantize: None,
@@ -140,8 +128,6 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
     num_layers = getattr(getattr(target.network, "config", None), "num_layers", None) or \
         target.network.model.config.num_hidden_layers
     config = head_config(json.loads((folder / CONFIG_FILE).read_text()), num_layers)
-    from specdec.drafting.head_finder import check_fits
-
     check_fits(folder, target)  # a head that records another target is refused, whatever its shapes
     if config.target_hidden_size != target_embedding(target).shape[1]:
         raise ValueError(f"the head at {folder} reads features of width {config.target_hidden_size}, the target "

@@ -45,13 +45,11 @@ class ServerLimits:
     max_body_bytes: int | None = None
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes gets a 413 before anything parses it
-    (at once from its Content-Length; as it arrives when chunked)."""
+    """ASGI middleware: a request body over ``limit`` bytes gets a 413 before anything parses it:
+    at once from its Content-Length, else read (at most ``limit`` bytes are held) before the app
+    runs. (Raising from the app's own body read would not do: FastAPI turns any error there into
+    a 400 "error parsing the body".)"""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -60,20 +58,24 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", ())).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            response = error_response(too_large(self.limit))
-            return await response(scope, receive, send)
-        seen = 0
-
-        async def counted() -> dict:
-            nonlocal seen
+        if declared.isdigit():
+            if int(declared) > self.limit:
+                return await error_response(too_large(self.limit))(scope, receive, send)
+            return await self.app(scope, receive, send)
+        held, size = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise BodyTooLarge
-            return message
+            held.append(message)
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await error_response(too_large(self.limit))(scope, receive, send)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
 
-        await self.app(scope, counted, send)
+        async def replay() -> dict:
+            return held.pop(0) if held else await receive()
+
+        await self.app(scope, replay, send)
 
 
 def too_large(limit: int) -> ApiError:
@@ -145,10 +147,6 @@ def add_error_handlers(app: FastAPI) -> None:
             return error_response(ApiError(400, f"the request body is not valid JSON{at}: {reason}"))
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
         return error_response(ApiError(400, f"invalid request body: {first.get('msg', error)}", where))
-
-    @app.exception_handler(BodyTooLarge)
-    async def body_too_large(request: Request, _: BodyTooLarge) -> JSONResponse:
-        return error_response(too_large(request.app.state.max_body_bytes))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
