@@ -117,7 +117,12 @@ def run(
     reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in named) or (
         "auto" in named and (args.target or "").endswith(".gguf"))
     resolved = resolve_models(args, errors, reads_hidden)
-    target, draft = load_models(args, errors, resolved=resolved)
+    # A draft model loads when named, or when a method needs one (the default pair's, for model:...);
+    # auto takes it as a candidate then, as `generate --draft` does.
+    from specdec.bench.suite import needs_draft_model
+
+    target, draft = load_models(args, errors, want_draft=bool(args.draft) or needs_draft_model(args.methods or []),
+                                resolved=resolved)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
     if head is None and target.backend == "specdec":
         from specdec.drafting.head_finder import find_head

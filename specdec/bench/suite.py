@@ -159,6 +159,24 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
                                                        else gamma, policy=policy, draft_forced=not flag))
 
 
+def needs_draft_model(names: Sequence[str]) -> bool:
+    """Whether any of these methods drafts with a draft model (auto takes one only when named)."""
+    from specdec.names import TEXT_DRAFTERS, base_kinds
+
+    for name in expand_method_names(names):
+        method = name.partition("@")[0]
+        if is_llama_cpp_method(method) or method == REFERENCE:
+            continue
+        if is_transformers_method(method):
+            if method.startswith("transformers-assisted"):
+                return True
+            continue
+        free = (*TEXT_DRAFTERS, "auto", "head", "head-tree")  # drafters that need no draft model
+        if any(kind not in free for kind in base_kinds(method.partition(":")[0])):
+            return True
+    return False
+
+
 def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int | None,
                   ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
                   head=None) -> list[Method]:
