@@ -10,7 +10,7 @@ forward (a draft head, a draft model) cost real time: they draft only when chose
 has not drafted for ``probe_every`` steps gets a step, so its estimate stays alive.
 
 The cost model (Leviathan et al. 2023, with measured costs; p = target, q = draft): a draft of g
-tokens from candidate c is worth E_c[tokens](g) = 1 + sum of its reaches (c's acceptance by
+tokens from candidate c is worth E_c(g) expected tokens, 1 + the sum of its reaches (c's acceptance by
 position on this request, the pooled estimate over earlier requests as its prior) and costs
 g * (c's seconds per drafted token) + T(g + 1), with T(k) the measured seconds of a k-token verify
 block; no draft is worth 1 token for T(1). The highest expected tokens per second wins.
