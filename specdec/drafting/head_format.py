@@ -129,16 +129,17 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
         target.network.model.config.num_hidden_layers
     config = head_config(json.loads((folder / CONFIG_FILE).read_text()), num_layers)
     check_fits(folder, target)  # a head that records another target is refused, whatever its shapes
-    if config.target_hidden_size != target_embedding(target).shape[1]:
+    embedding = target_embedding(target)  # [vocab, hidden]
+    if config.target_hidden_size != embedding.shape[1]:
         raise ValueError(f"the head at {folder} reads features of width {config.target_hidden_size}, the target "
-                         f"{target.name} has hidden size {target_embedding(target).shape[1]}: a head works only "
+                         f"{target.name} has hidden size {embedding.shape[1]}: a head works only "
                          "with the target it was trained for")
     if config.vocab_size != target.vocab_size:
         raise ValueError(f"the head at {folder} drafts over {config.vocab_size} tokens, the target {target.name} "
                          f"has {target.vocab_size}: a head works only with the target it was trained for")
     if max(config.feature_layers) >= num_layers:
         raise ValueError(f"the head reads target layers {config.feature_layers}; {target.name} has {num_layers}")
-    head = DraftHead(config, target_embedding(target).to(target.device)).to(dtype)  # copies keep their precision
+    head = DraftHead(config, embedding.to(target.device)).to(dtype)  # copies keep their precision
     tensors = read_tensors(folder)
     missing = [name for name in eagle3_tensors(head) if name not in tensors and name not in ("d2t", "t2d")]
     if missing:
