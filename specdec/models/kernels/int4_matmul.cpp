@@ -28,6 +28,11 @@
 
 namespace {
 constexpr int kCols = 16, kGroup = 32, kRecord = 320;
+// Software prefetch distance in bytes (8 groups ahead). Why: a block's records span several 4 KiB
+// pages and the hardware prefetchers stop at page boundaries; once a verify block of 8 rows makes
+// the kernel compute-bound, each such miss stalled it (VNNI, 1.5B int4, 8 rows: 62 -> 44 ms of
+// matmuls a step, docs/benchmarks/cpu/roofline.py).
+constexpr int kAhead = 8 * kRecord;
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr int kRows = 8;
@@ -40,6 +45,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
   for (int r = 0; r < rows; ++r) accf[r] = _mm512_setzero_ps();
   const uint8_t* record = w + block * groups * kRecord;
   for (int64_t g = 0; g < groups; ++g, record += kRecord) {
+    for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + kAhead + line, _MM_HINT_T0);
     __m512i acci[kRows];
     for (int r = 0; r < rows; ++r) acci[r] = _mm512_setzero_si512();
     for (int s = 0; s < 4; ++s) {
@@ -47,7 +53,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
       const __m512i low = _mm512_and_si512(packed, nibble);
       const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
       for (int r = 0; r < rows; ++r) {
-        const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+        const int8_t* xs = x + (g * rows + r) * kGroup + 8 * s;
         int32_t x0, x1;
         std::memcpy(&x0, xs, 4);
         std::memcpy(&x1, xs + 4, 4);
@@ -59,7 +65,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
     const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 288)));
     for (int r = 0; r < rows; ++r) {
       const __m512 p1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acci[r]), scale);
-      accf[r] = _mm512_add_ps(accf[r], _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[r * groups + g]), p1));
+      accf[r] = _mm512_add_ps(accf[r], _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[g * rows + r]), p1));
     }
   }
   for (int r = 0; r < rows; ++r)
@@ -67,7 +73,6 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
 }
 #elif defined(__AVX2__) && defined(__F16C__)
 constexpr int kRows = 3;  // 3 rows x 16 columns: the most whose accumulators fit 16 ymm registers (measured)
-constexpr int kAhead = 8 * kRecord;  // prefetch distance in bytes (8 groups)
 template <int rows>
 void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
@@ -91,7 +96,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
         high[h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
       }
       for (int r = 0; r < rows; ++r) {
-        const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+        const int8_t* xs = x + (g * rows + r) * kGroup + 8 * s;
         int32_t x0, x1;
         std::memcpy(&x0, xs, 4);
         std::memcpy(&x1, xs + 4, 4);
@@ -107,9 +112,9 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
       for (int r = 0; r < rows; ++r) {
         const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc16[r][h], ones)), scale);
 #if defined(__FMA__)
-        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), p1));
+        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[g * rows + r]), p1));
 #else
-        const __m256 p2 = _mm256_mul_ps(mins, _mm256_set1_ps(xsum[r * groups + g]));
+        const __m256 p2 = _mm256_mul_ps(mins, _mm256_set1_ps(xsum[g * rows + r]));
         accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_add_ps(p1, p2));
 #endif
       }
@@ -153,14 +158,14 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
         for (int s = 0; s < 4; ++s)
           for (int j = 0; j < 4; ++j) {
             const uint8_t byte = record[64 * s + 4 * c + j];
-            const int8_t* xs = x + r * K + g * kGroup + 8 * s;
+            const int8_t* xs = x + (g * rows + r) * kGroup + 8 * s;
             dot += int32_t(byte & 0x0F) * xs[j] + int32_t(byte >> 4) * xs[4 + j];
           }
         uint16_t scale_bits, min_bits;
         std::memcpy(&scale_bits, record + 256 + 2 * c, 2);
         std::memcpy(&min_bits, record + 288 + 2 * c, 2);
         const float p1 = float(dot) * half_to_float(scale_bits);
-        const float p2 = half_to_float(min_bits) * xsum[r * groups + g];
+        const float p2 = half_to_float(min_bits) * xsum[g * rows + r];
         accf = accf + (p1 + p2);
       }
       y[r * N + block * kCols + c] = accf * xscale[r];
@@ -180,24 +185,44 @@ void rows_of_block(const int8_t* x, const float* xsum, const float* xscale, cons
 
 // Per-row int8 activations, as torch computes them in specdec.models.int4.quantize_rows:
 // scale = max|x| / 127 (at least 1e-12 / 127), q = round-half-even(x / scale), and each group's sum.
+// Written tiled as block_rows reads them: the rows in tiles of kRows (the last may be shorter), and
+// within a tile group by group, the tile's rows' 32 values (and sums) side by side. Why: the
+// kernel then reads one sequential stream of activations, not one per row (measured: 5-7% of a
+// verify block's matmuls on VNNI at 8-16 rows).
 void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_t M, int64_t K) {
   const int64_t groups = K / kGroup;
+  // Rows on both cores when there are several (a verify block): alone, this loop kept one core
+  // waiting (measured: ~4% of a 16-token step). Each row's arithmetic is the same either way.
+#pragma omp parallel for schedule(static) if (M > 1)
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * K;
+    const int64_t tile = m / kRows * kRows, rows = std::min<int64_t>(kRows, M - tile), r = m - tile;
     float largest = 0.0f;
     for (int64_t k = 0; k < K; ++k) largest = std::max(largest, std::fabs(row[k]));
     const float scale = std::max(largest, 1e-12f) / 127.0f;
     scales[m] = scale;
     for (int64_t g = 0; g < groups; ++g) {
+      int8_t* into = q + tile * K + (g * rows + r) * kGroup;
       int32_t sum = 0;
-      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
-        const int32_t value = int32_t(std::nearbyint(row[k] / scale));
-        q[m * K + k] = int8_t(value);
+      for (int64_t k = 0; k < kGroup; ++k) {
+        const int32_t value = int32_t(std::nearbyint(row[g * kGroup + k] / scale));
+        into[k] = int8_t(value);
         sum += value;
       }
-      sums[m * groups + g] = float(sum);
+      sums[tile * groups + g * rows + r] = float(sum);
     }
   }
+}
+
+// x, xsum: M rows tiled (quantize_rows), xscale [M], w: N / 16 blocks of K / 32 records, y [M, N]
+// float32. N a multiple of 16, K of 32.
+void matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+            int64_t M, int64_t N, int64_t K) {
+  const int64_t blocks = N / kCols, groups = K / kGroup;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block)
+    for (int64_t r0 = 0; r0 < M; r0 += kRows)
+      rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(M - r0), N, K, block);
 }
 }  // namespace
 
@@ -213,22 +238,12 @@ const char* specdec_int4_isa() {
 #endif
 }
 
-// x [M, K] int8, xsum [M, K / 32] float32, xscale [M] float32, w: N / 16 blocks of K / 32
-// records, y [M, N] float32. N a multiple of 16, K of 32.
-void specdec_int4_matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
-                         int64_t M, int64_t N, int64_t K) {
-  const int64_t blocks = N / kCols, groups = K / kGroup;
-#pragma omp parallel for schedule(static)
-  for (int64_t block = 0; block < blocks; ++block)
-    for (int64_t r0 = 0; r0 < M; r0 += kRows)
-      rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(M - r0), N, K, block);
-}
-
-// The same from float32 rows x [M, K]: quantized here (quantize_rows above), then multiplied.
+// y [M, N] = x [M, K] float32 rows, quantized here (quantize_rows), times the packed weights w
+// (N / 16 blocks of K / 32 records; N a multiple of 16, K of 32).
 void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
   std::vector<int8_t> q(M * K);
   std::vector<float> sums(M * (K / kGroup)), scales(M);
   quantize_rows(x, q.data(), sums.data(), scales.data(), M, K);
-  specdec_int4_matmul(q.data(), sums.data(), scales.data(), w, y, M, N, K);
+  matmul(q.data(), sums.data(), scales.data(), w, y, M, N, K);
 }
 }

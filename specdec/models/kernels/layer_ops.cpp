@@ -16,6 +16,9 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 extern "C" void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
 extern "C" void specdec_w8a32_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
@@ -35,6 +38,31 @@ float dot(const float* a, const float* b, int64_t n) {
   return (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) + tail;
 }
 
+// dots[h] = dot(queries + h * d, key, d) for h < n, the same bits as dot() each: several queries
+// at once so that their dependent lane sums overlap (one query's chain is latency-bound).
+void dots_with_key(const float* queries, const float* key, int64_t n, int64_t d, float* dots) {
+#if defined(__AVX__)
+  if (d % 8 == 0) {
+    for (int64_t h0 = 0; h0 < n; h0 += 4) {
+      const int64_t count = std::min<int64_t>(4, n - h0);
+      __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 k = _mm256_loadu_ps(key + i);
+        for (int64_t h = 0; h < count; ++h)
+          lanes[h] = _mm256_add_ps(lanes[h], _mm256_mul_ps(_mm256_loadu_ps(queries + (h0 + h) * d + i), k));
+      }
+      for (int64_t h = 0; h < count; ++h) {
+        float l[8];
+        _mm256_storeu_ps(l, lanes[h]);
+        dots[h0 + h] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + 0.0f;
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t h = 0; h < n; ++h) dots[h] = dot(queries + h * d, key, d);
+}
+
 // out = weight * (x / sqrt(mean(x^2) + eps)), as RMSNorm in float32.
 void rms_norm(const float* x, const float* weight, float eps, float* out, int64_t n) {
   const float inverse = 1.0f / std::sqrt(dot(x, x, n) / float(n) + eps);
@@ -45,6 +73,7 @@ void rms_norm(const float* x, const float* weight, float eps, float* out, int64_
 void norm_linear(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, int64_t width) {
   std::vector<float> normed(M * K);
+#pragma omp parallel for schedule(static) if (M > 1)
   for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed.data() + m * K, K);
   linear(format, normed.data(), w, y, M, N, K);
   if (bias)
@@ -136,30 +165,51 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       std::memcpy(keys + at, k + tokens[i] * q_stride + g * d, d * sizeof(float));
       std::memcpy(values + at, v + tokens[i] * q_stride + g * d, d * sizeof(float));
     }
-#pragma omp parallel for schedule(static) if (queries * heads > 1)
-  for (int64_t job = 0; job < queries * heads; ++job) {
-    const int64_t i = job / heads, h = job % heads, count = counts[i];
-    const float* query = q + tokens[i] * q_stride + h * d;
-    const int64_t base = rows[i] * row_stride + (h / group) * head_stride;
+  // One job per (query, kv head, share of its query heads): each key and value is read once for
+  // all the heads that share it (grouped-query attention), not once per head. Each head's sums
+  // run in the same order as alone, so the bits do not depend on the grouping.
+  const int64_t jobs_per_query = kv_heads * ((queries * kv_heads >= 4 || group == 1) ? 1 : 2);
+  const int64_t share = group / (jobs_per_query / kv_heads) + (group % (jobs_per_query / kv_heads) != 0);
+#pragma omp parallel for schedule(static) if (queries * jobs_per_query > 1)
+  for (int64_t job = 0; job < queries * jobs_per_query; ++job) {
+    const int64_t i = job / jobs_per_query, part = job % jobs_per_query;
+    const int64_t g = part % kv_heads, first = g * group + (part / kv_heads) * share;
+    const int64_t last = std::min(first + share, (g + 1) * group), count = counts[i], n = last - first;
+    const int64_t base = rows[i] * row_stride + g * head_stride;
     const int64_t* own = slots + i * slots_stride;
-    std::vector<float> weights(count), acc(d, 0.0f);
-    float top = -std::numeric_limits<float>::infinity();
+    thread_local std::vector<float> weights, acc;
+    weights.resize(n * count);
+    acc.assign(n * d, 0.0f);
+    thread_local std::vector<float> dots;
+    dots.resize(n);
     for (int64_t j = 0; j < count; ++j) {
-      weights[j] = dot(query, keys + base + own[j] * d, d) * scale;
-      top = std::max(top, weights[j]);
+      dots_with_key(q + tokens[i] * q_stride + first * d, keys + base + own[j] * d, n, d, dots.data());
+      for (int64_t h = 0; h < n; ++h) weights[h * count + j] = dots[h] * scale;
     }
-    float total = 0.0f;
-    for (int64_t j = 0; j < count; ++j) {
-      weights[j] = std::exp(weights[j] - top);
-      total += weights[j];
+    std::vector<float> totals(n);
+    for (int64_t h = 0; h < n; ++h) {
+      float* row = weights.data() + h * count;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
+      float total = 0.0f;
+      for (int64_t j = 0; j < count; ++j) {
+        row[j] = std::exp(row[j] - top);
+        total += row[j];
+      }
+      totals[h] = total;
     }
     for (int64_t j = 0; j < count; ++j) {
       const float* value = values + base + own[j] * d;
-      const float weight = weights[j];
-      for (int64_t t = 0; t < d; ++t) acc[t] += weight * value[t];
+      for (int64_t h = 0; h < n; ++h) {
+        const float weight = weights[h * count + j];
+        float* into = acc.data() + h * d;
+        for (int64_t t = 0; t < d; ++t) into[t] += weight * value[t];
+      }
     }
-    float* target = out + tokens[i] * heads * d + h * d;
-    for (int64_t t = 0; t < d; ++t) target[t] = acc[t] / total;
+    for (int64_t h = 0; h < n; ++h) {
+      float* target = out + tokens[i] * heads * d + (first + h) * d;
+      for (int64_t t = 0; t < d; ++t) target[t] = acc[h * d + t] / totals[h];
+    }
   }
 }
 }
