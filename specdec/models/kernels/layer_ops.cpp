@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -24,6 +25,31 @@ extern "C" void specdec_int4_linear(const float* x, const uint8_t* w, float* y, 
 extern "C" void specdec_w8a32_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
 
 namespace {
+// Scratch floats: a buffer kept per calling thread and per use, or, past kKeep floats (a long
+// prefill), one freed after the call so that memory does not stay grown. Why: a fresh vector each
+// call zeroed (and, past glibc's mmap threshold, faulted in) megabytes per verify block (measured
+// ~4% of a 16-token step).
+constexpr size_t kKeep = size_t(1) << 22;
+template <int use>
+class Scratch {
+ public:
+  explicit Scratch(size_t n) {
+    thread_local std::vector<float> kept;
+    if (n > kKeep) {
+      own_.reset(new float[n]);
+      data_ = own_.get();
+      return;
+    }
+    if (kept.size() < n) kept.resize(n);
+    data_ = kept.data();
+  }
+  float* get() const { return data_; }
+
+ private:
+  std::unique_ptr<float[]> own_;
+  float* data_;
+};
+
 void linear(int64_t format, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
   (format == 8 ? specdec_w8a32_linear : specdec_int4_linear)(x, w, y, M, N, K);
 }
@@ -72,10 +98,11 @@ void rms_norm(const float* x, const float* weight, float eps, float* out, int64_
 // y [M, N] = norm(x) @ W^T + bias (bias over the first `width` outputs; N is the padded width).
 void norm_linear(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, int64_t width) {
-  std::vector<float> normed(M * K);
+  const Scratch<0> normed_buffer(M * K);
+  float* normed = normed_buffer.get();
 #pragma omp parallel for schedule(static) if (M > 1)
-  for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed.data() + m * K, K);
-  linear(format, normed.data(), w, y, M, N, K);
+  for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed + m * K, K);
+  linear(format, normed, w, y, M, N, K);
   if (bias)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < width; ++j) y[m * N + j] += bias[j];
@@ -123,14 +150,19 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
                        const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
                        const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
                        int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
-  std::vector<float> projected(M * hidden_padded), gate_up(M * gate_up_padded), act(M * inter);
-  linear(format, attended, o_w, projected.data(), M, hidden_padded, attn_width);
+  const Scratch<1> projected_buffer(M * hidden_padded);
+  const Scratch<2> gate_up_buffer(M * gate_up_padded);
+  const Scratch<3> act_buffer(M * inter);
+  float* projected = projected_buffer.get();
+  float* gate_up = gate_up_buffer.get();
+  float* act = act_buffer.get();
+  linear(format, attended, o_w, projected, M, hidden_padded, attn_width);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < hidden; ++j) {
       const float p = projected[m * hidden_padded + j];
       out[m * hidden + j] = x[m * hidden + j] + (o_bias ? p + o_bias[j] : p);
     }
-  norm_linear(format, out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up.data(), M, gate_up_padded, hidden, 2 * inter);
+  norm_linear(format, out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up, M, gate_up_padded, hidden, 2 * inter);
   const int64_t total = M * inter;
 #pragma omp parallel for schedule(static) if (total >= 4096)
   for (int64_t i = 0; i < total; ++i) {
@@ -138,7 +170,7 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
     const float g = gate_up[m * gate_up_padded + j], u = gate_up[m * gate_up_padded + inter + j];
     act[i] = (g / (1.0f + std::exp(-g))) * u;
   }
-  linear(format, act.data(), down_w, projected.data(), M, hidden_padded, inter);
+  linear(format, act, down_w, projected, M, hidden_padded, inter);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < hidden; ++j) {
       const float p = projected[m * hidden_padded + j];
