@@ -48,6 +48,8 @@ def test_a_row_gets_the_same_bits_in_any_block():
     block = kernel_linear(x, records, q.shape[0])
     for start, stop in ((0, 1), (3, 8), (5, 19), (18, 19)):
         assert torch.equal(kernel_linear(x[start:stop], records, q.shape[0]), block[start:stop])
+    for rows in range(1, 19):  # every block size: its rows tiled one way (12 = 6 + 6), alone another
+        assert torch.equal(kernel_linear(x[:rows], records, q.shape[0]), block[:rows]), rows
 
 
 def test_packing_round_trips_the_weights_within_half_a_step():

@@ -183,10 +183,17 @@ void rows_of_block(const int8_t* x, const float* xsum, const float* xscale, cons
   block_rows<rows>(x, xsum, xscale, w, y, N, K, block);
 }
 
+// The M rows in tiles of at most kRows, as even as can be (12 rows: 6 + 6, not 8 + 4: a short tile
+// shares each unpacked weight among fewer rows). Row m's tile: its first row and its row count.
+void tile_of(int64_t m, int64_t M, int64_t& start, int64_t& rows) {
+  const int64_t tiles = (M + kRows - 1) / kRows, base = M / tiles, big = (M % tiles) * (base + 1);
+  rows = m < big ? base + 1 : base;
+  start = m < big ? m / rows * rows : big + (m - big) / rows * rows;
+}
+
 // Per-row int8 activations, as torch computes them in specdec.models.int4.quantize_rows:
 // scale = max|x| / 127 (at least 1e-12 / 127), q = round-half-even(x / scale), and each group's sum.
-// Written tiled as block_rows reads them: the rows in tiles of kRows (the last may be shorter), and
-// within a tile group by group, the tile's rows' 32 values (and sums) side by side. Why: the
+// Written tiled as block_rows reads them: the rows in tiles (tile_of), and within a tile group by group, the tile's rows' 32 values (and sums) side by side. Why: the
 // kernel then reads one sequential stream of activations, not one per row (measured: 5-7% of a
 // verify block's matmuls on VNNI at 8-16 rows).
 void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_t M, int64_t K) {
@@ -196,7 +203,9 @@ void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_
 #pragma omp parallel for schedule(static) if (M > 1)
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * K;
-    const int64_t tile = m / kRows * kRows, rows = std::min<int64_t>(kRows, M - tile), r = m - tile;
+    int64_t tile, rows;
+    tile_of(m, M, tile, rows);
+    const int64_t r = m - tile;
     float largest = 0.0f;
     for (int64_t k = 0; k < K; ++k) largest = std::max(largest, std::fabs(row[k]));
     const float scale = std::max(largest, 1e-12f) / 127.0f;
@@ -221,8 +230,11 @@ void matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8
   const int64_t blocks = N / kCols, groups = K / kGroup;
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block)
-    for (int64_t r0 = 0; r0 < M; r0 += kRows)
-      rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(M - r0), N, K, block);
+    for (int64_t r0 = 0, rows = 0; r0 < M; r0 += rows) {
+      int64_t start;
+      tile_of(r0, M, start, rows);
+      rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(rows), N, K, block);
+    }
 }
 }  // namespace
 
