@@ -72,7 +72,10 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
     _mm512_storeu_ps(y + r * N + block * kCols, _mm512_mul_ps(accf[r], _mm512_set1_ps(xscale[r])));
 }
 #elif defined(__AVX2__) && defined(__F16C__)
-constexpr int kRows = 3;  // 3 rows x 16 columns: the most whose accumulators fit 16 ymm registers (measured)
+// 4 rows x 16 columns: 16 accumulators in 16 ymm registers, so some spill; still faster than 3
+// rows, which split a 4-token block in two passes (Zen 4 capped to AVX2, 1.5B int4: T(4) 53.7 vs
+// 59.3 ms, T(8) 104 vs 117; docs/benchmarks/cpu/flat-blocks-epyc-vnni).
+constexpr int kRows = 4;
 template <int rows>
 void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
