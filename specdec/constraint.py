@@ -30,13 +30,15 @@ class ConstraintError(ValueError):
 
 
 def engine_message(text: str) -> str:
-    """The grammar engine's error as one line fit for a client: its first line (the rest is the
-    parser's state, or a backtrace), and never a panic's text, which names the engine's insides."""
-    lines = text.strip().splitlines()
-    first = lines[0].strip() if lines else ""
-    if not first or first.lower().startswith("panic"):
+    """The grammar engine's error on one line, fit for a client: its words (a regex error spans
+    lines: the pattern, a caret, the reason), cut where the parser's state or a backtrace begins,
+    and never a panic's text, which names the engine's insides."""
+    for marker in ("<state>", "<non-verbose/>", "<backtrace>", "stack backtrace:"):
+        text = text.split(marker)[0]
+    words = " ".join(text.split())
+    if not words or words.lower().startswith("panic"):
         return "the grammar engine failed on it (one of its internal limits); simplify it"
-    return first if len(first) <= 300 else first[:300] + "..."
+    return words if len(words) <= 300 else words[:300] + "..."
 
 
 def json_depth(value: Any) -> int:
