@@ -125,9 +125,10 @@ class Constraint:
                 raise ConstraintError("a JSON schema's x-guidance must be an object (llguidance's settings)")
             schema = {**check_depth(schema), "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
             return llguidance.grammar_from("json_schema", json.dumps(schema))
-        if self.kind == "regex":
-            return llguidance.grammar_from("regex", self.source)
-        return llguidance.grammar_from("grammar", self.source)
+        try:  # a GBNF grammar is converted to Lark here, and its errors are the user's
+            return llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.source)
+        except ValueError as error:
+            raise ConstraintError(f"{self.describe()}: {engine_message(str(error))}") from None
 
 
 def constraint_from_args(args: Any) -> Constraint | None:
