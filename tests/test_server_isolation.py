@@ -198,8 +198,8 @@ def test_a_grammar_engine_panic_while_compiling_gets_a_400(target, alone, monkey
 
 
 class FailingDrafter(NGramDrafter):
-    """An n-gram drafter that raises for the victim's request (``where``: "propose", in a batched
-    call as a head drafts, or "observe", after the target's forward)."""
+    """An n-gram drafter that raises for the victim's request (``where``: "start", as the request is
+    admitted; "propose", in a batched call as a head drafts; "observe", after the target's forward)."""
 
     def __init__(self, victim: list[int], where: str, seen: list[int], scheduler_of: Callable) -> None:
         super().__init__()
@@ -209,6 +209,12 @@ class FailingDrafter(NGramDrafter):
         if any(list(request.prompt_ids) == self.victim for request in requests):
             self.seen.append(len(self.scheduler_of().running))
             raise RuntimeError(f"drafter broke: {SECRET}")
+
+    def start(self, prompt_ids):
+        if self.where == "start" and prompt_ids.tolist() == self.victim:
+            self.seen.append(len(self.scheduler_of().running))
+            raise RuntimeError(f"drafter broke: {SECRET}")
+        return super().start(prompt_ids)
 
     def propose_many(self, requests, gammas):
         if self.where == "propose":
@@ -224,7 +230,7 @@ class FailingDrafter(NGramDrafter):
 def inject(kind: str, target, monkeypatch, seen: list[int], scheduler_of: Callable):
     """(drafter, extra body fields of the victim) for a failure of ``kind`` while the victim generates."""
     victim = encode_prompt(target.tokenizer, VICTIM, MODEL)
-    if kind in ("drafter_propose", "drafter_observe"):
+    if kind.startswith("drafter_"):
         return FailingDrafter(victim, kind.split("_")[1], seen, scheduler_of), {}
     if kind == "detokenizer":
         step_chunk = scheduler_module.step_chunk
@@ -250,8 +256,8 @@ def inject(kind: str, target, monkeypatch, seen: list[int], scheduler_of: Callab
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("kind", ["matcher_masks", "matcher_consume", "drafter_propose", "drafter_observe",
-                                  "detokenizer"])
+@pytest.mark.parametrize("kind", ["matcher_masks", "matcher_consume", "drafter_start", "drafter_propose",
+                                  "drafter_observe", "detokenizer"])
 def test_an_error_while_generating_ends_that_request_only(target, alone, monkeypatch, kind, stream):
     seen: list[int] = []
     holder: list = []
