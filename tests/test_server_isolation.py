@@ -150,20 +150,18 @@ def slow_compiles(monkeypatch, seconds: float) -> list[str]:
 
 
 def test_compiling_a_grammar_does_not_stall_the_other_streams(target, alone, monkeypatch):
-    """A grammar that takes 3 s to compile: the innocent streams, started beside it, all end before it
+    """A grammar that takes 6 s to compile: the innocent streams, started beside it, all end before it
     is compiled (on the scheduler thread they waited for it, as a 1.3 MB grammar made every stream
-    wait 15 s), and the constrained request then completes."""
-    threads = slow_compiles(monkeypatch, 3.0)
+    wait 15 s, and the 8-token constrained request then ended first), and it then completes."""
+    threads = slow_compiles(monkeypatch, 6.0)
     scheduler, running = serve(target)
     with running as url:
         with ThreadPoolExecutor(1) as pool:
             constrained = pool.submit(complete, url, body("x", guided_regex="[a-z]{1,8}", max_tokens=8))
             while not threads:
                 time.sleep(0.005)
-            started = time.monotonic()
             _, texts = beside_innocents(scheduler, url, lambda: None)
-            innocents_took = time.monotonic() - started
-            assert not constrained.done() and innocents_took < 3.0
+            assert not constrained.done()
             reply = constrained.result()
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["text"].isalpha()
