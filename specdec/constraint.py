@@ -19,8 +19,47 @@ CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar")
 JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 
+# The deepest JSON schema taken: llguidance reads schemas with serde_json, whose recursion limit
+# (128) refuses deeper ones anyway, and a schema nested thousands deep would overflow Python's own
+# stack (json.dumps) before the engine could say so.
+MAX_SCHEMA_DEPTH = 128
+
+
 class ConstraintError(ValueError):
     """A schema, regex or grammar the grammar engine refuses (the server answers 400)."""
+
+
+def engine_message(text: str) -> str:
+    """The grammar engine's error on one line, fit for a client: its words (a regex error spans
+    lines: the pattern, a caret, the reason), cut where the parser's state or a backtrace begins,
+    and never a panic's text, which names the engine's insides."""
+    for marker in ("<state>", "<non-verbose/>", "<backtrace>", "stack backtrace:"):
+        text = text.split(marker)[0]
+    words = " ".join(text.split())
+    if not words or words.lower().startswith("panic"):
+        return "the grammar engine failed on it (one of its internal limits); simplify it"
+    return words if len(words) <= 300 else words[:300] + "..."
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and dicts (a scalar: 0), without recursion: the value may be
+    deeper than Python's stack."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_depth(schema: Any) -> Any:
+    """``schema`` if it nests at most MAX_SCHEMA_DEPTH deep, else a ConstraintError."""
+    if json_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise ConstraintError(f"the JSON schema nests {json_depth(schema)} levels deep; at most {MAX_SCHEMA_DEPTH} "
+                              "are taken")
+    return schema
 
 
 @dataclass(frozen=True)
@@ -37,7 +76,7 @@ class Constraint:
 
     @staticmethod
     def json_schema(schema: dict | str) -> Constraint:
-        return Constraint("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+        return Constraint("json_schema", schema if isinstance(schema, str) else json.dumps(check_depth(schema)))
 
     @staticmethod
     def json_object() -> Constraint:
@@ -53,16 +92,20 @@ class Constraint:
         return Constraint("grammar", text)
 
     def describe(self) -> str:
+        """In words, on one line (a long or multi-line regex is shortened: error messages quote this)."""
+        pattern = "".join(char if char.isprintable() else repr(char)[1:-1] for char in self.source[:60])
+        pattern += "..." if len(self.source) > 60 else ""
         return {"json_schema": "JSON matching a schema", "json_object": "a JSON object",
-                "regex": f"text matching /{self.source}/", "grammar": "text in a grammar"}[self.kind]
+                "regex": f"text matching /{pattern}/", "grammar": "text in a grammar"}[self.kind]
 
     def check(self) -> Constraint:
         """ConstraintError naming the problem if the grammar engine refuses it (no tokenizer needed)."""
         import llguidance
 
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.llguidance_grammar())
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            self.llguidance_grammar(), limits=llguidance.LLParserLimits(verbose_errors=False))
         if failed:
-            raise ConstraintError(f"{self.describe()}: {' '.join(messages[0].split()) if messages else 'refused'}")
+            raise ConstraintError(f"{self.describe()}: {engine_message(messages[0] if messages else '')}")
         return self
 
     def llguidance_grammar(self) -> str:
@@ -74,15 +117,18 @@ class Constraint:
                 schema = json.loads(self.source) if self.kind == "json_schema" else {"type": "object"}
             except json.JSONDecodeError as error:
                 raise ConstraintError(f"the JSON schema is not valid JSON: {error}") from None
+            except RecursionError:  # nested deeper than Python's stack
+                raise ConstraintError(f"the JSON schema nests over {MAX_SCHEMA_DEPTH} levels deep") from None
             if not isinstance(schema, dict):
                 raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
             if not isinstance(schema.get("x-guidance", {}), dict):
                 raise ConstraintError("a JSON schema's x-guidance must be an object (llguidance's settings)")
-            schema = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+            schema = {**check_depth(schema), "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
             return llguidance.grammar_from("json_schema", json.dumps(schema))
-        if self.kind == "regex":
-            return llguidance.grammar_from("regex", self.source)
-        return llguidance.grammar_from("grammar", self.source)
+        try:  # a GBNF grammar is converted to Lark here, and its errors are the user's
+            return llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.source)
+        except ValueError as error:
+            raise ConstraintError(f"{self.describe()}: {engine_message(str(error))}") from None
 
 
 def constraint_from_args(args: Any) -> Constraint | None:

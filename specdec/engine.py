@@ -14,71 +14,22 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from dataclasses import replace
+from typing import cast
 
 import torch
 
 from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
-from specdec.drafting.base import (Draft, Drafter, ReadsHidden, StepOutcome, StopRule, block_depths, block_parents,
+from specdec.drafting.base import (Draft, Drafter, ReadsHidden, StepOutcome, block_depths, block_parents,
                                    propose_many, tree_widths)
 from specdec.metrics import SpecStats
 from specdec.names import AUTO, default_gamma
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
-from specdec.rules import SamplingRule, make_rule
-from specdec.sampling import SamplingParams, TokenLogprob, token_logprobs
+from specdec.request import NOT_ISOLATED, Isolation, Request
+from specdec.rules import make_rule
+from specdec.sampling import SamplingParams, token_logprobs
 from specdec.verify_batch import verify_request, verify_step
-
-
-@dataclass(eq=False)  # a request is itself: two of one prompt and settings are still two
-class Request:
-    """One sequence being decoded: everything the engine keeps per request."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    tokens: torch.Tensor  # [len(prompt) + budget] int64; the context is tokens[:length]
-    length: int
-    generator: torch.Generator
-    rule: SamplingRule  # how it draws and verifies when sampling (specdec.rules)
-    policy: DraftLengthPolicy
-    row: int  # the target cache row
-    draft_state: Any = None
-    stats: SpecStats = field(default_factory=SpecStats)
-    finish_reason: str | None = None  # "eos", "stop", "max_new_tokens", "context", "cancelled"
-    shape: DraftShape = DraftShape(0)  # what the policy asked of this step's draft
-    matcher: TokenMatcher | None = None  # where a constrained request is in its grammar
-    fed: int = 0  # prompt tokens in the cache row: the prefill is done at length - 1
-    prompt_hidden: list[torch.Tensor] = field(default_factory=list)  # a chunked prefill's features so far
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when sampling.logprobs asks
-
-    @property
-    def prefilled(self) -> bool:
-        return self.fed >= len(self.prompt_ids) - 1
-
-    @property
-    def context(self) -> torch.Tensor:  # [length] int64
-        return self.tokens[: self.length]
-
-    @property
-    def budget_end(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def generated_ids(self) -> list[int]:
-        return self.tokens[len(self.prompt_ids) : self.length].tolist()
-
-    @property
-    def stop_early(self) -> StopRule | None:
-        return self.policy.stop_early
-
-    @property
-    def node_budget(self) -> int | None:
-        return self.shape.node_budget
-
-    def truncate(self, length: int) -> None:
-        """Drop context tokens past ``length`` (text after a stop string); the request is done."""
-        self.length = min(self.length, length)
 
 
 def as_drafter(drafter: Drafter | LanguageModel | str | None, target: LanguageModel) -> Drafter | None:
@@ -156,8 +107,10 @@ class Engine:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})")
         return ids
 
-    def new_request(self, prompt_ids: Sequence[int], sampling: SamplingParams, row: int) -> Request:
-        """A request for cache row ``row``, not yet prefilled."""
+    def new_request(self, prompt_ids: Sequence[int], sampling: SamplingParams, row: int,
+                    matcher: TokenMatcher | None = None) -> Request:
+        """A request for cache row ``row``, not yet prefilled. ``matcher``: its constraint's, compiled
+        already (a server compiles off its serving loop, GrammarCompiler.matcher); else built here."""
         ids = self.check_prompt(prompt_ids)
         device = self.target.device
         budget = min(sampling.max_new_tokens, self.target.max_context - len(ids))
@@ -172,7 +125,7 @@ class Engine:
         if self.drafter is not None:
             request.draft_state = self.drafter.start(tokens[: len(ids)])
         if sampling.constraint is not None:
-            request.matcher = compiler_for(self.target).matcher(sampling.constraint)
+            request.matcher = matcher or compiler_for(self.target).matcher(sampling.constraint)
             request.matcher.draft_forced = self.draft_forced
         return request
 
@@ -251,25 +204,37 @@ class Engine:
         # Every drafted token must still fit in the request's budget.
         return max(0, min(shape.depth, request.budget_end - request.length - 1))
 
-    def step(self, requests: Sequence[Request], cache: Cache,
-             draft_lengths: Sequence[int] | None = None) -> list[StepOutcome]:
+    def step(self, requests: Sequence[Request], cache: Cache, draft_lengths: Sequence[int] | None = None,
+             failed: dict[Request, BaseException] | None = None) -> list[StepOutcome]:
         """One speculative step for each request: draft, one target forward for all, verify,
         commit the accepted entries, and append the emitted tokens to each request's context
         (cut at EOS or the end of the budget, which finish the request). ``draft_lengths``: each
         request's draft length this step (a server's choice for the batch; 0: no drafting), in
-        place of its policy's; None: the policies choose."""
-        proposed, draft_seconds = self.propose_all(requests, draft_lengths)
-        drafts, masks = [], []
+        place of its policy's; None: the policies choose. ``failed``: given, an error raised for
+        one request (its drafter, its grammar matcher, its policy) is stored there under that
+        request, which leaves the step, and the outcomes are the other requests', in order (a
+        server ends that request only); None: errors propagate."""
+        isolation = Isolation(failed)
+        proposed, draft_seconds = self.propose_all(requests, draft_lengths, isolation)
+        drafts: list[Draft] = []
+        masks: list[torch.Tensor | None] = []
         for index, (request, draft) in enumerate(zip(requests, proposed)):
             began = time.perf_counter()
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.target.max_context - request.length))
             # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
-            masks.append(None if request.matcher is None else
-                         request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents))
-            if request.matcher is not None:
-                request.stats.grammar_seconds += request.matcher.take_seconds()
+            masks.append(None)
+            with isolation.of(request):
+                if request.matcher is not None:
+                    masks[-1] = request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents)
+                    request.stats.grammar_seconds += request.matcher.take_seconds()
             draft_seconds[index] += time.perf_counter() - began
+        live = [index for index, request in enumerate(requests) if isolation.alive(request)]
+        if len(live) < len(requests):  # the failed requests leave before the forward
+            requests, drafts = [requests[i] for i in live], [drafts[i] for i in live]
+            masks, draft_seconds = [masks[i] for i in live], [draft_seconds[i] for i in live]
+        if not requests:
+            return []
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
         device = self.target.device
@@ -288,67 +253,93 @@ class Engine:
         constrained = [(start, mask) for start, mask in zip(attention.offsets, masks) if mask is not None]
         logits = mask_logits(output.logits, constrained)  # [n, vocab]
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
-        outcomes = []
+        stepped = []  # (request, outcome, draft seconds) of the requests that did not fail
         verdicts = verify_step(requests, drafts, logits, argmax, attention.offsets, self.verify, self.one_pass_verify)
-        for request, draft, start, (emitted, path) in zip(requests, drafts, attention.offsets[:-1], verdicts,
-                                                          strict=True):
-            # Keep the entries of the last context token and the accepted drafts.
-            if path is None:
-                kept = list(range(emitted.shape[0]))
-                cache.commit(request.row, emitted.shape[0])
-            else:
-                kept = [0, *(node + 1 for node in path.tolist())]
-                cache.compact(request.row, kept)
-            hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
-            if request.sampling.logprobs is not None:  # the rows that predicted each emitted token
-                request.logprobs += token_logprobs(output.logits[[start + k for k in kept]], emitted,
-                                                   request.sampling.logprobs)
-            outcomes.append(StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache,
-                                        draft.forced, draft.drafter))
-            if request.matcher is not None:
-                request.matcher.consume(self.through_eos(emitted.tolist()))
-                request.stats.grammar_seconds += request.matcher.take_seconds()
+        for request, draft, start, (emitted, path), seconds in zip(requests, drafts, attention.offsets[:-1], verdicts,
+                                                                   draft_seconds, strict=True):
+            with isolation.of(request):
+                # Keep the entries of the last context token and the accepted drafts.
+                if path is None:
+                    kept = list(range(emitted.shape[0]))
+                    cache.commit(request.row, emitted.shape[0])
+                else:
+                    kept = [0, *(node + 1 for node in path.tolist())]
+                    cache.compact(request.row, kept)
+                hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
+                if request.sampling.logprobs is not None:  # the rows that predicted each emitted token
+                    request.logprobs += token_logprobs(output.logits[[start + k for k in kept]], emitted,
+                                                       request.sampling.logprobs)
+                if request.matcher is not None:
+                    request.matcher.consume(self.through_eos(emitted.tolist()))
+                    request.stats.grammar_seconds += request.matcher.take_seconds()
+                stepped.append((request, StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents,
+                                                     draft.from_cache, draft.forced, draft.drafter), seconds))
         verify_seconds = time.perf_counter() - drafted_at
-        outcomes = [replace(outcome, verify_seconds=verify_seconds) for outcome in outcomes]
-        for request, outcome, seconds in zip(requests, outcomes, draft_seconds):
-            self.advance(request, outcome, seconds, verify_seconds)
-            self.check_finished(request, outcome)
+        outcomes = []
+        for request, outcome, seconds in stepped:
+            outcome = replace(outcome, verify_seconds=verify_seconds)
+            with isolation.of(request):
+                self.advance(request, outcome, seconds, verify_seconds)
+                self.check_finished(request, outcome)
+                outcomes.append(outcome)
         return outcomes
 
-    def propose_all(self, requests: Sequence[Request],
-                    draft_lengths: Sequence[int] | None) -> tuple[list[Draft], list[float]]:
+    def propose_all(self, requests: Sequence[Request], draft_lengths: Sequence[int] | None,
+                    isolation: Isolation = Isolation()) -> tuple[list[Draft], list[float]]:
         """This step's drafts and the seconds each took: the tokens a request's grammar forces,
         else the drafter's (cut where the grammar refuses them), else nothing. The drafter drafts
         for all the requests that ask in one call (a head: one forward per depth for the batch),
-        its time shared evenly between them."""
+        its time shared evenly between them. A request that fails under ``isolation`` keeps an
+        empty draft (Engine.step then leaves it out)."""
         drafts: list[Draft] = [Draft.empty(request.tokens.device) for request in requests]
         seconds = [0.0] * len(requests)
         asking, gammas = [], []
         for index, request in enumerate(requests):
             began = time.perf_counter()
             forced, chosen = None, None if draft_lengths is None else draft_lengths[index]
-            if request.matcher is not None and self.draft_forced and chosen != 0:
-                forced = forced_draft(request.matcher, request.budget_end - request.length - 1, request.tokens.device)
-            if forced is not None:
-                drafts[index] = forced
-            elif self.drafter is not None and (gamma := self.draft_length(request, chosen)) > 0:
-                asking.append(index)
-                gammas.append(gamma)
+            with isolation.of(request):
+                if request.matcher is not None and self.draft_forced and chosen != 0:
+                    forced = forced_draft(request.matcher, request.budget_end - request.length - 1,
+                                          request.tokens.device)
+                if forced is not None:
+                    drafts[index] = forced
+                elif self.drafter is not None and (gamma := self.draft_length(request, chosen)) > 0:
+                    asking.append(index)
+                    gammas.append(gamma)
             seconds[index] += time.perf_counter() - began
         if not asking:
             return drafts, seconds
-        assert self.drafter is not None  # only then does a request ask
         began = time.perf_counter()
-        batch = propose_many(self.drafter, [requests[index] for index in asking], gammas)
+        batch = self.propose_batch([requests[index] for index in asking], gammas, isolation)
         share = (time.perf_counter() - began) / len(asking)
         for index, draft in zip(asking, batch, strict=True):
             began = time.perf_counter()
             request = requests[index]
-            if draft.translation is not None:
-                request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
-            drafts[index] = draft if request.matcher is None else fit_draft(request.matcher, draft)
+            with isolation.of(request):
+                if draft.translation is not None:
+                    request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
+                drafts[index] = draft if request.matcher is None else fit_draft(request.matcher, draft)
             seconds[index] += share + time.perf_counter() - began
         return drafts, seconds
+
+    def propose_batch(self, requests: list[Request], gammas: list[int], isolation: Isolation) -> list[Draft]:
+        """The drafter's drafts for ``requests``, in one call; if that call fails under isolation,
+        request by request, so that only the requests the drafter fails on fail (with an empty
+        draft): a batched drafter cannot say whose row broke it."""
+        assert self.drafter is not None  # only then does a request ask
+        if isolation.failed is None:
+            return propose_many(self.drafter, requests, gammas)
+        try:
+            return propose_many(self.drafter, requests, gammas)
+        except NOT_ISOLATED:
+            raise
+        except BaseException:  # noqa: BLE001 - whose it is is found below, one request at a time
+            drafts = []
+            for request, gamma in zip(requests, gammas, strict=True):
+                drafts.append(Draft.empty(request.tokens.device))
+                with isolation.of(request):
+                    drafts[-1] = propose_many(self.drafter, [request], [gamma])[0]
+            return drafts
 
     def through_eos(self, tokens: list[int]) -> list[int]:
         """tokens up to and including the first end token (what stays in the context)."""

@@ -16,6 +16,7 @@ vocabulary, it rolls back, and it reports forced tokens (docs/structured.md).
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from specdec.constraint import Constraint, ConstraintError
+from specdec.constraint import Constraint, ConstraintError, engine_message
 from specdec.drafting.base import Draft
 
 
@@ -42,6 +43,11 @@ def hf_fast_tokenizer(tokenizer: Any, model_path: str | None) -> Any:
                           "this model has none")
 
 
+# Forced tokens a new matcher walks (on a copy) before its request runs: enough to reach a lexer
+# limit that the first tokens hit, little time for ordinary grammars (GrammarCompiler.matcher).
+PROBE_TOKENS = 64
+
+
 class GrammarCompiler:
     """llguidance's view of one target's vocabulary (about a second to build for 150k tokens, so
     one per model), and a matcher per request."""
@@ -56,26 +62,38 @@ class GrammarCompiler:
         self.tokenizer = llguidance.hf.from_tokenizer(fast, n_vocab=vocab_size, eos_token=eos)
         self.vocab_size, self.eos_token_ids = vocab_size, tuple(eos)
 
-    def matcher(self, constraint: Constraint) -> TokenMatcher:
+    def matcher(self, constraint: Constraint, probe: int = PROBE_TOKENS) -> TokenMatcher:
+        """A matcher at the start of ``constraint``, or a ConstraintError naming why the engine refuses
+        it. Some refusals come only once tokens flow (a regex like a{1000000} builds, then its lexer
+        gives up on the first token): a copy walks the first ``probe`` tokens the grammar forces, so
+        those are refused here too, before the request runs. Errors are one line (no parser state)."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.tokenizer, constraint.llguidance_grammar())
-        if matcher.is_error():
-            raise ConstraintError(f"{constraint.describe()}: {matcher.get_error().strip()}")
+        matcher = llguidance.LLMatcher(self.tokenizer, constraint.llguidance_grammar(),
+                                       limits=llguidance.LLParserLimits(verbose_errors=False))
+        walk = matcher
+        if not matcher.is_error() and probe:
+            walk = matcher.deep_copy()
+            walk.consume_tokens(walk.compute_ff_tokens()[:probe])
+            walk.compute_bitmask()
+        if walk.is_error():
+            raise ConstraintError(f"{constraint.describe()}: {engine_message(walk.get_error())}")
         return TokenMatcher(matcher, self.vocab_size, self.eos_token_ids)
 
 
 _COMPILERS: dict[int, GrammarCompiler] = {}  # id(model) -> its compiler, while the model lives
+_BUILDING = threading.Lock()  # a server compiles on worker threads: one compiler per model all the same
 
 
 def compiler_for(model: Any) -> GrammarCompiler:
     """The model's GrammarCompiler, built on first use and kept while the model lives."""
-    compiler = _COMPILERS.get(id(model))
-    if compiler is None:
-        compiler = GrammarCompiler(model.tokenizer, model.vocab_size, tuple(model.eos_token_ids),
-                                      getattr(model, "path", None))
-        _COMPILERS[id(model)] = compiler
-        weakref.finalize(model, _COMPILERS.pop, id(model), None)
+    with _BUILDING:
+        compiler = _COMPILERS.get(id(model))
+        if compiler is None:
+            compiler = GrammarCompiler(model.tokenizer, model.vocab_size, tuple(model.eos_token_ids),
+                                       getattr(model, "path", None))
+            _COMPILERS[id(model)] = compiler
+            weakref.finalize(model, _COMPILERS.pop, id(model), None)
     return compiler
 
 
@@ -110,6 +128,12 @@ class TokenMatcher:
         self.seconds, self.timing = 0.0, False  # time in the grammar engine since take_seconds
         self.draft_forced = True  # forced tokens join drafts (the engine's draft_forced; off to measure them)
 
+    def copy(self) -> TokenMatcher:
+        """Another matcher at the same place (one per choice of a request: each walks its own text)."""
+        twin = TokenMatcher(self.matcher.deep_copy(), self.vocab_size, self.eos_token_ids)
+        twin.draft_forced = self.draft_forced
+        return twin
+
     def take_seconds(self) -> float:
         """The time spent in the grammar engine since the last call."""
         seconds, self.seconds = self.seconds, 0.0
@@ -134,7 +158,7 @@ class TokenMatcher:
         if len(body) < len(tokens) and not refused and not self.matcher.is_stopped():
             refused = not self.matcher.consume_token(tokens[-1])
         if refused:
-            raise RuntimeError(f"the grammar refused tokens {tokens}: {self.matcher.get_error().strip()}")
+            raise ConstraintError(f"the grammar engine stopped: {engine_message(self.matcher.get_error())}")
 
     @timed
     def rollback(self, count: int) -> None:

@@ -3,7 +3,9 @@
 Handlers run on the event loop and never touch the engine: they submit a request and read its
 chunks from an asyncio queue that the scheduler thread fills. A streaming client that goes away
 cancels its request (Starlette cancels the response's generator), which frees its cache row
-before the next step; a non-streaming one is polled for a disconnect while it waits.
+before the next step; a non-streaming one is polled for a disconnect while it waits. A request
+that fails while it generates ends alone: a 500 with a one-line message, or for a stream an
+error event and the end of the stream (serving/admission.py says what a client is told).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.decoder import GenerationResult, StreamChunk
 from specdec.sampling import SamplingParams, TokenLogprob
+from specdec.grammar import TokenMatcher
+from specdec.serving.admission import ConstraintCompiler, public_message
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, completion_object,
                                       logprobs_object, new_id, speculation_summary, usage)
@@ -43,6 +47,10 @@ class ServerLimits:
     # The largest request body read (413 past it, before it is parsed); None: 32 bytes per token of
     # the context, at least 1 MiB: a prompt the context cannot hold is refused before it is tokenized.
     max_body_bytes: int | None = None
+    # A schema, regex or grammar is compiled off the serving loop; over this many bytes, or past this
+    # many seconds, it gets a 400 (a 1.3 MB grammar took 32 s to compile, then panicked the engine).
+    max_grammar_bytes: int = 256 * 1024
+    grammar_seconds: float = 20.0
 
 
 class BodyLimit:
@@ -112,8 +120,8 @@ class Session:
                     item = await asyncio.wait_for(self.queue.get(), poll) if http else await self.queue.get()
                 except asyncio.TimeoutError:
                     continue
-                if isinstance(item, BaseException):
-                    raise ApiError(500, f"generation failed: {item}", kind="server_error") from item
+                if isinstance(item, BaseException):  # the error that ended this request (Scheduler.fail)
+                    raise ApiError(500, public_message(item), kind="server_error", code="generation_failed")
                 yield item
                 if item.result is not None:
                     return
@@ -153,14 +161,16 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(error.status_code, str(error.detail)))
 
 
-def open_sessions(scheduler: Scheduler, prompt_ids: list[int], sampling: SamplingParams, n: int) -> list[Session]:
+def open_sessions(scheduler: Scheduler, prompt_ids: list[int], sampling: SamplingParams, n: int,
+                  matchers: list[TokenMatcher | None] | None = None) -> list[Session]:
     """One session per choice, submitted together: the first prefills the prompt and the others
-    fork its cache row. With a seed s, choice i samples with seed s + i (unrelated streams: rules.py)."""
+    fork its cache row. With a seed s, choice i samples with seed s + i (unrelated streams: rules.py).
+    ``matchers``: each choice's compiled constraint (ConstraintCompiler)."""
     sessions = [Session(scheduler) for _ in range(n)]
     samplings = [dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + index)
                  for index in range(n)]
     try:
-        tickets = scheduler.submit_choices(prompt_ids, samplings, [session.emit for session in sessions])
+        tickets = scheduler.submit_choices(prompt_ids, samplings, [session.emit for session in sessions], matchers)
     except QueueFullError as error:
         raise ApiError(429, str(error), code="queue_full", kind="server_overloaded") from error
     except ValueError as error:
@@ -238,18 +248,23 @@ async def respond(sessions: list[Session], kind: str, body: Any, model_name: str
         started: set[int] = set()
         results: list[GenerationResult] = []
         offsets = [0] * len(sessions)  # text so far per choice, in the tokens' own pieces (text_offset)
-        async for index, chunk in merged(sessions):
-            finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
-            if chunk.text or finish or index not in started or chunk.logprobs:
-                chunk_logprobs = logprobs(chunk.logprobs, offsets[index])
-                if chunk_logprobs is not None and kind == "completion" and chunk.logprobs:
-                    offsets[index] = chunk_logprobs["text_offset"][-1] + len(chunk_logprobs["tokens"][-1])
-                yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
-                                            chunk=True, first=index not in started, index=index,
-                                            logprobs=chunk_logprobs))
-                started.add(index)
-            if chunk.result:
-                results.append(chunk.result)
+        try:
+            async for index, chunk in merged(sessions):
+                finish = FINISH_REASONS.get(chunk.result.finish_reason) if chunk.result else None
+                if chunk.text or finish or index not in started or chunk.logprobs:
+                    chunk_logprobs = logprobs(chunk.logprobs, offsets[index])
+                    if chunk_logprobs is not None and kind == "completion" and chunk.logprobs:
+                        offsets[index] = chunk_logprobs["text_offset"][-1] + len(chunk_logprobs["tokens"][-1])
+                    yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
+                                                chunk=True, first=index not in started, index=index,
+                                                logprobs=chunk_logprobs))
+                    started.add(index)
+                if chunk.result:
+                    results.append(chunk.result)
+        except ApiError as error:  # the request failed while it streamed (vLLM's way: an error event, then the end)
+            yield sse(error.body())
+            yield sse("[DONE]")
+            return
         if body.stream_options and body.stream_options.include_usage and results:
             final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
             final["choices"] = []
@@ -268,11 +283,14 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     tokenizer = scheduler.engine.target.tokenizer
     max_context = scheduler.engine.target.max_context
 
+    grammars = ConstraintCompiler(scheduler.engine.target, limits.max_grammar_bytes, limits.grammar_seconds)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         scheduler.start()
         yield
         scheduler.stop()
+        grammars.close()
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.scheduler = scheduler  # for tests and embedding programs
@@ -296,6 +314,17 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model",
                            code="model_not_found")
 
+    async def admit(body: CompletionRequest | ChatRequest, sampling: SamplingParams, prompt_ids: list[int],
+                    param: str) -> list[Session]:
+        """Every check before the request joins the batch, its constraint compiled last (off the loop)."""
+        try:
+            scheduler.engine.check_prompt(prompt_ids)
+        except ValueError as error:
+            raise ApiError(400, str(error), param) from error
+        asked = body.asked_constraint()
+        matchers = await grammars.matchers(sampling.constraint, asked[0] if asked else None, body.n)
+        return open_sessions(scheduler, prompt_ids, sampling, body.n, matchers)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
         check_model(body.model)
@@ -304,7 +333,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = encode_prompt(tokenizer, body.single_prompt(), model_name)
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from error
-        sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)
+        sessions = await admit(body, sampling, prompt_ids, "prompt")
         return await respond(sessions, "completion", body, model_name, http, limits.disconnect_poll_seconds,
                              tokenizer)
 
@@ -316,7 +345,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = chat_prompt_ids(tokenizer, [m.as_text(index) for index, m in enumerate(body.messages)])
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
-        sessions = open_sessions(scheduler, prompt_ids, sampling, body.n)
+        sessions = await admit(body, sampling, prompt_ids, "messages")
         return await respond(sessions, "chat", body, model_name, http, limits.disconnect_poll_seconds, tokenizer)
 
     @app.get("/v1/models")

@@ -105,27 +105,36 @@ class SamplingFields(BaseModel):
             if asked:
                 raise ApiError(400, f"{name} is not supported by this server (it would change the output)", name)
 
-    def constraint(self) -> Constraint | None:
-        """What the output must match, checked by the grammar engine; ApiError (400) if refused."""
+    def asked_constraint(self) -> tuple[str, Any] | None:
+        """(field, value) of the structured output asked for; None: free text; a 400 for several."""
         fmt = self.response_format
         asked = [(name, value) for name, value in (
             ("response_format", None if fmt is None or fmt.type == "text" else fmt), ("guided_json", self.guided_json),
             ("guided_regex", self.guided_regex), ("guided_grammar", self.guided_grammar)) if value is not None]
-        if not asked:
-            return None
         if len(asked) > 1:
             raise ApiError(400, f"give one of {', '.join(name for name, _ in asked)}, not several", asked[1][0])
-        name, value = asked[0]
+        return asked[0] if asked else None
+
+    def constraint(self) -> Constraint | None:
+        """What the output must match; ApiError (400) for what is refused before compiling (a schema
+        nested too deep, not JSON). The grammar engine checks the rest when it compiles it for the
+        tokenizer, off the serving loop (serving/admission.py)."""
+        asked = self.asked_constraint()
+        if asked is None:
+            return None
+        name, value = asked
         try:
             if isinstance(value, ResponseFormat):
                 if value.type == "json_object":
                     return Constraint.json_object()
                 if value.json_schema is None or value.json_schema.schema_ is None:
                     raise ApiError(400, "response_format json_schema needs json_schema.schema", name)
-                return Constraint.json_schema(value.json_schema.schema_).check()
+                return Constraint.json_schema(value.json_schema.schema_)
+            if isinstance(value, str):
+                check_text(value, name)  # the grammar engine takes UTF-8 text only
             if name == "guided_json":
-                return Constraint.json_schema(value).check()
-            return (Constraint.regex(str(value)) if name == "guided_regex" else Constraint.grammar(str(value))).check()
+                return Constraint.json_schema(value)
+            return Constraint.regex(str(value)) if name == "guided_regex" else Constraint.grammar(str(value))
         except ConstraintError as error:
             raise ApiError(400, str(error), name) from None
 

@@ -7,12 +7,18 @@ running streams for its whole prefill), ask the controller how much each request
 run one engine step for every running request, hand each request's chunk to its ``emit``
 callback, and free the rows of finished or cancelled requests. Callers on other threads only
 submit and cancel; ``emit`` runs on the scheduler thread and must not block.
+
+An error raised for one request (building it, its prefill's drafter hooks, its drafter, its grammar
+matcher, its text) ends that request alone (Scheduler.fail: its ``emit`` gets the error, the
+server's log the traceback): the engine leaves it out of the step and the others go on. Only an
+error of the shared step itself (the target's forward) ends every request it held.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +27,9 @@ from dataclasses import dataclass, field
 from specdec.text import StreamChunk, step_chunk
 from specdec.engine import Engine, Request
 from specdec.estimates import RunningMean
+from specdec.grammar import TokenMatcher
 from specdec.models.base import ForkingCache
+from specdec.request import NOT_ISOLATED
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.prefixes import PrefixCache
@@ -29,6 +37,7 @@ from specdec.serving.speculation import SpeculationController
 from specdec.text import TextStream
 
 Emit = Callable[[StreamChunk | BaseException], None]
+log = logging.getLogger("specdec.serving")
 
 
 class QueueFullError(RuntimeError):
@@ -51,6 +60,7 @@ class Ticket:
     # A request of the same prompt submitted before (OpenAI's n): while it prefills, this one waits
     # and then starts from a copy of its cache row (Engine.prefill's forks), if the cache can fork.
     parent: Ticket | None = None
+    matcher: TokenMatcher | None = None  # its constraint's, compiled before it was submitted
 
 
 @dataclass
@@ -134,14 +144,16 @@ class Scheduler:
         return self.submit_choices(prompt_ids, [sampling], [emit])[0]
 
     def submit_choices(self, prompt_ids: Sequence[int], samplings: Sequence[SamplingParams],
-                       emits: Sequence[Emit]) -> list[Ticket]:
+                       emits: Sequence[Emit], matchers: Sequence[TokenMatcher | None] | None = None) -> list[Ticket]:
         """Queue one request per sampling of one prompt (OpenAI's n), together: the first
         prefills the prompt and the others, admitted beside it, start from copies of its cache
-        row (a choice admitted later, when rows were short, prefills itself)."""
+        row (a choice admitted later, when rows were short, prefills itself). ``matchers``: each
+        choice's compiled constraint (None: compiled when admitted, on this scheduler's thread)."""
         ids = self.engine.check_prompt(prompt_ids)
         tickets: list[Ticket] = []
-        for sampling, emit in zip(samplings, emits, strict=True):
-            tickets.append(Ticket(ids, sampling, emit, id=next(self.ids), parent=tickets[0] if tickets else None))
+        for sampling, emit, matcher in zip(samplings, emits, matchers or [None] * len(samplings), strict=True):
+            tickets.append(Ticket(ids, sampling, emit, id=next(self.ids), parent=tickets[0] if tickets else None,
+                                  matcher=matcher))
         with self.wake:
             if len(self.waiting) + len(tickets) > self.max_waiting:
                 raise QueueFullError(f"{len(self.waiting)} requests are waiting (the limit is {self.max_waiting}); "
@@ -175,10 +187,11 @@ class Scheduler:
                     admitted.append((self.waiting.popleft(), self.free_rows.pop()))
             try:
                 self.advance(admitted)
-            except Exception as error:  # noqa: BLE001 - a failed step fails its requests, not the server
+            except NOT_ISOLATED:
+                raise
+            except BaseException as error:  # noqa: BLE001 - a failed step fails its requests, not the server
                 for ticket in dict.fromkeys([*self.running, *self.prefilling, *(ticket for ticket, _ in admitted)]):
-                    ticket.emit(error)
-                    self.release(ticket)
+                    self.fail(ticket, error)
                 # Every newcomer's row is free again (also one whose request could not be built).
                 self.free_rows = list(set(self.free_rows).union(row for _, row in admitted))
             if self.metrics is not None:
@@ -188,11 +201,13 @@ class Scheduler:
         """Admit the newcomers (ticket, free row), feed prompts, then one step for every running request."""
         built = []
         for ticket, row in admitted:
-            try:  # a constraint the grammar engine refuses fails its own request only
-                ticket.request = self.engine.new_request(ticket.prompt_ids, ticket.sampling, row)
+            try:  # a constraint the grammar engine refuses, a drafter's start, fail their own request only
+                ticket.request = self.engine.new_request(ticket.prompt_ids, ticket.sampling, row, ticket.matcher)
                 built.append((ticket, row))
-            except ValueError as error:
-                ticket.emit(error)
+            except NOT_ISOLATED:
+                raise
+            except BaseException as error:  # noqa: BLE001 - see Isolation
+                self.fail(ticket, error)
                 self.free_rows.append(row)
         admitted[:] = built
         self.prefilling.extend(ticket for ticket, _ in built)
@@ -206,19 +221,32 @@ class Scheduler:
                 self.metrics.finished("abort")
             self.release(ticket)
         if self.prefilling:
-            self.feed_prompts()
+            try:
+                self.feed_prompts()
+            except NOT_ISOLATED:
+                raise
+            except BaseException as error:  # noqa: BLE001 - the prompts being fed fail, the running streams go on
+                for ticket in list(self.prefilling):
+                    self.fail(ticket, error)
         if not self.running:
             return
         batch = [ticket.request for ticket in self.running]
         draft_lengths = self.controller.draft_lengths(batch)
         self.steps[len(batch), self.controller.last_choice] += 1
         lengths = [request.length for request in batch]
-        draft_before = sum(request.stats.draft_seconds for request in batch)
+        drafted_before = [request.stats.draft_seconds for request in batch]
         started = time.perf_counter()
-        outcomes = self.engine.step(batch, self.cache, draft_lengths)
+        failed: dict[Request, BaseException] = {}  # requests that raised: they end, the others go on
+        outcomes = self.engine.step(batch, self.cache, draft_lengths, failed)
         seconds = time.perf_counter() - started
+        stepped = [(ticket, length, before) for ticket, length, before in zip(list(self.running), lengths,
+                                                                              drafted_before)
+                   if ticket.request not in failed]
+        for ticket in [ticket for ticket in self.running if ticket.request in failed]:
+            self.fail(ticket, failed[ticket.request])
+        batch = [ticket.request for ticket, _, _ in stepped]
         self.prefill.observe_step(seconds)
-        draft_seconds = sum(request.stats.draft_seconds for request in batch) - draft_before
+        draft_seconds = sum(request.stats.draft_seconds - before for request, (_, _, before) in zip(batch, stepped))
         self.controller.observe(batch, len(batch) + sum(o.num_drafted for o in outcomes), seconds - draft_seconds,
                                 draft_seconds,
                                 # a grammar's forced tokens are not the drafter's guesses
@@ -226,8 +254,14 @@ class Scheduler:
         now = time.perf_counter()
         if self.metrics is not None:
             self.metrics.observe_step(len(batch), self.controller.last_choice, outcomes)
-        for ticket, outcome, length in zip(list(self.running), outcomes, lengths):
-            chunk = step_chunk(ticket.request, outcome, length, ticket.text, ticket.submitted)
+        for (ticket, length, _), outcome in zip(stepped, outcomes, strict=True):
+            try:
+                chunk = step_chunk(ticket.request, outcome, length, ticket.text, ticket.submitted)
+            except NOT_ISOLATED:
+                raise
+            except BaseException as error:  # noqa: BLE001 - its text failed: it alone ends
+                self.fail(ticket, error)
+                continue
             if self.metrics is not None:
                 self.metrics.observe_chunk(ticket, len(chunk.token_ids), now)
             ticket.last_emit = now
@@ -264,6 +298,14 @@ class Scheduler:
         no parent, a parent gone or already decoding, or a cache that cannot fork)."""
         return (ticket.parent is not None and ticket.parent in self.prefilling and ticket.request is not None
                 and ticket.request.fed == 0 and isinstance(self.cache, ForkingCache))
+
+    def fail(self, ticket: Ticket, error: BaseException) -> None:
+        """End ``ticket`` with ``error``: its caller gets the error, the log its traceback, its row is freed."""
+        log.error("request %d failed: %r", ticket.id, error, exc_info=error)
+        if self.metrics is not None:
+            self.metrics.finished("error")
+        ticket.emit(error)
+        self.release(ticket)
 
     def release(self, ticket: Ticket) -> None:
         """Give the ticket's cache row back (its contents are forgotten) and drop its state."""

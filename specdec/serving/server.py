@@ -136,6 +136,11 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--max-body-bytes", type=int,
                        help="the largest request body read; more gets a 413 before parsing (default: 32 bytes per "
                             "context token, at least 1 MiB)")
+    serve.add_argument("--max-grammar-bytes", type=int, default=256 * 1024,
+                       help="the largest JSON schema, regex or grammar a request may give; more gets a 400")
+    serve.add_argument("--grammar-timeout", type=float, default=20.0,
+                       help="seconds a request's schema, regex or grammar may take to compile (on a worker thread, "
+                            "not the serving loop); longer gets a 400")
 
 
 def is_loopback(host: str) -> bool:
@@ -160,7 +165,9 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
                         limits=ServerLimits(max_tokens=args.max_tokens, api_key=args.api_key,
-                                            max_body_bytes=args.max_body_bytes), progress=update,
+                                            max_body_bytes=args.max_body_bytes,
+                                            max_grammar_bytes=args.max_grammar_bytes,
+                                            grammar_seconds=args.grammar_timeout), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation}"
                  f"{', API key required' if args.api_key else ''})")
