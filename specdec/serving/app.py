@@ -266,7 +266,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     starts and stops the scheduler thread."""
     limits = limits or ServerLimits()
     tokenizer = scheduler.engine.target.tokenizer
-    max_context = scheduler.engine.target.max_context
+    max_context = scheduler.engine.max_context  # --max-model-len: what a request may hold
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):

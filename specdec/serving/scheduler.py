@@ -33,7 +33,7 @@ from specdec.text import TextStream
 Emit = Callable[[StreamChunk | BaseException], None]
 
 
-# Slots a row keeps when the cache shrinks: below this a reallocation costs more than it frees.
+# Slots a row keeps when the cache shrinks (default): below this a reallocation costs more than it frees.
 SMALLEST_CACHE = 256
 
 
@@ -99,7 +99,8 @@ class PrefillBudget:
 class Scheduler:
     def __init__(self, engine: Engine, controller: SpeculationController, max_batch: int = 32,
                  max_waiting: int = 1024, metrics: ServerMetrics | None = None,
-                 prefill: PrefillBudget | None = None, prefix_rows: int = 0) -> None:
+                 prefill: PrefillBudget | None = None, prefix_rows: int = 0,
+                 smallest_cache: int = SMALLEST_CACHE) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_rows < 0:
@@ -107,6 +108,7 @@ class Scheduler:
         self.engine, self.controller, self.metrics = engine, controller, metrics
         self.prefill = prefill or PrefillBudget()
         self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.smallest_cache = smallest_cache  # slots a row keeps when the cache shrinks (give_back_memory)
         # Rows of at most the engine's longest request (a server's --max-model-len, in its KV budget)
         self.cache = engine.target.new_cache(rows=max_batch + prefix_rows, max_length=engine.max_context)
         self.free_rows = list(range(max_batch))
@@ -248,16 +250,17 @@ class Scheduler:
     def feed_prompts(self) -> None:
         """Feed the prefilling requests' prompts: a prompt admitted alone (nothing else prefills
         or runs) whole; else the next PrefillBudget tokens, shortest prompt first (so a short one
-        admitted beside a long one starts at once), a request the last loop passed over first of
-        all (so a long one still moves while short ones keep coming). With nothing running, the
-        prompts that fit in one piece all go in at once besides (a burst starts together, as it
-        would alone). The requests done start running."""
+        admitted beside a long one starts at once), the requests the last loop passed over first
+        of all, in the order they came (so a long one still moves while short ones keep coming).
+        With nothing running, the prompts that fit in one piece all go in at once besides (a
+        burst starts together, as it would alone). The requests done start running."""
         forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
         forks = [(ticket.parent.request, ticket.request) for ticket in forking
                  if ticket.parent is not None and ticket.parent.request is not None]
         requests = [ticket.request for ticket in self.prefilling if ticket not in forking]
         left = {request: len(request.prompt_ids) - 1 - request.fed for request in requests}
-        requests.sort(key=lambda r: (r not in self.passed_over, left[r]))  # stable: first come first among equals
+        # Stable: the passed over in the order they came (none waits for ever), then shortest first.
+        requests.sort(key=lambda r: (0, 0) if r in self.passed_over else (1, left[r]))
         budget = None
         if self.running or len(requests) > 1:
             budget = self.prefill.next()
@@ -304,7 +307,7 @@ class Scheduler:
         if not isinstance(self.cache, KVCache):
             return
         held = [t.request.budget_end for t in [*self.running, *self.prefilling] if t.request is not None]
-        need = max([SMALLEST_CACHE, *held])
+        need = max([self.smallest_cache, *held])
         if self.cache.capacity <= 2 * need:
             return
         if self.prefixes is not None:
