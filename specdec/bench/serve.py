@@ -287,7 +287,7 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             if args.workload == "long-prompt":
                 from specdec.bench.serve_long import run_long_prompt
 
-                result = {"rows": run_long_prompt(args, apps, urls, progress)}
+                result = {"rows": run_long_prompt(args, apps, urls, progress, clients)}
             else:
                 result = bench_serve(apps, urls, "bench", prompts, args, progress, clients, schemas)
     result.update(

@@ -47,6 +47,7 @@ async def long_prompt_round(url: str, model: str, streams: int, max_tokens: int,
         await asyncio.sleep(delay)
         return await stream(long_text(words), long_max_tokens)
 
+    began = time.perf_counter()
     *short, long = await asyncio.gather(*(stream(f"def f{i}(x):", max_tokens) for i in range(streams)), late())
     await api.close()
     gaps = []
@@ -54,24 +55,35 @@ async def long_prompt_round(url: str, model: str, streams: int, max_tokens: int,
         own = [b - a for a, b in zip(arrivals, arrivals[1:])]
         if own:
             median, worst = statistics.median(own), max(own)
-            gaps.append({"median": median, "worst": worst, "ok": worst < STALL_FACTOR * median + STALL_SLACK})
+            at = arrivals[own.index(worst)] - began  # where the worst gap began, seconds into the round
+            gaps.append({"median": median, "worst": worst, "worst_at": at, "last_at": arrivals[-1] - began,
+                         "ok": worst < STALL_FACTOR * median + STALL_SLACK})
     sent, arrivals, prompt_tokens = long
-    return {"streams": streams, "long_prompt_tokens": prompt_tokens,
+    return {"streams": streams, "long_prompt_tokens": prompt_tokens, "long_sent_at": sent - began,
             "long_ttft": (arrivals[0] - sent) if arrivals else None,
             "gap_median": statistics.median(g["median"] for g in gaps),
             "gap_worst": max(g["worst"] for g in gaps),
             "streams_over_bar": sum(not g["ok"] for g in gaps), "per_stream": gaps}
 
 
-def run_long_prompt(args, apps: dict, urls: dict, progress) -> list[dict]:
+def long_prompt_test(*args) -> dict:
+    """long_prompt_round, run to the end in the clients' process (so that the clients never hold
+    the server's interpreter lock, nor the server theirs)."""
+    try:
+        return asyncio.run(long_prompt_round(*args))
+    except Exception as error:  # noqa: BLE001 - re-raised, picklable
+        raise RuntimeError(f"a client failed: {type(error).__name__}: {error}") from None
+
+
+def run_long_prompt(args, apps: dict, urls: dict, progress, clients_process) -> list[dict]:
     """Every server (speculation mode) and every concurrency in turn, --repeats rounds each."""
     rows = []
     for streams in sorted(set(args.concurrency)):
         for label in apps:
             for round_number in range(args.repeats):
                 progress(f"long prompt beside {streams} streams, speculation {label}, round {round_number + 1}")
-                row = asyncio.run(long_prompt_round(urls[label], "bench", streams, args.max_new_tokens,
-                                                    args.long_delay, args.long_words, args.long_max_tokens))
+                row = clients_process.submit(long_prompt_test, urls[label], "bench", streams, args.max_new_tokens,
+                                             args.long_delay, args.long_words, args.long_max_tokens).result()
                 rows.append({"mode": label, **row})
                 progress(f"{streams} streams, {label}: gaps median {row['gap_median']:.2f} s, worst "
                          f"{row['gap_worst']:.2f} s, {row['streams_over_bar']} over the bar; long prompt "
