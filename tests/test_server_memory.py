@@ -120,3 +120,24 @@ def test_kv_budget_of_a_model_counts_every_row(tiny_pair):
     cache = target.new_cache(rows=1)
     assert budget.bytes_per_token == cache.bytes_per_token and budget.rows == 6
     assert budget.max_model_len == min(target.max_context, 2**20 // (6 * cache.bytes_per_token))
+
+
+@pytest.mark.parametrize("committed", [0, 5])
+def test_a_long_chain_attends_in_blocks_and_scores_as_in_one_call(tiny_pair, monkeypatch, committed):
+    """A prompt fed in one forward attends in blocks of QUERY_BLOCK queries (memory linear in its
+    length): the logits and the cache entries are those of one call over every query (float64)."""
+    import specdec.models.attention as attention
+
+    target = load(tiny_pair["target"], dtype="float64")
+    tokens = torch.tensor([(3 * i + 1) % target.vocab_size for i in range(70)])
+    results = []
+    for block in (10**6, 16):  # one call; blocks of 16 queries (5 blocks)
+        monkeypatch.setattr(attention, "QUERY_BLOCK", block)
+        cache = target.new_cache()
+        if committed:
+            target.extend(tokens[:committed], cache)
+        # not batch-invariant: after a committed context, a batch-invariant float model attends per query
+        results.append((target.extend(tokens[committed:], cache, batch_invariant=False),
+                        cache.keys[..., :70, :].clone()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=1e-12)
