@@ -1,7 +1,7 @@
 """Memory and speed of prefilling a long prompt with the default pair's target (as `specdec serve`
 and `specdec generate` run it), one fresh process per prompt length so that each peak is its own.
 
-    PYTHONPATH=. python docs/benchmarks/prefill_memory.py --lengths 1024 4096 8192 [--chunk 16] [--out FILE.json]
+    PYTHONPATH=. python docs/benchmarks/prefill_memory.py --lengths 1024 4096 8000 [--chunk 16] [--out FILE.json]
 
 For each length: resident memory (RSS) after loading the model, the peak during the prefill
 (Linux's VmHWM, reset after loading), RSS after the prefill, the KV cache's own
@@ -76,7 +76,8 @@ def measure(length: int, chunk: int | None, queue) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8000],
+                        help="prompt tokens, each below the model's context (8192 for the default target)")
     parser.add_argument("--chunk", type=int, default=16, help="prefill piece (0: the whole prompt in one forward)")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -88,6 +89,10 @@ def main() -> None:
         queue = context.Queue()
         process = context.Process(target=measure, args=(length, args.chunk or None, queue))
         process.start()
+        while process.is_alive() and queue.empty():  # a child that fails says so on stderr, and puts nothing
+            process.join(1)
+        if queue.empty():
+            raise SystemExit(f"the measurement of {length} tokens failed (exit code {process.exitcode})")
         row = queue.get()
         process.join()
         rows.append(row)
