@@ -61,6 +61,7 @@ class Engine:
         policy: str | DraftLengthPolicy | None = None,
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
+        max_context: int | None = None,
     ) -> None:
         self.drafter = as_drafter(drafter, target)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
@@ -72,6 +73,9 @@ class Engine:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
         self.target = target
+        # The longest request, prompt and output (a server's --max-model-len, within its KV-cache
+        # budget): longer prompts are refused, generation stops there. At most the target's context.
+        self.max_context = min(target.max_context, max_context or target.max_context)
         self.prefill_chunk = prefill_chunk  # prompt pieces (Engine.prefill); None: a prompt in one piece
         # A constrained request's forced tokens are drafted before asking the drafter (off: to measure them)
         self.draft_forced = draft_forced
@@ -82,11 +86,9 @@ class Engine:
                                                                    lambda: copy.deepcopy(template))
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
-            raise ValueError(
-                f"the drafter's q ranges over {draft_vocab} tokens, the target's vocabulary over {target.vocab_size}: "
-                "build it with make_drafter(kind, draft, target=target), which fits a padded vocabulary of the "
-                "same tokenizer and translates another tokenizer"
-            )
+            raise ValueError(f"the drafter's q ranges over {draft_vocab} tokens, the target's vocabulary over "
+                             f"{target.vocab_size}: build it with make_drafter(kind, draft, target=target), which "
+                             "fits a padded vocabulary of the same tokenizer and translates another tokenizer")
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -97,11 +99,10 @@ class Engine:
         ids = [int(token) for token in prompt_ids]
         if not ids:
             raise ValueError("prompt is empty (no tokens)")
-        if len(ids) >= self.target.max_context:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens but the context holds {self.target.max_context}: "
-                "no room to generate; shorten the prompt"
-            )
+        if len(ids) >= self.max_context:
+            held = "" if self.max_context == self.target.max_context else " (--max-model-len, in --kv-cache-memory)"
+            raise ValueError(f"prompt has {len(ids)} tokens but the context holds {self.max_context}{held}: "
+                             "no room to generate; shorten the prompt")
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (0..{self.target.vocab_size - 1})")
@@ -113,7 +114,7 @@ class Engine:
         already (a server compiles off its serving loop, GrammarCompiler.matcher); else built here."""
         ids = self.check_prompt(prompt_ids)
         device = self.target.device
-        budget = min(sampling.max_new_tokens, self.target.max_context - len(ids))
+        budget = min(sampling.max_new_tokens, self.max_context - len(ids))
         tokens = torch.empty(len(ids) + budget, dtype=torch.long, device=device)
         tokens[: len(ids)] = torch.tensor(ids, device=device)
         generator = torch.Generator(device=device)
@@ -221,7 +222,7 @@ class Engine:
         for index, (request, draft) in enumerate(zip(requests, proposed)):
             began = time.perf_counter()
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
-            drafts.append(draft.truncated(self.target.max_context - request.length))
+            drafts.append(draft.truncated(self.max_context - request.length))
             # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
             masks.append(None)
             with isolation.of(request):

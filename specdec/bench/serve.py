@@ -48,10 +48,15 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--prompts", help="JSON prompt file (default: the bundled suite; the editing suite for "
                                           "--workload replay)")
-    parser.add_argument("--workload", choices=["suite", "replay", "json"], default="suite",
+    parser.add_argument("--workload", choices=["suite", "replay", "json", "long-prompt"], default="suite",
                         help="suite: one request per prompt; replay: conversations of --turns requests, each resending "
                              "the earlier answers with a follow-up; json: chat requests with response_format "
-                             "json_schema (the JSON-extraction suite: docs/structured.md)")
+                             "json_schema (the JSON-extraction suite: docs/structured.md); long-prompt: C streams, "
+                             "then a long prompt: the streams' gaps and its TTFT (bench/serve_long.py)")
+    parser.add_argument("--long-words", type=int, default=1500, help="--workload long-prompt: words in the long prompt")
+    parser.add_argument("--long-delay", type=float, default=3.0,
+                        help="--workload long-prompt: seconds after the streams start that the long prompt comes")
+    parser.add_argument("--long-max-tokens", type=int, default=16, help="--workload long-prompt: its new tokens")
     parser.add_argument("--turns", type=int, default=3, help="requests per conversation (--workload replay)")
     parser.add_argument("--compare-cache", action="store_true",
                         help="also run each speculating mode with the suffix drafter's cross-request cache off")
@@ -258,7 +263,8 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
         if any(p.constraint is None or p.constraint.kind != "json_schema" for p in suite):
             raise ValueError("--workload json needs a suite whose every prompt has a json_schema")
         schemas = [p.constraint.source for p in suite if p.constraint is not None]
-    max_batch = max(args.concurrency)
+    # long-prompt: specdec serve's default rows (32), or one more than the streams
+    max_batch = max(args.concurrency) if args.workload != "long-prompt" else max(32, max(args.concurrency) + 1)
     with errors.status("bench-serve") as status:
         costs = None
         if "auto" in args.modes:
@@ -278,7 +284,12 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
                 # Finished measurements as lines (readable in a log that is not a terminal).
                 errors.print(label) if done else status.update(f"bench-serve: {label}")
 
-            result = bench_serve(apps, urls, "bench", prompts, args, progress, clients, schemas)
+            if args.workload == "long-prompt":
+                from specdec.bench.serve_long import run_long_prompt
+
+                result = {"rows": run_long_prompt(args, apps, urls, progress, clients)}
+            else:
+                result = bench_serve(apps, urls, "bench", prompts, args, progress, clients, schemas)
     result.update(
         {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -294,6 +305,17 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             "repeats": args.repeats,
         }
     )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.workload == "long-prompt":
+        from specdec.bench.serve_long import print_table
+
+        result.update({"long_words": args.long_words, "long_delay": args.long_delay})
+        print_table(console, result["rows"], f"bench-serve long prompt: {result['target']}, {result['machine']}, "
+                                             f"{result['date']}")
+        (out / "serve-long-prompt.json").write_text(json.dumps(result, indent=1))
+        errors.print(f"wrote {out / 'serve-long-prompt.json'}")
+        return 1 if any(row["streams_over_bar"] for row in result["rows"]) else 0
     table = Table(title=f"bench-serve: {result['target']}, {result['machine']}, {result['date']}")
     columns = ("concurrency", "speculation", "tokens/s", "1st round", "vs off", "TTFT ms", "TPOT ms", "batch",
                "draft len", "alpha", "tokens/step", "from cache")
@@ -312,8 +334,6 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
     if schemas:
         errors.print("answers that match their schema: " + ", ".join(
             f"{row['mode']} at {row['concurrency']}: {row['valid_share']:.0%}" for row in result["rows"]))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "serve.png")
     errors.print(f"wrote {out / 'serve.json'} and {out / 'serve.png'}")

@@ -180,8 +180,9 @@ class LanguageModel:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     path: str | None = None  # the folder it was loaded from
 
-    def new_cache(self, rows: int = 1) -> Cache:
-        return self.network.new_cache(self.max_context, rows)
+    def new_cache(self, rows: int = 1, max_length: int | None = None) -> Cache:
+        """A cache of ``rows`` rows, each up to ``max_length`` positions (default: the context)."""
+        return self.network.new_cache(max_length or self.max_context, rows)
 
     @property
     def precision(self) -> str:

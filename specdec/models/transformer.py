@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.attention import AttentionPlan, plan_attention
+from specdec.models.attention import AttentionPlan, attend_in_blocks, plan_attention
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 import specdec.models.int4_layer as int4_layer
 from specdec.models.cache import KVCache
@@ -201,7 +201,9 @@ def attend_planned(
                 continue  # attend_queries writes its keys and values
             rows = slice(segment.start, segment.end)
             keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
-            if segment.per_query is None:
+            if segment.blocks_after is not None:  # a long chain: its queries in blocks (linear memory)
+                attend_in_blocks(layer, q, keys, values, segment, attended)
+            elif segment.per_query is None:
                 attended[:, rows] = layer.attend(q[:, rows], keys, values, segment.masks.get(layer.window))
         if compiled and plan.groups:
             int4_layer.attend_queries(layer, q, k, v, plan.query_list_for(layer.window), cache.keys[layer_index],

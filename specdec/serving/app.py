@@ -281,7 +281,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     starts and stops the scheduler thread."""
     limits = limits or ServerLimits()
     tokenizer = scheduler.engine.target.tokenizer
-    max_context = scheduler.engine.target.max_context
+    max_context = scheduler.engine.max_context  # --max-model-len: what a request may hold
 
     grammars = ConstraintCompiler(scheduler.engine.target, limits.max_grammar_bytes, limits.grammar_seconds)
 

@@ -1,12 +1,13 @@
 """Continuous batching: requests join and leave the running batch between engine steps.
 
 One thread owns the engine and the KV cache (``max_batch`` rows). Each loop: admit waiting
-requests into free rows, feed the prompts of those still prefilling (all of them when nothing
-runs; else a chunk under a token budget, PrefillBudget, so a long prompt does not stall the
-running streams for its whole prefill), ask the controller how much each request drafts,
-run one engine step for every running request, hand each request's chunk to its ``emit``
-callback, and free the rows of finished or cancelled requests. Callers on other threads only
-submit and cancel; ``emit`` runs on the scheduler thread and must not block.
+requests into free rows, feed the prompts of those still prefilling (a prompt admitted alone
+whole; else, shortest first, pieces under a token budget, PrefillBudget, so a long prompt
+stalls neither the running streams nor the requests admitted beside it), ask the controller
+how much each request drafts, run one engine step for every running request, hand each
+request's chunk to its ``emit`` callback, and free the rows of finished or cancelled requests
+(and the cache's memory that no row needs any more). Callers on other threads only submit and
+cancel; ``emit`` runs on the scheduler thread and must not block.
 
 An error raised for one request (building it, its prefill's drafter hooks, its drafter, its grammar
 matcher, its text) ends that request alone (Scheduler.fail: its ``emit`` gets the error, the
@@ -29,6 +30,7 @@ from specdec.engine import Engine, Request
 from specdec.estimates import RunningMean
 from specdec.grammar import TokenMatcher
 from specdec.models.base import ForkingCache
+from specdec.models.cache import KVCache
 from specdec.request import NOT_ISOLATED
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
@@ -38,6 +40,10 @@ from specdec.text import TextStream
 
 Emit = Callable[[StreamChunk | BaseException], None]
 log = logging.getLogger("specdec.serving")
+
+
+# Slots a row keeps when the cache shrinks (default): below this a reallocation costs more than it frees.
+SMALLEST_CACHE = 256
 
 
 class QueueFullError(RuntimeError):
@@ -103,7 +109,8 @@ class PrefillBudget:
 class Scheduler:
     def __init__(self, engine: Engine, controller: SpeculationController, max_batch: int = 32,
                  max_waiting: int = 1024, metrics: ServerMetrics | None = None,
-                 prefill: PrefillBudget | None = None, prefix_rows: int = 0) -> None:
+                 prefill: PrefillBudget | None = None, prefix_rows: int = 0,
+                 smallest_cache: int = SMALLEST_CACHE) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_rows < 0:
@@ -111,7 +118,9 @@ class Scheduler:
         self.engine, self.controller, self.metrics = engine, controller, metrics
         self.prefill = prefill or PrefillBudget()
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.cache = engine.target.new_cache(rows=max_batch + prefix_rows)
+        self.smallest_cache = smallest_cache  # slots a row keeps when the cache shrinks (give_back_memory)
+        # Rows of at most the engine's longest request (a server's --max-model-len, in its KV budget)
+        self.cache = engine.target.new_cache(rows=max_batch + prefix_rows, max_length=engine.max_context)
         self.free_rows = list(range(max_batch))
         # Recent prompts in prefix_rows spare rows (exact only where prompts go in whole pieces)
         self.prefixes = (PrefixCache(self.cache, list(range(max_batch, max_batch + prefix_rows)), engine.prefill_chunk)
@@ -121,6 +130,7 @@ class Scheduler:
         self.running: list[Ticket] = []
         # (prompt tokens fed, streams running) of the last loops that fed (bounded: a server runs for days)
         self.prefill_chunks: collections.deque[tuple[int, int]] = collections.deque(maxlen=4096)
+        self.passed_over: set[Request] = set()  # prefilling requests the last loop fed nothing of
         # (batch, mean draft length) -> steps
         self.steps: collections.Counter[tuple[int, float]] = collections.Counter()
         self.ids = itertools.count()
@@ -272,17 +282,30 @@ class Scheduler:
                 self.release(ticket)
 
     def feed_prompts(self) -> None:
-        """Feed the prefilling requests' prompts: all of them when no stream runs (none waits),
-        else the next PrefillBudget tokens; the requests done start running."""
+        """Feed the prefilling requests' prompts: a prompt admitted alone (nothing else prefills
+        or runs) whole; else the next PrefillBudget tokens, shortest prompt first (so a short one
+        admitted beside a long one starts at once), the requests the last loop passed over first
+        of all, in the order they came (so a long one still moves while short ones keep coming).
+        With nothing running, the prompts that fit in one piece all go in at once besides (a
+        burst starts together, as it would alone). The requests done start running."""
         forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
         forks = [(ticket.parent.request, ticket.request) for ticket in forking
                  if ticket.parent is not None and ticket.parent.request is not None]
         requests = [ticket.request for ticket in self.prefilling if ticket not in forking]
-        before = sum(request.fed for request in requests)
+        left = {request: len(request.prompt_ids) - 1 - request.fed for request in requests}
+        # Stable: the passed over in the order they came (none waits for ever), then shortest first.
+        requests.sort(key=lambda r: (0, 0) if r in self.passed_over else (1, left[r]))
+        budget = None
+        if self.running or len(requests) > 1:
+            budget = self.prefill.next()
+            if not self.running and self.engine.prefill_chunk is not None:
+                budget += sum(count for count in left.values() if count <= self.engine.prefill_chunk)
+        fed_before = [request.fed for request in requests]
         started = time.perf_counter()
-        done = self.engine.prefill(requests, self.cache, self.prefill.next() if self.running else None, forks,
+        done = self.engine.prefill(requests, self.cache, budget, forks,
                                    None if self.prefixes is None else self.prefixes.store)
-        fed = sum(request.fed for request in requests) - before
+        fed = sum(request.fed for request in requests) - sum(fed_before)
+        self.passed_over = {r for r, before in zip(requests, fed_before) if r.fed == before and r not in done}
         self.prefill.observe_prefill(fed, time.perf_counter() - started)
         if self.metrics is not None:
             self.metrics.observe_prefill(fed, sum(child.fed for _, child in forks if child in done))
@@ -315,4 +338,20 @@ class Scheduler:
         if ticket.request is not None:
             self.cache.rollback(ticket.request.row, 0)
             self.free_rows.append(ticket.request.row)
+            self.passed_over.discard(ticket.request)
             ticket.request = None  # the drafter's per-request state (a draft cache) goes with it
+            self.give_back_memory()
+
+    def give_back_memory(self) -> None:
+        """Shrink the cache to what the requests it holds need, once that is under half its
+        size (halving, not every release: a reallocation copies the cache). Stored prefixes
+        longer than that go, or they would keep it grown to the longest prompt seen."""
+        if not isinstance(self.cache, KVCache):
+            return
+        held = [t.request.budget_end for t in [*self.running, *self.prefilling] if t.request is not None]
+        need = max([self.smallest_cache, *held])
+        if self.cache.capacity <= 2 * need:
+            return
+        if self.prefixes is not None:
+            self.prefixes.forget_longer_than(need)
+        self.cache.shrink(need)

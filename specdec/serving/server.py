@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the web stack and torch load only when a server is built, n
     from specdec.models.base import LanguageModel
     from specdec.serving.app import ServerLimits
     from specdec.estimates import VerifyCostTable
+    from specdec.serving.memory import KVBudget
 
 # Prompt tokens per prefill piece in the server: on 2 CPU cores a 16-token piece of the default
 # target costs a few decode steps, a 2k-token prompt ~128 pieces (so its TTFT grows by the steps
@@ -53,13 +54,16 @@ def build_app(
     progress: Callable[[str], None] | None = None,
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
     prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
+    max_model_len: int | None = None,
 ) -> FastAPI:
     """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
     with speculation "auto" and none given, it is measured here first. ``prefill_chunk``: prompts
     go in pieces of that many tokens, as many between two decode steps as cost about half a step
     (PrefillBudget; at least one), so a long prompt does not stall the running streams; None:
     each prompt whole. ``prefix_cache_rows``: recent prompts kept in that many spare cache rows,
-    whole pieces of them reused by prompts that begin the same way (0, or prefill_chunk None: off)."""
+    whole pieces of them reused by prompts that begin the same way (0, or prefill_chunk None: off).
+    ``max_model_len``: the longest request, prompt and output (kv_budget() chooses it for a
+    memory budget; None: the target's context); longer prompts get a 400."""
     from specdec.serving.app import create_app
     from specdec.serving.metrics import ServerMetrics
     from specdec.serving.scheduler import PrefillBudget, Scheduler
@@ -68,7 +72,7 @@ def build_app(
     from specdec.engine import Engine
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
-    engine = Engine(target, drafter, gamma=gamma, policy=policy, prefill_chunk=prefill_chunk)
+    engine = Engine(target, drafter, gamma=gamma, policy=policy, prefill_chunk=prefill_chunk, max_context=max_model_len)
     if drafter is None:
         speculation = "off"
     if speculation == "auto" and costs is None:
@@ -80,6 +84,20 @@ def build_app(
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
                           prefill=PrefillBudget(), prefix_rows=prefix_cache_rows)
     return create_app(scheduler, model_name, limits, metrics)
+
+
+def kv_budget(target: LanguageModel, max_batch: int, prefix_cache_rows: int, kv_cache_memory: str | None = None,
+              max_model_len: int | None = None) -> KVBudget | None:
+    """The KV-cache budget of a server with these rows (serving/memory.py); None for a backend
+    whose cache is not ours to size (llama.cpp, transformers)."""
+    from specdec.serving.memory import available_memory, parse_size, plan_kv_budget
+
+    per_token = getattr(target.new_cache(rows=1, max_length=2), "bytes_per_token", None)
+    if per_token is None:
+        return None
+    return plan_kv_budget(per_token, max_batch + prefix_cache_rows, target.max_context,
+                          None if kv_cache_memory is None else parse_size(kv_cache_memory), max_model_len,
+                          available_memory())
 
 
 @contextlib.contextmanager
@@ -129,6 +147,12 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--prefix-cache-rows", type=int, default=DEFAULT_PREFIX_CACHE_ROWS,
                        help="recent prompts kept in this many spare cache rows; a prompt that begins like one of them "
                             "copies the shared part (whole prefill pieces: exact) instead of computing it (0: off)")
+    serve.add_argument("--kv-cache-memory", metavar="SIZE",
+                       help="memory for the KV cache, e.g. 6GiB (default: a third of the memory available at start, "
+                            "at most what the whole context needs); with the rows it sets --max-model-len")
+    serve.add_argument("--max-model-len", type=int,
+                       help="the longest request, prompt and output, in tokens (default: what --kv-cache-memory holds "
+                            "for every row, at most the model's context); a longer prompt gets a 400")
     serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
     serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                        help="every /v1 route needs 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; "
@@ -161,6 +185,10 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
 
     target, drafter = build_drafter(args, errors)
     name = args.served_model_name or target.name
+    budget = kv_budget(target, args.max_batch, args.prefix_cache_rows, args.kv_cache_memory, args.max_model_len)
+    errors.print(budget.describe(args.max_batch) if budget else
+                 f"KV cache: the {target.backend} backend's own (not sized here); --max-model-len "
+                 f"{args.max_model_len or target.max_context}")
     with waiting(errors, "measuring verify costs (once per machine and model)") as update:
         app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
@@ -168,7 +196,8 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                                             max_body_bytes=args.max_body_bytes,
                                             max_grammar_bytes=args.max_grammar_bytes,
                                             grammar_seconds=args.grammar_timeout), progress=update,
-                        prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows)
+                        prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows,
+                        max_model_len=budget.max_model_len if budget else args.max_model_len)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation}"
                  f"{', API key required' if args.api_key else ''})")
     if not args.api_key and not is_loopback(args.host):

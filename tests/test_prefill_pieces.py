@@ -1,0 +1,110 @@
+"""The scheduler feeds a long prompt in pieces whenever another request is admitted, prefilling
+or decoding, and the outputs stay what each request gets alone. Deterministic: loops are driven
+one by one here (no scheduler thread, no timing)."""
+
+import threading
+
+import pytest
+
+from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.engine import Engine
+from specdec.serving.scheduler import PrefillBudget, Scheduler
+from specdec.serving.speculation import SpeculationController
+from test_scheduling import collect
+
+CHUNK = 8
+
+
+def one_loop(scheduler: Scheduler) -> None:
+    """What Scheduler.loop does once: admit into free rows, then advance."""
+    admitted = []
+    while scheduler.waiting and scheduler.free_rows:
+        admitted.append((scheduler.waiting.popleft(), scheduler.free_rows.pop()))
+    scheduler.advance(admitted)
+
+
+def make_scheduler(tiny_pair, max_batch=8, budget=CHUNK):
+    target = load(tiny_pair["target"], dtype="float64")
+    engine = Engine(target, make_drafter("model", load(tiny_pair["perturbed"], dtype="float64")), gamma=3,
+                    prefill_chunk=CHUNK)
+    return Scheduler(engine, SpeculationController("on", 3), max_batch=max_batch,
+                     prefill=PrefillBudget(tokens=budget))
+
+
+def long_prompt(vocab_size: int, length: int = 100) -> list[int]:
+    return [(7 * i + 3) % vocab_size for i in range(length)]
+
+
+def test_a_long_prompt_admitted_beside_a_short_one_goes_in_pieces_and_the_short_one_starts_at_once(tiny_pair):
+    """Nothing runs yet; a long and a short prompt are admitted in one loop. The short one is fed
+    first and decodes from the first loop on; the long one gets at most the budget a loop.
+    Mutation, checked: the old rule (no budget while nothing runs) feeds the long one whole."""
+    scheduler = make_scheduler(tiny_pair)
+    vocab = scheduler.engine.target.vocab_size
+    long_ticket = scheduler.submit(long_prompt(vocab), SamplingParams(max_new_tokens=4), lambda item: None)
+    short_ticket = scheduler.submit([5, 6, 7, 8], SamplingParams(max_new_tokens=40), lambda item: None)
+    one_loop(scheduler)
+    assert short_ticket in scheduler.running and short_ticket.request.length > 4  # prefilled and stepped
+    fed = [long_ticket.request.fed]
+    assert fed[0] <= CHUNK
+    while long_ticket in scheduler.prefilling and short_ticket.request is not None:  # (alone, it goes in whole)
+        one_loop(scheduler)
+        fed.append(long_ticket.request.fed)
+    assert max(b - a for a, b in zip(fed, fed[1:])) <= CHUNK
+    assert len(fed) >= 4
+
+
+def test_a_burst_admitted_together_starts_together_and_a_long_prompt_among_it_waits_its_turn(tiny_pair):
+    """With nothing running, one-piece prompts all go in at once (as before); the long one
+    beside them gets the budget."""
+    scheduler = make_scheduler(tiny_pair)
+    vocab = scheduler.engine.target.vocab_size
+    shorts = [scheduler.submit([3 + i, 4, 5], SamplingParams(max_new_tokens=30), lambda item: None) for i in range(5)]
+    long_ticket = scheduler.submit(long_prompt(vocab), SamplingParams(max_new_tokens=4), lambda item: None)
+    one_loop(scheduler)
+    assert all(ticket in scheduler.running for ticket in shorts)
+    assert long_ticket.request.fed <= CHUNK
+
+
+def test_a_request_passed_over_goes_first_next_loop(tiny_pair):
+    """A short prompt comes every loop, and a loop feeds one piece: the long one still moves
+    every other loop (passed over once, it goes first). Mutation, checked: shortest first alone
+    starves it."""
+    scheduler = make_scheduler(tiny_pair, max_batch=32, budget=1)
+    vocab = scheduler.engine.target.vocab_size
+    scheduler.submit([1, 2, 3], SamplingParams(max_new_tokens=200), lambda item: None)
+    one_loop(scheduler)  # something runs from now on
+    long_ticket = scheduler.submit(long_prompt(vocab), SamplingParams(max_new_tokens=2), lambda item: None)
+    fed = []
+    for index in range(10):
+        scheduler.submit([9, index + 1, 3, 4], SamplingParams(max_new_tokens=2), lambda item: None)
+        one_loop(scheduler)
+        fed.append(long_ticket.request.fed)
+    assert all(b > a for a, b in zip(fed[::2], fed[2::2])), fed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_outputs_equal_alone_when_a_long_prompt_comes_with_a_burst(tiny_pair, temperature):
+    """A long prompt submitted together with six short ones (nothing running yet): every request,
+    the long one too, gets what it gets alone from an engine with the same pieces."""
+    target = load(tiny_pair["target"], dtype="float64")
+    drafter = make_drafter("model", load(tiny_pair["perturbed"], dtype="float64"))
+    prompts = [long_prompt(target.vocab_size), *([4 + i, 9, 2 * i + 1] for i in range(6))]
+    samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=12 + 5 * index)
+                 for index in range(len(prompts))]
+    alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=CHUNK)
+    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
+    engine = Engine(target, drafter, gamma=3, prefill_chunk=CHUNK)
+    scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=CHUNK))
+    results, done = {}, threading.Event()
+    done.expected = len(prompts)
+    for index, (prompt, sampling) in enumerate(zip(prompts, samplings)):  # queued before the loop starts
+        collect(scheduler, prompt, sampling, results, done, index)
+    scheduler.start()
+    try:
+        assert done.wait(120)
+    finally:
+        scheduler.stop()
+    assert results == expected
+    # the budget, and the burst's one-piece prompts besides
+    assert max(fed for fed, _ in scheduler.prefill_chunks) <= CHUNK + 6 * 2
