@@ -216,13 +216,18 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_the_running_streams_steps(
     expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
     engine = Engine(target, drafter, gamma=3, prefill_chunk=8)
     scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=1))
-    scheduler.start()
     results, done = {}, threading.Event()
     done.expected = len(prompts)
+    # The 6 streams wait before the loop starts, so they are admitted together; the long prompt comes
+    # once all 6 are past their prefill (polling for 6 running at once could miss that moment: a
+    # sampled stream may end a step after it starts).
+    for index in range(6):
+        collect(scheduler, prompts[index], samplings[index], results, done, index)
+    scheduler.start()
     try:
-        for index in range(6):
-            collect(scheduler, prompts[index], samplings[index], results, done, index)
-        while len(scheduler.running) < 6:
+        deadline = time.monotonic() + 60
+        while scheduler.waiting or scheduler.prefilling or len(scheduler.running) + len(results) < 6:
+            assert time.monotonic() < deadline, "the 6 streams were not all admitted"
             time.sleep(0.001)
         collect(scheduler, long_prompt, samplings[6], results, done, 6)
         assert done.wait(120)
