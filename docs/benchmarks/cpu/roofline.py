@@ -51,10 +51,11 @@ def probe() -> ctypes.CDLL:
 
 
 def streamed_bytes(network: nn.Module) -> int:
-    """Bytes a forward reads whatever its length: every parameter and buffer but the embedding
-    table (of which a block reads only its k rows)."""
-    embedding = {id(t) for m in network.modules() if isinstance(m, nn.Embedding) for t in m.parameters()}
-    tensors = {id(t): t for t in [*network.parameters(), *network.buffers()] if id(t) not in embedding}
+    """Bytes a forward reads whatever its length: every parameter and buffer but the tables of
+    which a block reads only its k rows (the embedding, the rotary cos / sin by position)."""
+    skipped = {id(t) for m in network.modules() if isinstance(m, nn.Embedding) for t in m.parameters()}
+    skipped |= {id(t) for name, t in network.named_buffers() if name.split(".")[-1] in ("rope_cos", "rope_sin")}
+    tensors = {id(t): t for t in [*network.parameters(), *network.buffers()] if id(t) not in skipped}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

@@ -268,7 +268,8 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       dots_with_key(q + tokens[i] * q_stride + first * d, keys + base + own[j] * d, n, d, dots.data());
       for (int64_t h = 0; h < n; ++h) weights[h * count + j] = dots[h] * scale;
     }
-    std::vector<float> totals(n);
+    thread_local std::vector<float> totals;
+    totals.resize(n);
     for (int64_t h = 0; h < n; ++h) {
       float* row = weights.data() + h * count;
       float top = -std::numeric_limits<float>::infinity();
