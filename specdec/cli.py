@@ -338,10 +338,20 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
 
 
+LOG_WIDTH = 400  # columns of output that is not a terminal: wide enough that no table column is cut
+
+
+def output_console() -> Console:
+    """Standard output: a terminal's own width; elsewhere (a pipe, a log file) wide, since rich
+    would otherwise cut every table to 80 columns (a table is only as wide as its cells)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=LOG_WIDTH)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (model cards record it)
-    console, errors = Console(), Console(stderr=True)
+    console, errors = output_console(), Console(stderr=True)
     try:
         check_arguments(args)
         if args.command == "generate":

@@ -9,7 +9,7 @@ import torch
 import specdec.drafting.auto
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.drafting.auto import AutoDrafter, judged
-from specdec.drafting.base import ContextRequest
+from specdec.drafting.base import BaseDrafter, ContextRequest, Draft, StepOutcome
 from specdec.drafting.ngram import NGramDrafter
 from test_greedy_equality import DRAFT_KINDS, check_equality, random_cases
 from test_heads import perturbed, trained_head
@@ -202,3 +202,46 @@ def test_one_argument_in_python(models):
     assert decoder.generate(prompt, max_new_tokens=30).token_ids == \
         SpeculativeDecoder(target).generate(prompt, max_new_tokens=30).token_ids
     assert SpeculativeDecoder(target, "ngram").engine.new_policy().next_shape().depth == 4  # fixed, gamma 4
+
+
+class FixedGuess(BaseDrafter):
+    """A text drafter that always guesses the same chain."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        return None
+
+    def propose(self, request, gamma: int) -> Draft:
+        return Draft(torch.tensor(self.tokens[:gamma], dtype=torch.long))
+
+    def observe(self, request, outcome: StepOutcome) -> None:
+        pass
+
+
+class RefusesNine:
+    """A grammar look-ahead that refuses token 9 wherever it comes."""
+
+    @staticmethod
+    def valid_prefix(tokens: list[int]) -> int:
+        return tokens.index(9) if 9 in tokens else len(tokens)
+
+
+def test_a_constrained_request_chooses_among_what_its_grammar_lets_through():
+    """The better-rated copy starts with a token the grammar refuses: the engine would cut it to
+    nothing, so auto verifies the other copy's valid draft instead, and learns nothing of the
+    refused guess (mutation checked: without the cut, candidate "refused" is chosen, its draft
+    [9, 1, 2], and the step's outcome counts as its rejection)."""
+    auto = AutoDrafter({"refused": FixedGuess([9, 1, 2]), "valid": FixedGuess([4, 5])}, ("refused", "valid"))
+    auto.verify_cost.add(1, 0.010)
+    auto.verify_cost.add(5, 0.011)
+    request = ContextRequest.started(auto, torch.tensor([1, 2, 3]), matcher=RefusesNine())
+    for index, alpha in enumerate((0.95, 0.7)):
+        for _ in range(50):
+            request.draft_state.acceptance[index].update(3, 3 if alpha > 0.9 else 2)
+    draft = auto.propose(request, 3)
+    assert (draft.drafter, draft.tokens.tolist()) == ("valid", [4, 5])
+    before = request.draft_state.acceptance[0].alphas()
+    auto.observe(request, StepOutcome(torch.tensor([4, 5, 6]), num_drafted=2))
+    assert request.draft_state.acceptance[0].alphas() == before

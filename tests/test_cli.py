@@ -237,3 +237,19 @@ def test_a_gguf_target_on_the_own_forward_defaults_to_w8a32(options, quantize):
 
     args = cli.build_parser().parse_args(["generate", "hi", "--target", "model.gguf", *options])
     assert cli.resolve_models(args, Console(quiet=True))[2] == quantize
+
+
+def test_tables_in_a_log_keep_every_column_whole(capsys):
+    """Output that is not a terminal (pytest captures it, as a pipe or a log would) gets every
+    column whole (mutation checked: a plain Console() cuts this table to 80 columns, with '…')."""
+    from rich.table import Table
+
+    from specdec.cli import output_console
+
+    table = Table()
+    for index in range(12):
+        table.add_column(f"column number {index}")
+    table.add_row(*(f"{index}.123456" for index in range(12)))
+    output_console().print(table)
+    out = capsys.readouterr().out
+    assert "…" not in out and all(f"column number {index}" in out for index in range(12)), out

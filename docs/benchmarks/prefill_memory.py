@@ -1,7 +1,9 @@
-"""Memory and speed of prefilling a long prompt with the default pair's target (as `specdec serve`
-and `specdec generate` run it), one fresh process per prompt length so that each peak is its own.
+"""Memory and speed of prefilling a long prompt with the default pair's target, or ``--target``
+(as `specdec serve` and `specdec generate` run it), one fresh process per prompt length so that
+each peak is its own.
 
-    PYTHONPATH=. python docs/benchmarks/prefill_memory.py --lengths 1024 4096 8000 [--chunk 16] [--out FILE.json]
+    PYTHONPATH=. python docs/benchmarks/prefill_memory.py --lengths 1024 4096 8000 [--chunk 16] \
+        [--target DIR|FILE.gguf --quantize int4] [--out FILE.json]
 
 For each length: resident memory (RSS) after loading the model, the peak during the prefill
 (Linux's VmHWM, reset after loading), RSS after the prefill, the KV cache's own
@@ -47,7 +49,7 @@ def prompt_ids(tokenizer, length: int) -> list[int]:
     return ids[:length]
 
 
-def measure(length: int, chunk: int | None, queue) -> None:
+def measure(length: int, chunk: int | None, model: str | None, quantize: str | None, queue) -> None:
     import torch
 
     from specdec.defaults import default_pair, fastest_default_target
@@ -56,8 +58,9 @@ def measure(length: int, chunk: int | None, queue) -> None:
     from specdec.sampling import SamplingParams
 
     torch.set_num_threads(torch.get_num_threads())
-    path, quantize, _ = fastest_default_target(default_pair(), llama_cpp=False)
-    target = load(path, quantize=quantize)
+    if model is None:
+        model, quantize, _ = fastest_default_target(default_pair(), llama_cpp=False)
+    target = load(model, quantize=quantize)
     engine = Engine(target, None, prefill_chunk=chunk)
     ids = prompt_ids(target.tokenizer, length)
     loaded = rss_bytes()
@@ -68,7 +71,7 @@ def measure(length: int, chunk: int | None, queue) -> None:
     engine.prefill([request], cache)
     seconds = time.perf_counter() - started
     peak = peak_bytes()
-    queue.put({"prompt_tokens": length, "chunk": chunk, "quantize": quantize, "rss_loaded": loaded,
+    queue.put({"model": model, "prompt_tokens": length, "chunk": chunk, "quantize": quantize, "rss_loaded": loaded,
                "rss_peak": peak, "rss_after": rss_bytes(), "kv_cache_bytes": cache.nbytes,
                "kv_bytes_per_token": cache.bytes_per_token, "prefill_seconds": seconds,
                "prefill_tokens_per_second": (length - 1) / seconds})
@@ -79,6 +82,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8000],
                         help="prompt tokens, each below the model's context (8192 for the default target)")
     parser.add_argument("--chunk", type=int, default=16, help="prefill piece (0: the whole prompt in one forward)")
+    parser.add_argument("--target", help="a model folder or GGUF (default: the default pair's target, as served)")
+    parser.add_argument("--quantize", help="with --target: int4, int8, w8a32 (default: as loaded)")
     parser.add_argument("--out")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
@@ -87,7 +92,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for length in args.lengths:
         queue = context.Queue()
-        process = context.Process(target=measure, args=(length, args.chunk or None, queue))
+        process = context.Process(target=measure, args=(length, args.chunk or None, args.target, args.quantize, queue))
         process.start()
         while process.is_alive() and queue.empty():  # a child that fails says so on stderr, and puts nothing
             process.join(1)

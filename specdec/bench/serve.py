@@ -329,8 +329,7 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
                       f"{1000 * row['ttft_median']:.0f}", f"{1000 * row['tpot_median']:.1f}",
                       f"{row['mean_batch']:.1f}", f"{row['mean_draft_length']:.1f}", f"{row['alpha']:.2f}",
                       f"{row['tokens_per_draft_step']:.2f}", f"{row['accepted_from_cache']:.0%}")
-    # In a log (not a terminal) rich would cut the twelve columns to 80 characters.
-    console.print(table, width=None if console.is_terminal else 160)
+    console.print(table)
     if schemas:
         errors.print("answers that match their schema: " + ", ".join(
             f"{row['mode']} at {row['concurrency']}: {row['valid_share']:.0%}" for row in result["rows"]))

@@ -102,4 +102,4 @@ def print_table(console, rows: list[dict], title: str) -> None:
         table.add_row(str(row["streams"]), row["mode"], f"{row['gap_median']:.2f}", f"{row['gap_worst']:.2f}",
                       str(row["streams_over_bar"]), str(row["long_prompt_tokens"]),
                       "-" if row["long_ttft"] is None else f"{row['long_ttft']:.1f}")
-    console.print(table, width=None if console.is_terminal else 160)
+    console.print(table)

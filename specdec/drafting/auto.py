@@ -15,6 +15,9 @@ position on this request, the pooled estimate over earlier requests as its prior
 g * (c's seconds per drafted token) + T(g + 1), with T(k) the measured seconds of a k-token verify
 block; no draft is worth 1 token for T(1). The highest expected tokens per second wins.
 
+In a constrained request, a text candidate's draft is cut where the grammar refuses it before
+the choice (as the engine would cut it), so it is chosen and judged on what could be verified.
+
 Lossless like every drafter: the choice reads only the context and earlier steps' outcomes, never
 the draws that verify this step; the chosen draft is verified as it would be alone (a head's q,
 point masses for copied text).
@@ -161,6 +164,9 @@ class AutoDrafter(BaseDrafter):
             own: list[Draft | None] = [
                 candidate.drafter.propose(self.member(request, index), gamma) if candidate.copies_text else None
                 for index, candidate in enumerate(self.candidates)]
+            if request.matcher is not None:  # what the grammar lets through (as the engine cuts a copied chain)
+                own = [None if draft is None else draft.truncated(request.matcher.valid_prefix(draft.tokens.tolist()))
+                       for draft in own]
             state.shadows = [None if draft is None else draft.tokens.tolist() for draft in own]
             free.append(own)
         choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas)]
