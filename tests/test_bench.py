@@ -281,3 +281,28 @@ def test_bench_serve_json_workload_sends_schemas_through_response_format(tmp_pat
     result = json.loads((out / "serve.json").read_text())
     assert result["workload"] == "json" and not result["mismatches"]
     assert all(row["valid_share"] == 1.0 for row in result["rows"])
+
+
+def test_repeats_find_the_suffix_cache_as_the_first_run_did(tiny_pair):
+    """Each repeat of a prompt starts from the cross-request cache the first run found: it does not
+    copy the first run's own output (mutation checked: without forgetting, the repeats draft the
+    whole output from the cache and accept far more than the first run)."""
+    from specdec import SpeculativeDecoder, load, make_drafter
+    from specdec.bench.runner import speculative_method
+
+    target = load(tiny_pair["target"])
+    decoder = SpeculativeDecoder(target, make_drafter("suffix", target=target), gamma=4, policy="fixed")
+    method = speculative_method("suffix:fixed", decoder)
+    accepted: list[int] = []
+
+    def recorded(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
+        output = method.run(prompt_ids, settings)
+        assert output.stats is not None
+        accepted.append(output.stats.accepted)
+        return output
+
+    prompts = [Prompt("code", text) for text in ("7 3 9 2 8 1", "4 4 6 1 9 5")]
+    run_side_by_side([Method("suffix:fixed", recorded, mark=method.mark)], prompts,
+                     lambda text: [int(word) for word in text.split()], SamplingParams(max_new_tokens=24),
+                     "suffix:fixed", warmup=False, repeats=3)
+    assert accepted[:3] == [accepted[0]] * 3 and accepted[3:] == [accepted[3]] * 3, accepted

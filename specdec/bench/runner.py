@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.constraint import Constraint
+from specdec.drafting.base import suffix_caches
 from specdec.metrics import SpecStats
 from specdec.sampling import SamplingParams
 
@@ -48,6 +49,9 @@ class Method:
     run: Callable[[list[int], SamplingParams], MethodOutput]
     engine: str = "specdec"  # whose loop it is: "specdec" or "transformers"
     lossless: bool = True  # a greedy output different from the reference is a failure
+    # Marks what the method keeps across requests (a suffix cache's outputs) and returns the call
+    # that forgets what was added since: a repeat must not copy its own earlier run's output.
+    mark: Callable[[], Callable[[], None]] | None = None
 
 
 @dataclass
@@ -134,7 +138,16 @@ def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
         result = decoder.generate(prompt_ids, sampling=settings)
         return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
 
-    return Method(name, run, engine)
+    def mark() -> Callable[[], None]:
+        marks = [(cache, cache.next_sequence) for cache in suffix_caches(decoder.engine.drafter)]
+
+        def forget() -> None:
+            for cache, at in marks:
+                cache.forget_since(at)
+
+        return forget
+
+    return Method(name, run, engine, mark=mark)
 
 
 def peak_rss_mb() -> float:
@@ -184,8 +197,13 @@ def run_side_by_side(
         outputs: dict[str, MethodOutput] = {}
         prompt_settings = prompt.settings(settings)
         for method in [*methods[rotation:], *methods[:rotation]]:
-            output = method.run(prompt_ids, prompt_settings)
-            timings = [output.seconds] + [method.run(prompt_ids, prompt_settings).seconds for _ in range(repeats - 1)]
+            runs = []
+            for repeat in range(repeats):  # every repeat finds the cross-request caches as the first did
+                forget = method.mark() if method.mark is not None and repeat < repeats - 1 else None
+                runs.append(method.run(prompt_ids, prompt_settings))
+                if forget is not None:
+                    forget()
+            output, timings = runs[0], [run_output.seconds for run_output in runs]
             outputs[method.name] = output
             run.measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids,
                                                 statistics.median(timings), output.stats, peak_rss_mb(), timings))

@@ -103,6 +103,18 @@ class SuffixCache:
         self.index = SuffixIndex(self.index.max_n, self.index.min_n)
         self._order.clear()
 
+    @property
+    def next_sequence(self) -> int:
+        """The id the next request's sequence gets: a mark for ``forget_since``."""
+        return self._next_id
+
+    def forget_since(self, mark: int) -> None:
+        """Drop the sequences begun at or after ``mark`` (a benchmark's repeat of a prompt then
+        finds the cache as the first run found it, not holding that run's own output)."""
+        for sequence in [sequence for sequence in self._order if sequence >= mark]:
+            del self._order[sequence]
+            self.index.drop(sequence)
+
     def append(self, sequence: int | None, tokens: list[int]) -> None:
         if sequence is None or sequence not in self._order:  # off, or evicted
             return
