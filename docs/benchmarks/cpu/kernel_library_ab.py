@@ -12,6 +12,7 @@ then
 """
 
 import ctypes
+import os
 import statistics
 import sys
 
@@ -30,7 +31,7 @@ def main() -> None:
             function = getattr(handle, name)
             function.restype, function.argtypes = None, argtypes
         handles.append(handle)
-    model = load(model_dir, quantize="int4")
+    model = load(model_dir, quantize=os.environ.get("QUANTIZE", "int4"))  # w8a32 for a GGUF-exact target
     cache = prefilled_cache(model, 1, 64)
     times: dict[tuple[str, int], list[float]] = {(path, k): [] for path in paths for k in blocks}
     for _ in range(rounds):

@@ -28,9 +28,11 @@ constexpr int kCols = 16, kGroup = 32, kRecord = 640, kScales = 512, kMins = 576
 
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr int kRows = 3;
-// `rows` rows x `spans` column blocks of 16 at once: a row alone takes 4 blocks, so that 8
-// independent fma chains hide the fma latency (columns are independent: each output's arithmetic
-// is the same whichever others share the loop).
+// `rows` rows x `spans` column blocks of 16 at once (columns are independent: each output's
+// arithmetic is the same whichever others share the loop). Every path takes one block at a time, a
+// row alone too: its records are then read as one sequential stream per thread. Four blocks at once
+// (8 fma chains to hide the fma latency) measured a third slower for a one-token forward once the
+// weights stream from memory (docs/design.md, "The default pair's one-token forward").
 template <int rows, int spans>
 void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
@@ -100,7 +102,6 @@ void rows_of_block(const float* x, const float* xsum, const uint8_t* w, float* y
   if constexpr (rows > 1) {
     if (left < rows) return rows_of_block<rows - 1>(x, xsum, w, y, left, N, K, block, spans);
   }
-  if (rows == 1 && spans == 4) return block_rows<1, 4>(x, xsum, w, y, N, K, block);
   for (int64_t b = block; b < block + spans; ++b) block_rows<rows, 1>(x, xsum, w, y, N, K, b);
 }
 }  // namespace
