@@ -18,7 +18,7 @@ from specdec.bench.runner import (
     Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, output_matches, run_side_by_side,
     speculative_method, summarize, write_json,
 )
-from specdec.bench.humaneval import pass_at_1_disagreements
+from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
 from specdec.constraint import Constraint
 from specdec.decoder import SpeculativeDecoder
 from specdec.names import default_gamma, default_policy
@@ -295,8 +295,6 @@ def run_bench(
                            repeats=repeats)
     measurements = run.measurements
     if any(prompt.task is not None for prompt in prompts):  # after every timing, not between them
-        from specdec.bench.humaneval import score_measurements
-
         score_measurements(measurements, lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
                            out / "humaneval_samples.jsonl")
     baselines = [REFERENCE, *[name for engine, name in references.items() if engine != "specdec"]]
