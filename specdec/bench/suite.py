@@ -15,10 +15,10 @@ import torch
 
 from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
 from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, SideBySide, markdown_table, output_matches, run_side_by_side, speculative_method,
-    summarize,
-    write_json,
+    Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, output_matches, run_side_by_side,
+    speculative_method, summarize, write_json,
 )
+from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
 from specdec.constraint import Constraint
 from specdec.decoder import SpeculativeDecoder
 from specdec.names import default_gamma, default_policy
@@ -45,6 +45,22 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
+
+
+def suite_prompts(name: str, per_category: int | None = None) -> list[Prompt]:
+    """A suite by name (names.BENCH_SUITES): a bundled prompt file (specdec.defaults) or HumanEval
+    (specdec.bench.humaneval); optionally the first N prompts of each category."""
+    from specdec.defaults import default_prompts, editing_prompts, json_prompts
+    from specdec.names import BENCH_SUITES
+
+    if name == "humaneval":
+        from specdec.bench.humaneval import humaneval_suite
+
+        return humaneval_suite()[:per_category]  # one category: its first N problems
+    files = {"bundled": default_prompts, "editing": editing_prompts, "json": json_prompts}
+    if name not in files:
+        raise ValueError(f"unknown suite {name!r}; choose one of {', '.join(BENCH_SUITES)}")
+    return load_prompts(files[name](), per_category)
 
 
 TRANSFORMERS_METHODS = ("transformers-generate", "transformers-assisted", "transformers-prompt-lookup")
@@ -268,7 +284,8 @@ def run_bench(
                      **({"valid": output_matches(m.prompt.constraint, target.tokenizer.decode(
                          m.token_ids, skip_special_tokens=True)), "forced_tokens": m.stats.forced_tokens if m.stats
                          else None, "grammar_seconds": m.stats.grammar_seconds if m.stats else None}
-                        if m.prompt.constraint is not None else {})}
+                        if m.prompt.constraint is not None else {}),
+                     **({"passed": m.passed, "check": m.check_outcome} if m.passed is not None else {})}
                     for m in run.measurements]}
 
     out.mkdir(parents=True, exist_ok=True)
@@ -277,9 +294,14 @@ def run_bench(
                            on_prompt=lambda so_far: write_json(out / "results.json", results(so_far, False)),
                            repeats=repeats)
     measurements = run.measurements
+    if any(prompt.task is not None for prompt in prompts):  # after every timing, not between them
+        score_measurements(measurements, lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True),
+                           out / "humaneval_samples.jsonl")
     baselines = [REFERENCE, *[name for engine, name in references.items() if engine != "specdec"]]
     summaries = summarize(measurements, baselines)
-    payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries]}
+    exact = {m.name: m.engine for m in built if m.lossless and identity_checked(settings, m.engine)}
+    payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries],
+               "pass_at_1_disagreements": pass_at_1_disagreements(summaries, exact)}
     write_json(out / "results.json", payload)
     categories = sorted({p.category for p in prompts})
     sections = [f"## all prompts\n\n{markdown_table(summaries)}"]
@@ -289,12 +311,15 @@ def run_bench(
     if checked:
         valid = sum(m["valid"] for m in checked)
         sections.append(f"constrained outputs that match their schema or regex: {valid} of {len(checked)}")
+    sections += [f"**{line}** (see the identity failures)" for line in payload["pass_at_1_disagreements"]]
     if run.mismatches:
         sections.insert(0, "## greedy identity failures\n\n" + "\n".join(f"- {m}" for m in run.mismatches))
     (out / "results.md").write_text(
         f"# specdec bench, {payload['date']}\n\nmachine: {payload['machine']}; target {target.name}, "
         f"draft {payload['draft']}, gamma {gamma or 'default'}, temperature {settings.temperature}, "
-        f"max_new_tokens {settings.max_new_tokens}, {len(prompts)} prompts\n\n" + "\n\n".join(sections) + "\n"
+        f"max_new_tokens {settings.max_new_tokens}, {len(prompts)} prompts"
+        + "".join(f", {key} {header[key]!r}" for key in ("suite", "instruction") if header.get(key)) + "\n\n"
+        + "\n\n".join(sections) + "\n"
     )
     plot_summaries(summaries, out / "results.png", f"{target.name} / {payload['draft']}, "
                    f"temperature {settings.temperature}, {payload['date'][:10]}")
@@ -324,12 +349,14 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
     bars = axis.bar([s.method for s in rows], [s.tokens_per_second for s in rows], color=colours)
     for bar, summary in zip(bars, rows):
         tau = summary.to_dict()["tau"]
-        label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "")
+        label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "") + (
+            f"\npass@1 {summary.pass_at_1:.2f}" if summary.checked else "")
         axis.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                       fontsize=8)
     from matplotlib.patches import Patch
 
-    axis.set_ylim(0, 1.25 * max((s.tokens_per_second for s in rows), default=1))  # room for the labels
+    room = 1.35 if any(s.checked for s in rows) else 1.25  # for the labels above the bars
+    axis.set_ylim(0, room * max((s.tokens_per_second for s in rows), default=1))
     legend = [
         Patch(color="#888888", label=f"{REFERENCE} (reference)"),
         Patch(color="#4c72b0", label="specdec speculative"),

