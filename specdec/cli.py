@@ -338,7 +338,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
 
 
-LOG_WIDTH = 400  # columns of output that is not a terminal: wide enough that no table column is cut
+LOG_WIDTH = 200  # columns when output is not a terminal: no table column cut, titles centred near the table
 
 
 def output_console() -> Console:
