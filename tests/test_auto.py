@@ -93,10 +93,10 @@ def test_the_cost_model_weighs_acceptance_against_cost():
 
     def state(text_alpha: float, head_alpha: float, shadow: list[int]) -> AutoState:
         s = auto.start(torch.tensor([1, 2, 3]))
+        s.shadows = [shadow, None]
         for index, alpha in enumerate((text_alpha, head_alpha)):
             for _ in range(200):
-                s.acceptance[index].update(1, 1 if torch.rand(()) < alpha else 0)
-        s.shadows = [shadow, None]
+                s.estimates(index).update(1, 1 if torch.rand(()) < alpha else 0)
         return s
 
     torch.manual_seed(0)
@@ -239,9 +239,25 @@ def test_a_constrained_request_chooses_among_what_its_grammar_lets_through():
     request = ContextRequest.started(auto, torch.tensor([1, 2, 3]), matcher=RefusesNine())
     for index, alpha in enumerate((0.95, 0.7)):
         for _ in range(50):
-            request.draft_state.acceptance[index].update(3, 3 if alpha > 0.9 else 2)
+            request.draft_state.estimates(index).update(3, 3 if alpha > 0.9 else 2)
     draft = auto.propose(request, 3)
     assert (draft.drafter, draft.tokens.tolist()) == ("valid", [4, 5])
-    before = request.draft_state.acceptance[0].alphas()
+    before = [estimates.alphas() for estimates in request.draft_state.acceptance[0]]
     auto.observe(request, StepOutcome(torch.tensor([4, 5, 6]), num_drafted=2))
-    assert request.draft_state.acceptance[0].alphas() == before
+    assert [estimates.alphas() for estimates in request.draft_state.acceptance[0]] == before
+
+
+def test_copies_are_judged_apart_by_how_far_the_shortest_reaches():
+    """A step where one copy's match ran out (its draft is short) is another class than one where
+    every copy reaches far: a long copy accepted in the second says nothing of the first (mutation
+    checked: with one class for all steps, the long ngram draft is chosen at the short-reach step)."""
+    auto = AutoDrafter({"suffix": FixedGuess([4, 5]), "ngram": FixedGuess(list(range(10, 22)))}, ("suffix", "ngram"))
+    auto.verify_cost.add(1, 0.010)
+    auto.verify_cost.add(13, 0.011)
+    request = ContextRequest.started(auto, torch.tensor([1, 2, 3]))
+    far, near = request.draft_state.acceptance[1][-1], request.draft_state.acceptance[1][0]
+    for _ in range(50):
+        far.update(12, 12)  # every copy reached 8+ tokens: ngram's long guesses were right
+        near.update(12, 0)  # the shortest copy reached under 4: ngram's first token was wrong
+    draft = auto.propose(request, 12)
+    assert request.draft_state.reach_class == 0 and draft.drafter != "ngram", draft

@@ -11,7 +11,8 @@ has not drafted for ``probe_every`` steps gets a step, so its estimate stays ali
 
 The cost model (Leviathan et al. 2023, with measured costs; p = target, q = draft): a draft of g
 tokens from candidate c is worth E_c(g) expected tokens, 1 + the sum of its reaches (c's acceptance by
-position on this request, the pooled estimate over earlier requests as its prior) and costs
+position on this request, the pooled estimate over earlier requests as its prior, both kept apart
+by the step's reach class: how far the shortest copy reaches) and costs
 g * (c's seconds per drafted token) + T(g + 1), with T(k) the measured seconds of a k-token verify
 block; no draft is worth 1 token for T(1). The highest expected tokens per second wins.
 
@@ -39,6 +40,10 @@ from specdec.drafting.model import common_prefix
 from specdec.estimates import AcceptanceByPosition, RunningMean, VerifyCost, tokens_per_second
 
 NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
+# How far every copy reaches this step (its shortest draft) sorts steps into classes, each with its
+# own acceptance: where one copy's match has run out the text is leaving the copy, and a long guess
+# from another is worth less there than where all of them reach far.
+REACH_CLASSES = (4, 8)  # shortest copy < 4, 4-7, 8+ tokens
 
 
 @dataclass
@@ -48,7 +53,7 @@ class Candidate:
     name: str
     drafter: Drafter
     copies_text: bool  # drafts every step for free, judged on every outcome (no forward of its own)
-    pooled: AcceptanceByPosition  # acceptance by position over every request: each request's prior
+    pooled: list[AcceptanceByPosition]  # [reach class]: acceptance by position over every request, each request's prior
     seconds_per_token: RunningMean = field(default_factory=RunningMean)  # drafting, for those that run a forward
 
 
@@ -57,10 +62,20 @@ class AutoState:
     """One request's auto state: each candidate's own state and acceptance, this step's free drafts."""
 
     states: list[Any]
-    acceptance: list[AcceptanceByPosition]
+    acceptance: list[list[AcceptanceByPosition]]  # [candidate][reach class]
     shadows: list[list[int] | None]  # this step's draft of each text candidate (None: forward candidates)
     chosen: int | None = None  # the candidate whose draft this step verifies
     idle: list[int] = field(default_factory=list)  # steps since each candidate last drafted
+
+    @property
+    def reach_class(self) -> int:
+        """This step's class: how far the shortest copy reaches (0 without copies)."""
+        lengths = [len(shadow) for shadow in self.shadows if shadow is not None]
+        return sum(min(lengths) >= bound for bound in REACH_CLASSES) if lengths else 0
+
+    def estimates(self, index: int) -> AcceptanceByPosition:
+        """Candidate ``index``'s acceptance by position in this step's reach class."""
+        return self.acceptance[index][self.reach_class]
 
 
 @dataclass(frozen=True)
@@ -90,7 +105,8 @@ class AutoDrafter(BaseDrafter):
         if len({d.hidden_layers for d in readers}) > 1:
             raise ValueError("the auto drafter's candidates read different target layers; give it at most one head")
         self.candidates = [Candidate(name, drafter, name in text_drafters,
-                                     AcceptanceByPosition(max_gamma=max_gamma, decay=decay))
+                                     [AcceptanceByPosition(max_gamma=max_gamma, decay=decay)
+                                      for _ in range(len(REACH_CLASSES) + 1)])
                            for name, drafter in candidates.items()]
         self.vocab_size = vocabularies.pop() if vocabularies else None
         self.hidden_layers = readers[0].hidden_layers if readers else ()
@@ -104,8 +120,8 @@ class AutoDrafter(BaseDrafter):
     def start(self, prompt_ids: torch.Tensor) -> AutoState:  # prompt_ids [n] int64
         return AutoState(
             states=[c.drafter.start(prompt_ids) for c in self.candidates],
-            acceptance=[AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay, prior=c.pooled)
-                        for c in self.candidates],
+            acceptance=[[AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay, prior=pooled)
+                         for pooled in c.pooled] for c in self.candidates],
             shadows=[None] * len(self.candidates),
             idle=[0] * len(self.candidates),
         )
@@ -121,7 +137,7 @@ class AutoDrafter(BaseDrafter):
         candidate = self.candidates[index]
         per_token = 0.0 if candidate.copies_text else candidate.seconds_per_token.mean
         choices, expected = [], 1.0
-        for length, reach in enumerate(state.acceptance[index].reaches(most), start=1):
+        for length, reach in enumerate(state.estimates(index).reaches(most), start=1):
             expected += reach
             choices.append(Choice(index, length, tokens_per_second(expected, length, per_token, verify[length])))
         return choices
@@ -206,8 +222,8 @@ class AutoDrafter(BaseDrafter):
                 else:
                     learned = judged(state.shadows[index], emitted)
                 if learned is not None:
-                    state.acceptance[index].update(*learned)
-                    candidate.pooled.update(*learned)
+                    state.estimates(index).update(*learned)
+                    candidate.pooled[state.reach_class].update(*learned)
                 state.idle[index] = 0 if index == state.chosen else state.idle[index] + 1
         # Only the drafter whose draft was verified hears of it; the others hear the new tokens.
         elsewhere = replace(outcome, num_drafted=0, path=None, parents=None, from_cache=None)
