@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from specdec.engine import Request
 
 
-
 class Verdict(NamedTuple):
     """One request's verification."""
 

@@ -133,9 +133,11 @@ def test_exact_acceptance_is_the_default_bit_for_bit(models, mode):
 @pytest.mark.parametrize("mode, acceptance", [(mode, spec) for mode in MODES for spec in STRICTEST[mode]])
 def test_each_scheme_at_its_strictest_equals_exact(models, mode, acceptance):
     """Tokens and acceptance counts equal exact's, alone and in a batch beside exact requests.
-    (Mutations checked: topk's rank "< k" made "<= k" fails topk:k=1 under greedy; its delta test
-    "p(x) > delta max p" made ">=" fails topk:k=50,delta=1; typical's "p(x) > bar" made ">=" fails
-    typical:epsilon=1,alpha=inf for sampling.)"""
+    (Mutations checked, each failing here: topk's rank "< k" made "<= k" fails greedy topk:k=1;
+    its "p(x) > delta max p" made ">=" fails rejection's topk:k=50,delta=1; a chain keeping a draft
+    on R alone instead of "exact test or R" fails rejection's typical:epsilon=1,alpha=inf; typical's
+    bar lowered below epsilon fails both typical cases. Typical's ">" made ">=" passes: p(x) = 1
+    exactly is a draft the exact test keeps anyway.)"""
     prompts = cases(models["target"].vocab_size)
     for name, decoder in decoders(models).items():
         exact = run(decoder, prompts, MODES[mode], "exact")
@@ -149,7 +151,9 @@ def test_each_scheme_at_its_strictest_equals_exact(models, mode, acceptance):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_relaxed_setting_keeps_more_and_marks_what_it_kept(models, mode):
     """Against the independent draft, the loose setting keeps drafts the exact test rejects, counted
-    in relaxed_accepted and marked RELAXED in the stream, and the text differs from exact's."""
+    in relaxed_accepted and marked RELAXED in the stream, and the text differs from exact's.
+    (Mutations checked: greedy's R reading the point mass p instead of softmax(logits) fails greedy;
+    lossy requests joining the exact one-pass verifiers in a batch fails greedy and rejection.)"""
     prompts = cases(models["target"].vocab_size)
     decoder = decoders(models)["independent chain"]
     exact = run(decoder, prompts, MODES[mode], "exact")
