@@ -18,6 +18,7 @@ from specdec.sampling import SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
 LOOSE = "topk:k=20,delta=0"
+ANYTHING = "typical:epsilon=0,alpha=0"  # every drafted token the target gives any probability is kept
 
 
 def generate(target: str, *arguments: str) -> list[str]:
@@ -35,7 +36,7 @@ def test_generate_marks_a_lossy_result(capsys):
     assert payload["acceptance"] == "exact" and payload["lossy"] is False and payload["relaxed_accepted"] == 0
     assert main(generate(target, "--acceptance", LOOSE)) == 0
     table = " ".join(capsys.readouterr().err.split())
-    assert f"acceptance LOSSY {LOOSE}" in table and "accepted by the relaxed rule" in table
+    assert f"LOSSY {LOOSE}" in table and "accepted by the relaxed rule" in table
     assert main(generate(target)) == 0
     assert "LOSSY" not in capsys.readouterr().err
 
@@ -89,7 +90,7 @@ def test_bench_runs_and_marks_a_lossy_method(tmp_path, capsys):
 def test_explain_shows_the_drafts_only_the_relaxed_rule_kept(temperature):
     pair = load(str(default_model("target"))), load(str(default_model("draft")))
     run = record_generation(*pair, "def fibonacci(n):", SamplingParams(temperature=temperature, seed=0,
-                                                                       max_new_tokens=24, acceptance=LOOSE))
+                                                                       max_new_tokens=24, acceptance=ANYTHING))
     assert sum(len(record.relaxed) for record in run.records) == run.result.stats.relaxed_accepted > 0
     for record in run.records:  # the replay reaches the engine's decision, relaxed drafts included
         decision = replay_chain_step(record)
