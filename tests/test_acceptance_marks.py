@@ -7,8 +7,7 @@ import json
 import pytest
 
 from specdec.acceptance import LOSSY_PRESET
-from specdec.bench.runner import Method, MethodOutput, Prompt, run_side_by_side
-from specdec.bench.suite import method_flags
+from specdec.bench.runner import Method, MethodOutput, Prompt, method_flags, run_side_by_side
 from specdec.cli import main
 from specdec.defaults import default_model
 from specdec.explain.record import record_generation, replay_chain_step
@@ -97,3 +96,32 @@ def test_explain_shows_the_drafts_only_the_relaxed_rule_kept(temperature):
         assert record.draft_tokens[: decision.num_accepted] + [decision.final_token] == record.emitted
         marked = [row.node for row in step_view(record).rows if row.decision.endswith("(relaxed)")]
         assert marked == record.relaxed
+
+
+def test_a_lossy_methods_pass_at_1_is_its_drift_not_a_disagreement(tmp_path, monkeypatch):
+    """On HumanEval, exact methods of one engine must share pass@1; a lossy one is left out of
+    that check (its pass@1 is what it costs). A stub marked lossy answers the canonical solutions
+    beside target-only. (Mutation checked: counting it among the exact methods names a disagreement.)"""
+    from specdec.bench import suite
+    from test_humaneval import canonical_solutions
+
+    problems, solutions = suite.suite_prompts("humaneval", None)[:2], canonical_solutions()
+    build = suite.build_methods
+
+    def with_lossy_stub(names, target, *args, **kwargs):
+        def run(prompt_ids, settings):
+            asked = target.tokenizer.decode(prompt_ids)
+            task = next(p.task for p in problems if p.task.prompt.strip() in asked)
+            return MethodOutput(target.tokenizer.encode(solutions[task.task_id], add_special_tokens=False), 0.01)
+
+        return [*build(names, target, *args, **kwargs), Method("canonical@lossy", run, acceptance="lossy")]
+
+    monkeypatch.setattr(suite, "build_methods", with_lossy_stub)
+    out = tmp_path / "bench"
+    assert main(["bench", "--target", str(default_model("target")), "--suite", "humaneval", "--limit", "2",
+                 "--methods", "target-only", "--max-new-tokens", "8", "--repeats", "1", "--out", str(out)]) == 0
+    payload = json.loads((out / "results.json").read_text())
+    overall = {s["method"]: s for s in payload["summaries"] if s["category"] == "all"}
+    assert overall["canonical@lossy"]["pass_at_1"] == 1.0 != overall["target-only"]["pass_at_1"]
+    assert payload["pass_at_1_disagreements"] == []
+    assert all(not m["identical_to_reference"] for m in payload["measurements"] if m["method"] == "canonical@lossy")

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 
-from specdec.acceptance import canonical_acceptance
 from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
 from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, output_matches, run_side_by_side,
-    speculative_method, summarize, write_json,
+    Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, method_flags, output_matches,
+    run_side_by_side, speculative_method, summarize, write_json,
 )
 from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
 from specdec.constraint import Constraint
@@ -176,21 +175,6 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
                               acceptance=acceptance)
 
 
-def method_flags(name: str, flags: Sequence[str]) -> tuple[bool, str | None]:
-    """A method's flags: "unforced" (a constrained prompt's forced tokens cost a target forward each:
-    what drafting them brings) and an acceptance (LOSSY unless "exact"; docs/acceptance.md)."""
-    unforced, acceptance = False, None
-    for flag in flags:
-        if flag == "unforced":
-            unforced = True
-            continue
-        try:
-            acceptance = canonical_acceptance(flag)
-        except ValueError as error:
-            raise ValueError(f"unknown method flag @{flag} in {name!r}: the flags are @unforced and @ACCEPTANCE "
-                             f"({error})") from None
-    return unforced, acceptance
-
 
 def needs_draft_model(names: Sequence[str]) -> bool:
     """Whether any of these methods drafts with a draft model (auto takes one only when named)."""
@@ -321,7 +305,8 @@ def run_bench(
                            out / "humaneval_samples.jsonl")
     baselines = [REFERENCE, *[name for engine, name in references.items() if engine != "specdec"]]
     summaries = summarize(measurements, baselines)
-    exact = {m.name: m.engine for m in built if m.lossless and identity_checked(settings, m.engine)}
+    exact = {m.name: m.engine for m in built  # lossy methods' pass@1 is their drift, not a disagreement
+             if m.lossless and not m.settings(settings).lossy and identity_checked(settings, m.engine)}
     payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries],
                "pass_at_1_disagreements": pass_at_1_disagreements(summaries, exact)}
     write_json(out / "results.json", payload)
