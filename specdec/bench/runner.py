@@ -70,6 +70,11 @@ class Method:
         """The run's settings as this method decodes with them."""
         return settings if self.acceptance is None else dataclasses.replace(settings, acceptance=self.acceptance)
 
+    def lossy(self, settings: SamplingParams) -> bool:
+        """Whether it decodes with a LOSSY acceptance in a run with these settings (specdec's own methods:
+        the other engines' ignore --acceptance)."""
+        return self.engine == "specdec" and self.settings(settings).lossy
+
 
 @dataclass
 class Measurement:
@@ -258,7 +263,7 @@ def run_side_by_side(
                 continue
             expected = outputs[own_reference].token_ids
             position = first_difference(outputs[method.name].token_ids, expected)
-            if method.settings(settings).lossy:  # where the LOSSY output left the exact one: drift, recorded
+            if method.lossy(settings):  # where the LOSSY output left the exact one: drift, recorded
                 measured[method.name].drift_checked, measured[method.name].first_difference = True, position
             elif position is not None:
                 gap = margin(prompt_ids, expected[:position]) if margin is not None else None

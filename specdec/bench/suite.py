@@ -306,7 +306,7 @@ def run_bench(
     baselines = [REFERENCE, *[name for engine, name in references.items() if engine != "specdec"]]
     summaries = summarize(measurements, baselines)
     exact = {m.name: m.engine for m in built  # lossy methods' pass@1 is their drift, not a disagreement
-             if m.lossless and not m.settings(settings).lossy and identity_checked(settings, m.engine)}
+             if m.lossless and not m.lossy(settings) and identity_checked(settings, m.engine)}
     payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries],
                "pass_at_1_disagreements": pass_at_1_disagreements(summaries, exact)}
     write_json(out / "results.json", payload)
