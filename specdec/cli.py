@@ -47,6 +47,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    from specdec.acceptance import add_acceptance_option
     from specdec.names import SAMPLING_RULES
 
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -55,13 +56,12 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float, default=0.0, help="0.0 = off")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
-        "--sampling-rule",
-        choices=SAMPLING_RULES,
-        default=None,
+        "--sampling-rule", choices=SAMPLING_RULES, default=None,
         help="coupled: the seed gives the target-alone text whatever drafts it; rejection: "
         "speculative sampling, the best acceptance (default: coupled with --seed, else "
         "rejection; docs/sampling.md)",
     )
+    add_acceptance_option(parser)
 
 
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
@@ -333,7 +333,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if hasattr(args, "top_k"):  # the commands with add_sampling_options
         from specdec.sampling import sampling_from_args
 
-        sampling_from_args(args)  # temperature, top-k, top-p, min-p and the sampling rule
+        sampling_from_args(args)  # temperature, top-k, top-p, min-p, the sampling rule and acceptance
     elif getattr(args, "temperature", 0.0) < 0:  # bench-serve's one sampling option
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
 

@@ -122,7 +122,7 @@ class Engine:
         generator.manual_seed(seed)
         request = Request(ids, sampling, tokens, len(ids), generator, make_rule(sampling.rule, seed, generator),
                           self.new_policy(), row,
-                          stats=SpecStats(prompt_tokens=len(ids)))
+                          stats=SpecStats(prompt_tokens=len(ids), acceptance=sampling.acceptance))
         if self.drafter is not None:
             request.draft_state = self.drafter.start(tokens[: len(ids)])
         if sampling.constraint is not None:
@@ -256,8 +256,8 @@ class Engine:
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         stepped = []  # (request, outcome, draft seconds) of the requests that did not fail
         verdicts = verify_step(requests, drafts, logits, argmax, attention.offsets, self.verify, self.one_pass_verify)
-        for request, draft, start, (emitted, path), seconds in zip(requests, drafts, attention.offsets[:-1], verdicts,
-                                                                   draft_seconds, strict=True):
+        for request, draft, start, (emitted, path, relaxed), seconds in zip(requests, drafts, attention.offsets[:-1],
+                                                                             verdicts, draft_seconds, strict=True):
             with isolation.of(request):
                 # Keep the entries of the last context token and the accepted drafts.
                 if path is None:
@@ -274,7 +274,8 @@ class Engine:
                     request.matcher.consume(self.through_eos(emitted.tolist()))
                     request.stats.grammar_seconds += request.matcher.take_seconds()
                 stepped.append((request, StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents,
-                                                     draft.from_cache, draft.forced, draft.drafter), seconds))
+                                                     draft.from_cache, draft.forced, draft.drafter, relaxed=relaxed),
+                                seconds))
         verify_seconds = time.perf_counter() - drafted_at
         outcomes = []
         for request, outcome, seconds in stepped:
@@ -370,6 +371,7 @@ class Engine:
             request.stats.observe(outcome.num_drafted, outcome.num_accepted, widths, outcome.drafter)
         if outcome.from_cache is not None:
             request.stats.observe_cache(sum(outcome.from_cache), outcome.accepted_from_cache)
+        request.stats.relaxed_accepted += len(outcome.relaxed)
         request.stats.draft_seconds += draft_seconds
         request.stats.verify_seconds += verify_seconds
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ SOURCE_STYLES = {
     "draft": "green",
     "branch": "cyan",
     "cache": "magenta",
+    "relaxed": "bold dark_orange",
     "forced": "yellow",
     "correction": "bold red",
     "bonus": "bold blue",
@@ -56,7 +58,8 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
                                "magenta = accepted draft copied from an earlier request's output (suffix drafters' "
-                               "cache), yellow = forced by the grammar, red = target's correction, blue = bonus")
+                               "cache), yellow = forced by the grammar, orange = kept by a lossy --acceptance only, "
+                               "red = target's correction, blue = bonus")
     generate.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                           help="then run the target alone on the same prompt: measured speedup, and whether the text "
                                "is the same (default: on for the default pair, off with --target)")
@@ -127,6 +130,10 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
         ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
         ("alpha (acceptance rate)", f"{stats.alpha:.3f}"),
         ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
+        # LOSSY acceptance, said wherever a result is shown
+        *([("acceptance", f"LOSSY {stats.acceptance}"),
+           ("accepted by the relaxed rule only", f"{stats.relaxed_accepted} of {stats.accepted}")]
+          if stats.acceptance != "exact" else []),
         ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
         # A draft with another tokenizer: its own tokens, of which these survived translation.
         *(
@@ -171,7 +178,8 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
             ("speedup (measured, this prompt)", f"{stats.tokens_per_second / baseline.tokens_per_second:.2f}x"),
             (
                 "same text as the target alone",
-                "yes" if same_text else "no (sampling: the same distribution, other draws)" if sampled else "no",
+                "yes" if same_text else "no (lossy acceptance)" if stats.acceptance != "exact" else
+                "no (sampling: the same distribution, other draws)" if sampled else "no",
             ),
         ]
     for name, value in rows:
@@ -206,7 +214,8 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
 
     def target_alone():
         with waiting(errors, "running the target alone on the same prompt, for comparison"):
-            return SpeculativeDecoder(target, draft_forced=False).generate(prompt, sampling)  # plain decoding
+            alone = dataclasses.replace(sampling, acceptance="exact")  # no draft: nothing to relax
+            return SpeculativeDecoder(target, draft_forced=False).generate(prompt, alone)  # plain decoding
 
     if args.json:
         result = decoder.generate(prompt, sampling)

@@ -33,6 +33,10 @@ class SpecStats:
     grammar_seconds: float = 0.0
     # An auto drafter's choices: candidate name ("none": no draft) -> [steps, drafted, accepted]
     by_drafter: dict[str, list[int]] = field(default_factory=dict)
+    # The request's acceptance (SamplingParams.acceptance): anything but "exact" is LOSSY, and
+    # relaxed_accepted counts the accepted drafts that the exact test rejected (in `accepted` too)
+    acceptance: str = "exact"
+    relaxed_accepted: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification
@@ -119,6 +123,8 @@ class SpecStats:
                 value = {name: [a + b for a, b in zip(value.get(name, [0, 0, 0]), theirs.get(name, [0, 0, 0]))]
                          for name in {**value, **theirs}}
                 setattr(merged, name, value)
+            elif isinstance(value, str):  # the runs' acceptance settings, each once
+                setattr(merged, name, " | ".join(dict.fromkeys([*value.split(" | "), *theirs.split(" | ")])))
             elif isinstance(value, list):
                 size = max(len(value), len(theirs))
                 value = [(value + [0] * size)[i] + (theirs + [0] * size)[i] for i in range(size)]
@@ -130,6 +136,7 @@ class SpecStats:
     def to_dict(self) -> dict:
         return {
             **asdict(self),
+            "lossy": self.acceptance != "exact",
             "alpha": self.alpha,
             "tau": self.tau,
             "acceptance_by_position": self.acceptance_by_position,

@@ -19,12 +19,15 @@ branch on which one runs:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from specdec.sampling import SAMPLING_RULES
 from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample, tree_rejection_sample
+
+if TYPE_CHECKING:
+    from specdec.acceptance import Relaxation
 
 class SamplingRule(Protocol):
     """How one sampled request draws tokens (drafter and target alike) and verifies drafts.
@@ -58,6 +61,7 @@ class SamplingRule(Protocol):
         draft_probs: torch.Tensor | None,  # [gamma, vocab]; None = point masses
         target_probs: torch.Tensor,  # [gamma + 1, vocab]
         first_position: int,  # the output position of the first drafted token
+        relaxation: Relaxation | None = None,  # LOSSY acceptance (specdec.acceptance); None: exact
     ) -> torch.Tensor:  # [n_accepted + 1]: accepted drafts, then the target's token
         ...
 
@@ -68,6 +72,7 @@ class SamplingRule(Protocol):
         draft_probs: torch.Tensor | None,  # [n + 1, vocab]: q at the root, then at each node
         target_probs: torch.Tensor,  # [n + 1, vocab]: p at the root, then after each node
         row_positions: Sequence[int],  # [n + 1]: the output position each row of target_probs draws for
+        relaxation: Relaxation | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], accepted path [m]
         ...
 
@@ -88,12 +93,14 @@ class RejectionRule:
         return torch.multinomial(probs, count, replacement=False, generator=self.generator)
 
     def verify_chain(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                     first_position: int) -> torch.Tensor:
-        return rejection_sample(draft_tokens, draft_probs, target_probs, self.generator, validate=False)
+                     first_position: int, relaxation: Relaxation | None = None) -> torch.Tensor:
+        return rejection_sample(draft_tokens, draft_probs, target_probs, self.generator, False, relaxation)
 
     def verify_tree(self, tree_tokens: torch.Tensor, parents: Sequence[int], draft_probs: torch.Tensor | None,
-                    target_probs: torch.Tensor, row_positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return tree_rejection_sample(tree_tokens, parents, draft_probs, target_probs, self.generator, validate=False)
+                    target_probs: torch.Tensor, row_positions: Sequence[int],
+                    relaxation: Relaxation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return tree_rejection_sample(tree_tokens, parents, draft_probs, target_probs, self.generator, False,
+                                     relaxation)
 
 
 MASK64 = (1 << 64) - 1
@@ -152,14 +159,15 @@ class CoupledRule:
         return self.scores(probs, position).topk(count).indices
 
     def verify_chain(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                     first_position: int) -> torch.Tensor:
+                     first_position: int, relaxation: Relaxation | None = None) -> torch.Tensor:
         positions = range(first_position, first_position + target_probs.shape[0])
-        return greedy_verify_tokens(draft_tokens, self.draw(target_probs, positions))
+        return greedy_verify_tokens(draft_tokens, self.draw(target_probs, positions), relaxation)
 
     def verify_tree(self, tree_tokens: torch.Tensor, parents: Sequence[int], draft_probs: torch.Tensor | None,
-                    target_probs: torch.Tensor, row_positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                    target_probs: torch.Tensor, row_positions: Sequence[int],
+                    relaxation: Relaxation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         # A node is accepted when it is the target's draw at its position given its path.
-        return greedy_tree_verify_tokens(tree_tokens, parents, self.draw(target_probs, row_positions))
+        return greedy_tree_verify_tokens(tree_tokens, parents, self.draw(target_probs, row_positions), relaxation)
 
 
 def make_rule(name: str, seed: int, generator: torch.Generator) -> SamplingRule:

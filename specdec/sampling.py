@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from specdec.constraint import Constraint
 
+from specdec.acceptance import EXACT, canonical_acceptance
 from specdec.names import SAMPLING_RULES
 
 
@@ -71,6 +72,9 @@ class SamplingParams:
     # Log-probabilities of each generated token under the target, with this many most likely
     # alternatives (0: the token's alone; None: none asked for). See token_logprobs.
     logprobs: int | None = None
+    # Which drafts verification keeps (specdec.acceptance): "exact" (lossless, the default), or LOSSY
+    # "lossy" / "topk:k=3,delta=0.5" / "typical:epsilon=0.09,alpha=0.3", held in its canonical spelling.
+    acceptance: str = EXACT
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string
@@ -90,6 +94,12 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if self.sampling_rule not in (None, *SAMPLING_RULES):
             raise ValueError(f"sampling_rule must be one of {', '.join(SAMPLING_RULES)}, got {self.sampling_rule!r}")
+        object.__setattr__(self, "acceptance", canonical_acceptance(self.acceptance))
+
+    @property
+    def lossy(self) -> bool:
+        """Whether verification may keep drafts the exact rule rejects (the output's law is then not p)."""
+        return self.acceptance != EXACT
 
     @property
     def greedy(self) -> bool:
@@ -108,7 +118,7 @@ def sampling_from_args(args: object, **fields: Any) -> SamplingParams:
     ``fields`` adds or overrides the rest (max_new_tokens, stop)."""
     from specdec.constraint import constraint_from_args
 
-    names = ("temperature", "top_k", "top_p", "min_p", "seed", "sampling_rule")
+    names = ("temperature", "top_k", "top_p", "min_p", "seed", "sampling_rule", "acceptance")
     values: dict[str, Any] = {name: getattr(args, name) for name in names}
     return SamplingParams(**values, constraint=constraint_from_args(args), **fields)
 

@@ -29,6 +29,7 @@ class TokenSource(str, enum.Enum):
     DRAFT = "draft"  # proposed by the drafter, accepted by the target
     BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
     CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
+    RELAXED = "relaxed"  # a draft the exact test rejected, kept by a LOSSY acceptance rule (specdec.acceptance)
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
     FORCED = "forced"  # the only token the request's grammar allowed, drafted for nothing
@@ -53,6 +54,9 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
                     for node in path.tolist()]
     if outcome.from_cache is not None:
         accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
+                    for node, source in zip(outcome.accepted_nodes, accepted)]
+    if outcome.relaxed:
+        accepted = [TokenSource.RELAXED if node in outcome.relaxed else source
                     for node, source in zip(outcome.accepted_nodes, accepted)]
     return accepted + [last]
 

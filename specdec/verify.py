@@ -5,13 +5,21 @@ Notation (Leviathan et al. 2023, Algorithm 1): p = target, q = draft. The drafte
 distributions (one per draft position plus the "bonus" position after the last draft).
 Both verifiers return the emitted tokens: the accepted drafts, then exactly one token chosen
 by the target (its correction at the first rejected position, or the bonus token).
+
+Each verifier takes an optional ``relaxation`` (specdec.acceptance, LOSSY and opt-in): where the
+exact test turns a draft down, a token its relaxed set admits is kept all the same. None (the
+default) runs the lossless verifier unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specdec.acceptance import Relaxation
 
 
 def greedy_verify(
@@ -25,12 +33,16 @@ def greedy_verify(
 def greedy_verify_tokens(
     draft_tokens: torch.Tensor,  # [gamma] int64
     target_tokens: torch.Tensor,  # [gamma + 1] int64, the target's argmax at each position
+    relaxation: Relaxation | None = None,
 ) -> torch.Tensor:  # [n_accepted + 1] int64
     """greedy_verify with the argmax already taken (an engine takes it once for a whole batch)."""
     gamma = draft_tokens.shape[0]
     if gamma == 0:
         return target_tokens[:1].clone()
     matches = draft_tokens == target_tokens[:gamma]
+    if relaxation is not None:  # a kept draft may differ from the target's token: emit the draft's
+        kept = relaxation.accepted_length(matches)
+        return torch.cat([draft_tokens[:kept], target_tokens[kept : kept + 1]])
     n_accepted = int(matches.cumprod(0).sum())
     return target_tokens[: n_accepted + 1].clone()
 
@@ -120,6 +132,7 @@ def rejection_sample(
     target_probs: torch.Tensor,  # [gamma + 1, vocab]
     generator: torch.Generator | None = None,
     validate: bool = True,  # the engine, which builds its inputs itself, skips the checks
+    relaxation: Relaxation | None = None,
 ) -> torch.Tensor:  # [n_accepted + 1] int64
     """Speculative sampling (Leviathan et al. 2023 Algorithm 1; Chen et al. 2023).
 
@@ -144,6 +157,8 @@ def rejection_sample(
     uniforms = torch.rand(gamma, generator=generator, device=draft_tokens.device, dtype=draft_probs.dtype)
     accepted = uniforms < acceptance_probs(draft_tokens, draft_probs, target_probs)
     n_accepted = int(accepted.cumprod(0).sum()) if gamma else 0
+    if relaxation is not None:
+        n_accepted = relaxation.accepted_length(accepted)
     if n_accepted < gamma:
         final_dist = residual_distribution(draft_probs[n_accepted], target_probs[n_accepted])
     else:
@@ -180,6 +195,7 @@ def tree_rejection_sample(
     target_probs: torch.Tensor,  # [n + 1, vocab]: row 0 = p at the root, row i + 1 = p after node i
     generator: torch.Generator | None = None,
     validate: bool = True,  # the engine, which builds its inputs itself, skips the checks
+    relaxation: Relaxation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], path [m], int64
     """Recursive rejection sampling over a token tree (Jeon et al. 2024, "Recursive Speculative
     Decoding"): at a node, try its children in the order they were drawn (without replacement
@@ -215,6 +231,8 @@ def tree_rejection_sample(
                 accepted = child
                 break
             p, q = p_rejected, None if q is None else q_rejected
+        if accepted is None and relaxation is not None:
+            accepted = relaxation.fallback(children_of(parents, node))
         if accepted is None:
             final = torch.multinomial(p, 1, generator=generator)
             emitted = torch.tensor([tokens[i] for i in path], dtype=torch.long, device=tree_tokens.device)
@@ -237,12 +255,15 @@ def greedy_tree_verify_tokens(
     tree_tokens: torch.Tensor,  # [n] int64
     parents: torch.Tensor | Sequence[int],  # [n] int64
     target_tokens: torch.Tensor,  # [n + 1] int64, the target's argmax at the root and after each node
+    relaxation: Relaxation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], path [m], int64
     parents = [int(parent) for parent in parents]
     tokens, best = tree_tokens.tolist(), target_tokens.tolist()
     node, path = -1, list[int]()
     while True:
         match = next((child for child in children_of(parents, node) if tokens[child] == best[node + 1]), None)
+        if match is None and relaxation is not None:
+            match = relaxation.fallback(children_of(parents, node))
         if match is None:
             emitted = [tokens[i] for i in path] + [best[node + 1]]
             return (

@@ -12,17 +12,19 @@ request: one host sync for any batch size.
 
 ``verify_step`` sorts an engine step's requests into those passes. Trees under rejection sampling
 (recursive, sibling by sibling) and the coupled rule (noise keyed by position) stay with each
-request's rule (specdec.rules: ``ragged_chains`` says which rule's chains join the pass).
+request's rule (specdec.rules: ``ragged_chains`` says which rule's chains join the pass). So do the
+requests that asked for LOSSY acceptance (specdec.acceptance): verify_request applies its rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from specdec.acceptance import parse_acceptance, relaxation_for
 from specdec.sampling import logits_to_probs
 from specdec.drafting.base import block_depths
 from specdec.verify import (greedy_tree_verify_tokens, greedy_verify_tokens, point_mass_probs,
@@ -32,7 +34,13 @@ if TYPE_CHECKING:
     from specdec.drafting.base import Draft
     from specdec.engine import Request
 
-Verdict = tuple[torch.Tensor, torch.Tensor | None]  # emitted [m + 1], a tree's accepted path [m] (None: a chain)
+
+class Verdict(NamedTuple):
+    """One request's verification."""
+
+    emitted: torch.Tensor  # [m + 1] int64: the accepted drafts, then the target's token
+    path: torch.Tensor | None  # [m]: a tree's accepted nodes (None: a chain)
+    relaxed: tuple[int, ...] = ()  # accepted draft nodes that only a lossy acceptance rule accepted
 
 
 @dataclass(frozen=True)
@@ -148,17 +156,28 @@ def verify_request(
     target_logits: torch.Tensor,  # [gamma + 1, vocab]: after the last context token, after each draft node
     target_argmax: torch.Tensor | None,  # [gamma + 1], when greedy
 ) -> Verdict:
-    """One request's verdict, by its sampling rule."""
+    """One request's verdict, by its sampling rule and acceptance (specdec.acceptance)."""
+    acceptance = parse_acceptance(request.sampling.acceptance)
     if request.sampling.greedy:
         assert target_argmax is not None  # the engine takes it whenever a request is greedy
+        # greedy p is a point mass: the relaxed set reads the target's softmax at temperature 1
+        relaxation = None if acceptance.exact else relaxation_for(acceptance, target_logits.float().softmax(-1),
+                                                                  draft.tokens, draft.parents)
         if draft.parents is None:
-            return greedy_verify_tokens(draft.tokens, target_argmax), None
-        return greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax)
-    target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
-    if draft.parents is None:  # row i of target_probs draws output position length + i
-        return request.rule.verify_chain(draft.tokens, draft.probs, target_probs, request.length), None
-    positions = [request.length + depth for depth in block_depths(draft)]
-    return request.rule.verify_tree(draft.tokens, draft.parents, draft.probs, target_probs, positions)
+            emitted, path = greedy_verify_tokens(draft.tokens, target_argmax, relaxation), None
+        else:
+            emitted, path = greedy_tree_verify_tokens(draft.tokens, draft.parents, target_argmax, relaxation)
+    else:
+        target_probs = logits_to_probs(target_logits, request.sampling)  # [gamma + 1, vocab]
+        relaxation = relaxation_for(acceptance, target_probs, draft.tokens, draft.parents)
+        if draft.parents is None:  # row i of target_probs draws output position length + i
+            emitted = request.rule.verify_chain(draft.tokens, draft.probs, target_probs, request.length, relaxation)
+            path = None
+        else:
+            positions = [request.length + depth for depth in block_depths(draft)]
+            emitted, path = request.rule.verify_tree(draft.tokens, draft.parents, draft.probs, target_probs, positions,
+                                                     relaxation)
+    return Verdict(emitted, path, () if relaxation is None else tuple(relaxation.used))
 
 
 def verify_step(
@@ -172,24 +191,26 @@ def verify_step(
 ) -> list[Verdict]:
     """Each request's verdict: greedy requests (chains and trees) in one pass, sampled chains of a
     rule that allows it in one pass per sampling setting (the target's probabilities are computed
-    for all their rows at once), the rest by ``verify_one``, request by request (all of them
-    without ``one_pass``)."""
+    for all their rows at once), the rest (lossy acceptance among them) by ``verify_one``, request
+    by request (all of them without ``one_pass``)."""
     verdicts: list[Verdict | None] = [None] * len(requests)
     device = logits.device
 
     def rows_of(indices: list[int]) -> torch.Tensor:  # [rows of those requests' blocks]
         return torch.cat([torch.arange(offsets[i], offsets[i + 1], device=device) for i in indices])
 
-    greedy = [i for i, request in enumerate(requests) if request.sampling.greedy and one_pass]
+    # which requests may join a pass: all with one_pass, but those with a lossy acceptance rule
+    joins = [one_pass and parse_acceptance(request.sampling.acceptance).exact for request in requests]
+    greedy = [i for i, request in enumerate(requests) if request.sampling.greedy and joins[i]]
     if greedy:
         assert argmax is not None  # taken whenever a request is greedy
         for i, (emitted, path) in zip(greedy, greedy_verify_ragged([drafts[i].tokens for i in greedy],
                                                                    [drafts[i].parents for i in greedy], argmax,
                                                                    [offsets[i] for i in greedy])):
-            verdicts[i] = emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long)
+            verdicts[i] = Verdict(emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long))
     groups: dict[tuple, list[int]] = {}
     for i, (request, draft) in enumerate(zip(requests, drafts)):
-        if one_pass and not request.sampling.greedy and request.rule.ragged_chains and draft.parents is None:
+        if joins[i] and not request.sampling.greedy and request.rule.ragged_chains and draft.parents is None:
             sampling = request.sampling
             # q's precision is the arithmetic's (rejection_sample's); point masses take p's (float32).
             precision = torch.float32 if draft.probs is None else draft.probs.dtype
@@ -203,7 +224,7 @@ def verify_step(
         ragged = RaggedDrafts.of([drafts[i].tokens for i in group], [None] * len(group), device)
         for i, emitted in zip(group, rejection_sample_ragged(ragged, draft_probs, target_probs,
                                                              [requests[i].generator for i in group])):
-            verdicts[i] = emitted, None
+            verdicts[i] = Verdict(emitted, None)
     for i, (request, draft) in enumerate(zip(requests, drafts)):
         if verdicts[i] is None:
             start, end = offsets[i], offsets[i + 1]

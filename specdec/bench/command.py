@@ -128,8 +128,8 @@ def run(
     prompts = (load_prompts(Path(args.prompts), args.per_category) if args.prompts
                else suite_prompts(args.suite or "bundled", args.per_category))[: args.limit]
     humaneval = any(prompt.task is not None for prompt in prompts)
-    named = args.methods or ["auto"]  # what the default methods may need
-    check_constrained_methods(named, prompts)  # before the models load
+    check_constrained_methods(args.methods or ["auto"], prompts)  # before the models load
+    named = [name.partition("@")[0] for name in args.methods or ["auto"]]  # what the methods may need, flags apart
     reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in named) or (
         "auto" in named and (args.target or "").endswith(".gguf"))
     resolved = resolve_models(args, errors, reads_hidden)
@@ -208,6 +208,11 @@ def run(
     if payload["mismatches"]:
         errors.print(f"[red]identity check failed for {', '.join(payload['failed_methods'])}[/] (see results.md)")
         return 1
+    lossy = list(dict.fromkeys(m["method"] for m in payload["measurements"] if "acceptance" in m))
+    if lossy:
+        errors.print(f"[yellow]LOSSY acceptance, not identity-checked:[/] {', '.join(lossy)} (results.json: "
+                     "relaxed_accepted, and first_difference from the reference where it is checked)",
+                     highlight=False, soft_wrap=True)
     if settings.greedy or settings.rule == "coupled":
         errors.print(
             f"[green]identity check passed:[/] every lossless method's output equals its engine's target-alone "

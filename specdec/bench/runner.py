@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specdec.acceptance import canonical_acceptance
 from specdec.constraint import Constraint
 from specdec.drafting.base import suffix_caches
 from specdec.metrics import SpecStats
@@ -63,6 +64,16 @@ class Method:
     # Marks what the method keeps across requests (a suffix cache's outputs) and returns the call
     # that forgets what was added since: a repeat must not copy its own earlier run's output.
     mark: Callable[[], Callable[[], None]] | None = None
+    acceptance: str | None = None  # its own (a name's @ACCEPTANCE, specdec.acceptance); None: the run's
+
+    def settings(self, settings: SamplingParams) -> SamplingParams:
+        """The run's settings as this method decodes with them."""
+        return settings if self.acceptance is None else dataclasses.replace(settings, acceptance=self.acceptance)
+
+    def lossy(self, settings: SamplingParams) -> bool:
+        """Whether it decodes with a LOSSY acceptance in a run with these settings (specdec's own methods:
+        the other engines' ignore --acceptance)."""
+        return self.engine == "specdec" and self.settings(settings).lossy
 
 
 @dataclass
@@ -77,6 +88,10 @@ class Measurement:
     timings: list[float] = field(default_factory=list)  # every repeat's seconds; seconds is their median
     passed: bool | None = None  # the output passed its prompt's tests (None: the prompt has none)
     check_outcome: str | None = None  # what running them gave: "passed", "timed out", "failed: ..."
+    # A LOSSY method where identity would be checked: whether it was compared with the reference, and
+    # its first generated token that differs (None: the same tokens); drift, not a failure
+    drift_checked: bool = False
+    first_difference: int | None = None
 
     @property
     def stalled(self) -> bool:
@@ -143,10 +158,12 @@ def output_matches(constraint: Constraint, text: str) -> bool | None:
     return jsonschema.Draft202012Validator(json.loads(constraint.source)).is_valid(value)
 
 
-def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
-    """A specdec SpeculativeDecoder as a benchmark method."""
+def speculative_method(name: str, decoder, engine: str = "specdec", acceptance: str | None = None) -> Method:
+    """A specdec SpeculativeDecoder as a benchmark method (``acceptance``: its own, else the run's)."""
 
     def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
+        if acceptance is not None:
+            settings = dataclasses.replace(settings, acceptance=acceptance)
         started = time.perf_counter()
         result = decoder.generate(prompt_ids, sampling=settings)
         return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
@@ -160,7 +177,23 @@ def speculative_method(name: str, decoder, engine: str = "specdec") -> Method:
 
         return forget
 
-    return Method(name, run, engine, mark=mark)
+    return Method(name, run, engine, mark=mark, acceptance=acceptance)
+
+
+def method_flags(name: str, flags: Sequence[str]) -> tuple[bool, str | None]:
+    """A method's flags: "unforced" (a constrained prompt's forced tokens cost a target forward each:
+    what drafting them brings) and an acceptance (LOSSY unless "exact"; docs/acceptance.md)."""
+    unforced, acceptance = False, None
+    for flag in flags:
+        if flag == "unforced":
+            unforced = True
+            continue
+        try:
+            acceptance = canonical_acceptance(flag)
+        except ValueError as error:
+            raise ValueError(f"unknown method flag @{flag} in {name!r}: the flags are @unforced and @ACCEPTANCE "
+                             f"({error})") from None
+    return unforced, acceptance
 
 
 def peak_rss_mb() -> float:
@@ -208,6 +241,7 @@ def run_side_by_side(
         prompt_ids = encode(prompt.text)
         rotation = index % len(methods)
         outputs: dict[str, MethodOutput] = {}
+        measured: dict[str, Measurement] = {}
         prompt_settings = prompt.settings(settings)
         for method in [*methods[rotation:], *methods[:rotation]]:
             runs = []
@@ -218,8 +252,9 @@ def run_side_by_side(
                     forget()
             output, timings = runs[0], [run_output.seconds for run_output in runs]
             outputs[method.name] = output
-            run.measurements.append(Measurement(method.name, method.engine, prompt, output.token_ids,
-                                                statistics.median(timings), output.stats, peak_rss_mb(), timings))
+            measured[method.name] = Measurement(method.name, method.engine, prompt, output.token_ids,
+                                                statistics.median(timings), output.stats, peak_rss_mb(), timings)
+            run.measurements.append(measured[method.name])
             if progress:
                 progress(f"{prompt.category}/{prompt.id or index}: {method.name}")
         for method in methods:
@@ -228,7 +263,9 @@ def run_side_by_side(
                 continue
             expected = outputs[own_reference].token_ids
             position = first_difference(outputs[method.name].token_ids, expected)
-            if position is not None:
+            if method.lossy(settings):  # where the LOSSY output left the exact one: drift, recorded
+                measured[method.name].drift_checked, measured[method.name].first_difference = True, position
+            elif position is not None:
                 gap = margin(prompt_ids, expected[:position]) if margin is not None else None
                 run.mismatches.append(Mismatch(method.name, own_reference, prompt.id or str(index), prompt.category,
                                                position, gap))
@@ -275,6 +312,8 @@ class Summary:
             "tau": stats.tau if stats and stats.target_forwards else None,
             "acceptance_by_position": stats.acceptance_by_position if stats else None,
             **({"pass_at_1": self.pass_at_1, "passed": self.passed, "checked": self.checked} if self.checked else {}),
+            **({"acceptance": stats.acceptance, "relaxed_accepted": stats.relaxed_accepted}
+               if stats and stats.acceptance != "exact" else {}),
         }
 
 

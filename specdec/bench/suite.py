@@ -15,8 +15,8 @@ import torch
 
 from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
 from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, output_matches, run_side_by_side,
-    speculative_method, summarize, write_json,
+    Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, method_flags, output_matches,
+    run_side_by_side, speculative_method, summarize, write_json,
 )
 from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
 from specdec.constraint import Constraint
@@ -151,28 +151,29 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
                 ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
                 head=None) -> Method:
     """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
-    transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools)."""
+    transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools).
+    specdec's own methods take flags: "@unforced" and "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3")."""
     from specdec.drafting import make_drafter
 
     if is_llama_cpp_method(name):
         if llama_tools is None:
             raise ValueError(f"{name} needs --llama-cpp-bin DIR and --target-gguf FILE")
         return llama_cpp_method(name, llama_tools, target.tokenizer)
-    if name == REFERENCE:
-        return speculative_method(REFERENCE, SpeculativeDecoder(target))
+    if name == REFERENCE:  # the reference is the target alone, exact under any --acceptance (nothing to relax)
+        return speculative_method(REFERENCE, SpeculativeDecoder(target), acceptance="exact")
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
-    # "@unforced": a constrained prompt's forced tokens cost a target forward each (what drafting them brings)
-    method, _, flag = name.partition("@")
-    if flag not in ("", "unforced"):
-        raise ValueError(f"unknown method flag @{flag} in {name!r}; the one flag is @unforced")
+    method, *flags = name.split("@")
+    unforced, acceptance = method_flags(name, flags)
     if method == REFERENCE:
-        return speculative_method(name, SpeculativeDecoder(target, draft_forced=not flag))
+        return speculative_method(name, SpeculativeDecoder(target, draft_forced=not unforced), acceptance=acceptance)
     drafter_kind, _, policy = method.partition(":")
     policy = policy or default_policy(drafter_kind)
     drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head)
     return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=default_gamma(policy) if gamma is None
-                                                       else gamma, policy=policy, draft_forced=not flag))
+                                                       else gamma, policy=policy, draft_forced=not unforced),
+                              acceptance=acceptance)
+
 
 
 def needs_draft_model(names: Sequence[str]) -> bool:
@@ -258,9 +259,9 @@ def run_bench(
         "machine": machine_description(),
         "target": target.name, "draft": draft.name if draft else None, "gamma": gamma,
         "settings": dataclasses.asdict(settings),
-        "greedy_identity_checked": settings.temperature == 0.0,
+        "greedy_identity_checked": settings.temperature == 0.0 and not settings.lossy,
         # sampled with the coupled rule: specdec's methods must give the target alone's tokens too
-        "coupled_identity_checked": not settings.greedy and settings.rule == "coupled",
+        "coupled_identity_checked": not settings.greedy and settings.rule == "coupled" and not settings.lossy,
         "identity_references": references,
         **(extra or {}),
     }
@@ -273,6 +274,11 @@ def run_bench(
                     {"method": m.method, "prompt": m.prompt.id, "category": m.prompt.category,
                      "tokens": len(m.token_ids), "seconds": m.seconds, "alpha": m.stats.alpha if m.stats else None,
                      "tau": m.stats.tau if m.stats else None, "timings": m.timings,
+                     # LOSSY acceptance: marked, with the drafts only it kept and where the text left the exact one
+                     **({"acceptance": m.stats.acceptance, "relaxed_accepted": m.stats.relaxed_accepted}
+                        if m.stats and m.stats.acceptance != "exact" else {}),
+                     **({"identical_to_reference": m.first_difference is None, "first_difference": m.first_difference}
+                        if m.drift_checked else {}),
                      # acceptance per draft depth, and where the time went (a draft's cost per token)
                      **({"drafted_at": m.stats.drafted_at, "accepted_at": m.stats.accepted_at,
                          "draft_seconds": m.stats.draft_seconds, "verify_seconds": m.stats.verify_seconds,
@@ -299,7 +305,8 @@ def run_bench(
                            out / "humaneval_samples.jsonl")
     baselines = [REFERENCE, *[name for engine, name in references.items() if engine != "specdec"]]
     summaries = summarize(measurements, baselines)
-    exact = {m.name: m.engine for m in built if m.lossless and identity_checked(settings, m.engine)}
+    exact = {m.name: m.engine for m in built  # lossy methods' pass@1 is their drift, not a disagreement
+             if m.lossless and not m.lossy(settings) and identity_checked(settings, m.engine)}
     payload = {**results(run, True), "summaries": [s.to_dict() for s in summaries],
                "pass_at_1_disagreements": pass_at_1_disagreements(summaries, exact)}
     write_json(out / "results.json", payload)
@@ -317,6 +324,7 @@ def run_bench(
     (out / "results.md").write_text(
         f"# specdec bench, {payload['date']}\n\nmachine: {payload['machine']}; target {target.name}, "
         f"draft {payload['draft']}, gamma {gamma or 'default'}, temperature {settings.temperature}, "
+        f"{f'LOSSY acceptance {settings.acceptance}, ' if settings.lossy else ''}"
         f"max_new_tokens {settings.max_new_tokens}, {len(prompts)} prompts"
         + "".join(f", {key} {header[key]!r}" for key in ("suite", "instruction") if header.get(key)) + "\n\n"
         + "\n\n".join(sections) + "\n"

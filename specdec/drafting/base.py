@@ -82,6 +82,8 @@ class StepOutcome:
     forced: bool = False  # the draft was the tokens the request's grammar forces (Draft.forced)
     drafter: str | None = None  # the draft's (Draft.drafter)
     verify_seconds: float | None = None  # the step's target forward and verification (a batch's: all its requests')
+    # accepted draft nodes that only a LOSSY acceptance rule accepted (specdec.acceptance; () when exact)
+    relaxed: tuple[int, ...] = ()
 
     @property
     def num_accepted(self) -> int:

@@ -92,7 +92,12 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     view = step_view(chosen_step(run.records, args.step))
     console.print(step_renderable(view, tokenizer, len(run.records)))
     check = None
-    if not sampling.greedy:
+    if sampling.lossy:
+        relaxed = sum(len(record.relaxed) for record in run.records)
+        console.print(Text(f"LOSSY acceptance {sampling.acceptance}: {relaxed} draft(s) over the run were rejected "
+                           "by the exact test and kept (marked relaxed); the output's law is not p: no lossless re-run",
+                           style="bold dark_orange"))
+    elif not sampling.greedy:
         with waiting(errors, f"re-running step {view.record.index}'s verification with {args.seeds} seeds"):
             check = check_lossless(view.record, args.seeds)
         console.print(lossless_renderable(check, tokenizer))

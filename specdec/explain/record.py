@@ -20,6 +20,7 @@ from specdec.engine import Engine, Request
 from specdec.models.base import LanguageModel, tree_visibility
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import acceptance_probs, point_mass_probs, residual_distribution
+from specdec.verify_batch import Verdict
 
 
 @dataclass
@@ -40,6 +41,7 @@ class StepRecord:
     path: list[int] | None = None  # accepted tree nodes (None: a chain)
     from_cache: tuple[bool, ...] | None = None  # per draft node: copied from earlier requests' outputs
     drafter: str | None = None  # the auto drafter's choice this step (None: another drafter)
+    relaxed: list[int] = field(default_factory=list)  # accepted nodes the exact test rejected (LOSSY acceptance)
     draft_ms: float = 0.0  # drafting this step (the draft model's forwards, or a lookup)
     verify_ms: float = 0.0  # the target's one forward over the block, and verification
 
@@ -90,10 +92,11 @@ class RecordingEngine(Engine):
         self.records: list[StepRecord] = []
 
     def verify(self, request: Request, draft: Draft, target_logits: torch.Tensor,
-               target_argmax: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               target_argmax: torch.Tensor | None) -> Verdict:
         sampling = request.sampling
         state = None if sampling.greedy else request.generator.get_state()
-        emitted, path = Engine.verify(request, draft, target_logits, target_argmax)
+        verdict = Engine.verify(request, draft, target_logits, target_argmax)
+        emitted, path = verdict.emitted, verdict.path
         length = request.length
         self.records.append(StepRecord(
             index=len(self.records) + 1, context_length=length,
@@ -102,8 +105,8 @@ class RecordingEngine(Engine):
             q=None if draft.probs is None else draft.probs.detach().cpu(),
             p=logits_to_probs(target_logits, sampling).cpu(), greedy=sampling.greedy, generator_state=state,
             emitted=emitted.tolist(), path=None if path is None else path.tolist(), from_cache=draft.from_cache,
-            drafter=draft.drafter))
-        return emitted, path
+            drafter=draft.drafter, relaxed=list(verdict.relaxed)))
+        return verdict
 
     def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         super().advance(request, outcome, draft_seconds, verify_seconds)
@@ -124,14 +127,17 @@ class ChainDecision:
 
 def replay_chain_step(record: StepRecord) -> ChainDecision:
     """Recompute a chain step's decision from its record with the engine's generator state:
-    the same draws as verify.rejection_sample (uniforms first, then one multinomial)."""
+    the same draws as verify.rejection_sample (uniforms first, then one multinomial). The drafts a
+    LOSSY acceptance rule kept are the record's (what the engine's Relaxation used)."""
     if record.parents is not None:
         raise ValueError("replay_chain_step takes chain steps; this one drafted a tree")
     gamma, p = record.gamma, record.p
     tokens = torch.tensor(record.draft_tokens, dtype=torch.long)
+    relaxed = torch.zeros(gamma, dtype=torch.bool)
+    relaxed[record.relaxed] = True
     if record.greedy:  # greedy verification compares argmaxes; there is nothing to draw
         best = p.argmax(-1)
-        matches = (tokens == best[:gamma]).int()
+        matches = ((tokens == best[:gamma]) | relaxed).int()
         accepted = int(matches.cumprod(0).sum()) if gamma else 0
         return ChainDecision(matches.float().tolist(), [], accepted, p[accepted], int(best[accepted]))
     q = record.draft_probs()
@@ -139,7 +145,7 @@ def replay_chain_step(record: StepRecord) -> ChainDecision:
     generator = torch.Generator().set_state(record.generator_state)
     uniforms = torch.rand(gamma, generator=generator, dtype=q.dtype)
     acceptance = acceptance_probs(tokens, q, p)
-    accepted = int((uniforms < acceptance).cumprod(0).sum()) if gamma else 0
+    accepted = int(((uniforms < acceptance) | relaxed).cumprod(0).sum()) if gamma else 0
     final = residual_distribution(q[accepted], p[accepted]) if accepted < gamma else p[gamma]
     token = int(torch.multinomial(final, 1, generator=generator))
     return ChainDecision(acceptance.tolist(), uniforms.tolist(), accepted, final, token)

@@ -148,8 +148,9 @@ def step_html(view: StepView, tokenizer: Any, expanded: bool = False) -> str:
     kind = "tree" if record.parents is not None else "chain"
     by = f" by {record.drafter}" if record.drafter else ""
     summary = (f"step {record.index}: {record.gamma} drafted ({kind}{by}), {record.num_accepted} accepted"
-               f"{', rejection' if record.rejected else ''}; draft {record.draft_ms:.2f} ms, target forward + verify "
-               f"{record.verify_ms:.2f} ms")
+               f"{', rejection' if record.rejected else ''}"
+               f"{f', {len(record.relaxed)} kept by the LOSSY rule only' if record.relaxed else ''}; "
+               f"draft {record.draft_ms:.2f} ms, target forward + verify {record.verify_ms:.2f} ms")
     return (f"<details{' open' if expanded else ''}>"
             f"<summary>{html.escape(summary)}</summary>"
             f"<table><tr><th>row</th><th>token</th><th>position</th><th>sees (block rows; and the "

@@ -28,7 +28,9 @@ class DraftRow:
     p: float  # p(x) at the same place
     acceptance: float | None  # min(1, p/q) (a tree's later siblings are judged against updated p, q: None)
     uniform: float | None  # the draw u (None: greedy, or a tree)
-    decision: str  # "accepted", "rejected", "not reached" (a chain); "on the path" / "off the path" (a tree)
+    # "accepted", "rejected", "not reached" (a chain); "on the path" / "off the path" (a tree); " (relaxed)"
+    # after an accepted one that only a LOSSY acceptance rule kept
+    decision: str
     from_cache: bool = False  # guessed from earlier requests' outputs (a suffix drafter's cache)
 
     def token_text(self, tokenizer: Any) -> str:
@@ -62,6 +64,7 @@ def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
     rows = []
     for i, token in enumerate(record.draft_tokens):
         state = "accepted" if i < decision.num_accepted else "rejected" if i == decision.num_accepted else "not reached"
+        state += " (relaxed)" if i in record.relaxed else ""  # kept by a LOSSY rule only
         reached = i <= decision.num_accepted
         rows.append(DraftRow(i, i - 1, token, float(q[i, token]), float(record.p[i, token]),
                              decision.acceptance[i] if reached and not record.greedy else None,
@@ -78,7 +81,8 @@ def tree_rows(record: StepRecord) -> list[DraftRow]:
         p = float(record.p[parent + 1, token])
         first_sibling = record.parents.index(parent) == node
         rows.append(DraftRow(node, parent, token, q, p, min(1.0, p / q) if first_sibling and q > 0 else None, None,
-                             "on the path" if node in path else "off the path",
+                             ("on the path" + (" (relaxed)" if node in record.relaxed else "")) if node in path
+                             else "off the path",
                              bool(record.from_cache and record.from_cache[node])))
     return rows
 

@@ -13,7 +13,8 @@ from specdec.explain.steps import StepView, TopToken, token_text
 
 BAR_WIDTH = 24
 DECISION_STYLES = {"accepted": "green", "on the path": "green", "rejected": "bold red", "not reached": "dim",
-                   "off the path": "dim"}
+                   "off the path": "dim", "accepted (relaxed)": "bold dark_orange",
+                   "on the path (relaxed)": "bold dark_orange"}
 
 
 def bar(probability: float, width: int = BAR_WIDTH) -> str:
@@ -73,6 +74,9 @@ def outcome_text(view: StepView, tokenizer: Any) -> Text:
         how = "nothing drafted: plain decoding"
     if record.greedy:
         how = "greedy: drafts are kept while they equal the target's argmax, then the argmax is emitted"
+    if record.relaxed:
+        how += (f"; LOSSY: {len(record.relaxed)} draft(s) marked (relaxed) were rejected by the exact test and "
+                "kept by the --acceptance rule")
     return Text(f"emitted {record.num_accepted + 1} token(s) ({emitted}); {how}")
 
 

@@ -32,8 +32,8 @@ from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.grammar import TokenMatcher
 from specdec.serving.admission import ConstraintCompiler, public_message
 from specdec.serving.metrics import ServerMetrics
-from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, completion_object,
-                                      logprobs_object, new_id, speculation_summary, usage)
+from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, acceptance_summary,
+                                      completion_object, logprobs_object, new_id, speculation_summary, usage)
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
 from specdec.text import chat_prompt_ids, encode_prompt
 
@@ -255,9 +255,11 @@ async def respond(sessions: list[Session], kind: str, body: Any, model_name: str
                     chunk_logprobs = logprobs(chunk.logprobs, offsets[index])
                     if chunk_logprobs is not None and kind == "completion" and chunk.logprobs:
                         offsets[index] = chunk_logprobs["text_offset"][-1] + len(chunk_logprobs["tokens"][-1])
-                    yield sse(completion_object(kind, request_id, model_name, chunk.text, finish, created,
-                                                chunk=True, first=index not in started, index=index,
-                                                logprobs=chunk_logprobs))
+                    event = completion_object(kind, request_id, model_name, chunk.text, finish, created, chunk=True,
+                                              first=index not in started, index=index, logprobs=chunk_logprobs)
+                    if chunk.result is not None and chunk.result.stats.acceptance != "exact":
+                        event["specdec"] = acceptance_summary([chunk.result])  # a LOSSY choice says so as it ends
+                    yield sse(event)
                     started.add(index)
                 if chunk.result:
                     results.append(chunk.result)
@@ -276,9 +278,10 @@ async def respond(sessions: list[Session], kind: str, body: Any, model_name: str
 
 
 def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | None = None,
-               metrics: ServerMetrics | None = None) -> FastAPI:
+               metrics: ServerMetrics | None = None, default_acceptance: str = "exact") -> FastAPI:
     """The FastAPI app serving ``scheduler``'s engine as ``model_name``; the app's lifespan
-    starts and stops the scheduler thread."""
+    starts and stops the scheduler thread. ``default_acceptance``: for requests that name none
+    (anything but "exact" is LOSSY: docs/acceptance.md)."""
     limits = limits or ServerLimits()
     tokenizer = scheduler.engine.target.tokenizer
     max_context = scheduler.engine.max_context  # --max-model-len: what a request may hold
@@ -328,7 +331,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: Request):
         check_model(body.model)
-        sampling = body.sampling(body.max_tokens, 16, limits.max_tokens)
+        sampling = body.sampling(body.max_tokens, 16, limits.max_tokens, default_acceptance)
         try:
             prompt_ids = encode_prompt(tokenizer, body.single_prompt(), model_name)
         except ValueError as error:
@@ -340,7 +343,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):
         check_model(body.model)
-        sampling = body.sampling(body.requested_max_tokens, limits.default_chat_tokens, limits.max_tokens)
+        sampling = body.sampling(body.requested_max_tokens, limits.default_chat_tokens, limits.max_tokens,
+                                 default_acceptance)
         try:
             prompt_ids = chat_prompt_ids(tokenizer, [m.as_text(index) for index, m in enumerate(body.messages)])
         except ValueError as error:

@@ -41,6 +41,10 @@ class ServerMetrics:
                                      "Accepted / drafted tokens since start", registry=r)
         self.mean_acceptance_length = Gauge("specdec:spec_decode_mean_acceptance_length",
                                             "Tokens emitted per drafting step (accepted + 1) since start", registry=r)
+        self.relaxed_accepted = Counter("specdec:spec_decode_num_relaxed_accepted_tokens",
+                                        "Accepted draft tokens that the exact test rejected and a LOSSY acceptance "
+                                        "rule kept (requests with acceptance other than exact; docs/acceptance.md)",
+                                        registry=r)
         self.accepted_from_cache = Counter("specdec:spec_decode_num_accepted_tokens_from_cache",
                                            "Accepted draft tokens copied from earlier requests' outputs", registry=r)
         self.drafter_steps = Counter("specdec:drafter_steps", "Request-steps by the candidate the auto drafter chose "
@@ -92,6 +96,7 @@ class ServerMetrics:
             self.draft_tokens.inc(outcome.num_drafted)
             self.accepted_tokens.inc(outcome.num_accepted)
             self.accepted_from_cache.inc(outcome.accepted_from_cache)
+            self.relaxed_accepted.inc(len(outcome.relaxed))
             for position in range(outcome.num_accepted):
                 self.accepted_per_pos.labels(position=str(position)).inc()
             self.totals["drafted"] += outcome.num_drafted

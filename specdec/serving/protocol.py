@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdec.acceptance import EXACT, canonical_acceptance
 from specdec.decoder import GenerationResult
 from specdec.constraint import Constraint, ConstraintError
 from specdec.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
@@ -77,6 +78,8 @@ class SamplingFields(BaseModel):
     min_p: float | None = None
     seed: int | None = None
     sampling_rule: str | None = None  # "coupled" | "rejection"; default: coupled with a seed (docs/sampling.md)
+    # LOSSY opt-in (docs/acceptance.md): "exact" | "lossy" | "topk:k=3,delta=0.5" | ...; default: the server's
+    acceptance: str | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -142,9 +145,14 @@ class SamplingFields(BaseModel):
         """How many alternatives each token's log-probability comes with (None: no log-probabilities)."""
         return None
 
-    def sampling(self, max_tokens: int | None, default_max_tokens: int, limit: int) -> SamplingParams:
+    def sampling(self, max_tokens: int | None, default_max_tokens: int, limit: int,
+                 default_acceptance: str = EXACT) -> SamplingParams:
         """SamplingParams, or an ApiError naming the offending field."""
         self.refuse_unsupported()
+        try:
+            acceptance = canonical_acceptance(default_acceptance if self.acceptance is None else self.acceptance)
+        except ValueError as error:
+            raise ApiError(400, str(error), "acceptance") from None
         temperature = 1.0 if self.temperature is None else self.temperature
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
             raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}", "temperature")
@@ -164,7 +172,7 @@ class SamplingFields(BaseModel):
                                   top_p=1.0 if self.top_p is None else self.top_p,
                                   min_p=self.min_p or 0.0, seed=self.seed, sampling_rule=self.sampling_rule,
                                   max_new_tokens=max_tokens, stop=stop, constraint=self.constraint(),
-                                  logprobs=self.requested_logprobs())
+                                  logprobs=self.requested_logprobs(), acceptance=acceptance)
         except ValueError as error:
             raise ApiError(400, str(error)) from error
 
@@ -246,7 +254,14 @@ def speculation_summary(results: Sequence[GenerationResult]) -> dict[str, Any]:
     forwards = sum(r.stats.target_forwards for r in results)
     tokens = sum(r.stats.generated_tokens for r in results)
     return {"drafted": drafted, "accepted": accepted, "target_forwards": forwards,
-            "tokens_per_forward": round(tokens / forwards, 3) if forwards else 0.0}
+            "tokens_per_forward": round(tokens / forwards, 3) if forwards else 0.0, **acceptance_summary(results)}
+
+
+def acceptance_summary(results: Sequence[GenerationResult]) -> dict[str, Any]:
+    """How the choices were verified: "exact", or a LOSSY rule and the drafts only it accepted."""
+    acceptance = results[0].stats.acceptance if results else EXACT  # one request's choices share it
+    return {"acceptance": acceptance, "lossy": acceptance != EXACT,
+            "relaxed_accepted": sum(r.stats.relaxed_accepted for r in results)}
 
 
 def logprobs_object(kind: Literal["completion", "chat"], entries: Sequence[TokenLogprob], tokenizer: Any,

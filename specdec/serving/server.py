@@ -55,6 +55,7 @@ def build_app(
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
     prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
     max_model_len: int | None = None,
+    default_acceptance: str = "exact",
 ) -> FastAPI:
     """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
     with speculation "auto" and none given, it is measured here first. ``prefill_chunk``: prompts
@@ -63,7 +64,8 @@ def build_app(
     each prompt whole. ``prefix_cache_rows``: recent prompts kept in that many spare cache rows,
     whole pieces of them reused by prompts that begin the same way (0, or prefill_chunk None: off).
     ``max_model_len``: the longest request, prompt and output (kv_budget() chooses it for a
-    memory budget; None: the target's context); longer prompts get a 400."""
+    memory budget; None: the target's context); longer prompts get a 400. ``default_acceptance``: for
+    requests that name none ("exact"; anything else is LOSSY, docs/acceptance.md)."""
     from specdec.serving.app import create_app
     from specdec.serving.metrics import ServerMetrics
     from specdec.serving.scheduler import PrefillBudget, Scheduler
@@ -83,7 +85,7 @@ def build_app(
     metrics = ServerMetrics(suffix_caches(drafter))
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
                           prefill=PrefillBudget(), prefix_rows=prefix_cache_rows)
-    return create_app(scheduler, model_name, limits, metrics)
+    return create_app(scheduler, model_name, limits, metrics, default_acceptance)
 
 
 def kv_budget(target: LanguageModel, max_batch: int, prefix_cache_rows: int, kv_cache_memory: str | None = None,
@@ -165,6 +167,9 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--grammar-timeout", type=float, default=20.0,
                        help="seconds a request's schema, regex or grammar may take to compile (on a worker thread, "
                             "not the serving loop); longer gets a 400")
+    from specdec.acceptance import add_acceptance_option
+
+    add_acceptance_option(serve, " for requests whose body names no \"acceptance\"")
 
 
 def is_loopback(host: str) -> bool:
@@ -197,9 +202,11 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                                             max_grammar_bytes=args.max_grammar_bytes,
                                             grammar_seconds=args.grammar_timeout), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows,
-                        max_model_len=budget.max_model_len if budget else args.max_model_len)
+                        max_model_len=budget.max_model_len if budget else args.max_model_len,
+                        default_acceptance=args.acceptance)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation}"
-                 f"{', API key required' if args.api_key else ''})")
+                 f"{', API key required' if args.api_key else ''}"
+                 f"{f', LOSSY acceptance {args.acceptance} by default' if args.acceptance != 'exact' else ''})")
     if not args.api_key and not is_loopback(args.host):
         errors.print(f"[yellow]warning: serving on {args.host} without an API key: anyone who can reach it can use "
                      "it (--api-key KEY or SPECDEC_API_KEY)[/]")
