@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from specdec.progress import waiting
+from specdec.progress import output_console, waiting
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -336,16 +336,6 @@ def check_arguments(args: argparse.Namespace) -> None:
         sampling_from_args(args)  # temperature, top-k, top-p, min-p, the sampling rule and acceptance
     elif getattr(args, "temperature", 0.0) < 0:  # bench-serve's one sampling option
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-
-
-LOG_WIDTH = 200  # columns when output is not a terminal: no table column cut, titles centred near the table
-
-
-def output_console() -> Console:
-    """Standard output: a terminal's own width; elsewhere (a pipe, a log file) wide, since rich
-    would otherwise cut every table to 80 columns (a table is only as wide as its cells)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=LOG_WIDTH)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
-"""Waits that have no progress bar: a spinner on a terminal, a log line otherwise (a pipe, a CI
-log or a file shows what the command is waiting for, and each update)."""
+"""Output that reads well in a terminal and in a log: waits without a progress bar (a spinner on
+a terminal, a log line otherwise: a pipe, a CI log or a file shows what the command is waiting
+for, and each update), and a console whose tables keep every column in a log."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+
+LOG_WIDTH = 200  # columns when output is not a terminal: no table column cut, titles centred near the table
+
+
+def output_console() -> Console:
+    """Standard output: a terminal's own width; elsewhere (a pipe, a log file) wide, since rich
+    would otherwise cut every table to 80 columns (a table is only as wide as its cells)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=LOG_WIDTH)
 
 
 @contextmanager

@@ -244,7 +244,7 @@ def test_tables_in_a_log_keep_every_column_whole(capsys):
     column whole (mutation checked: a plain Console() cuts this table to 80 columns, with '…')."""
     from rich.table import Table
 
-    from specdec.cli import output_console
+    from specdec.progress import output_console
 
     table = Table()
     for index in range(12):
