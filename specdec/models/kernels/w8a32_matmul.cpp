@@ -28,66 +28,58 @@ constexpr int kCols = 16, kGroup = 32, kRecord = 640, kScales = 512, kMins = 576
 
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr int kRows = 3;
-// `rows` rows x `spans` column blocks of 16 at once (columns are independent: each output's
-// arithmetic is the same whichever others share the loop). Every path takes one block at a time, a
-// row alone too: its records are then read as one sequential stream per thread. Four blocks at once
-// (8 fma chains to hide the fma latency) measured a third slower for a one-token forward once the
-// weights stream from memory (docs/design.md, "The default pair's one-token forward").
-template <int rows, int spans>
+// `rows` rows x one column block of 16 (columns are independent: each output's arithmetic is the
+// same whichever others share the loop). A row alone takes one block at a time too: its records
+// are then read as one sequential stream per thread. Four blocks at once (8 fma chains to hide the
+// fma latency) measured a third slower for a one-token forward once the weights stream from memory
+// (docs/design.md, "The default pair's one-token forward").
+template <int rows>
 void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
-  __m256 total[rows][2 * spans];
+  __m256 total[rows][2];
   for (int r = 0; r < rows; ++r)
-    for (int h = 0; h < 2 * spans; ++h) total[r][h] = _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h) total[r][h] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* record[spans];
-    for (int b = 0; b < spans; ++b) {
-      record[b] = w + ((block + b) * groups + g) * kRecord;
-      for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record[b] + 4 * kRecord + line, _MM_HINT_T0);
-    }
-    __m256 dot[rows][2 * spans];
+    const uint8_t* record = w + (block * groups + g) * kRecord;
+    for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + 4 * kRecord + line, _MM_HINT_T0);
+    __m256 dot[rows][2];
     for (int r = 0; r < rows; ++r)
-      for (int h = 0; h < 2 * spans; ++h) dot[r][h] = _mm256_setzero_ps();
+      for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_setzero_ps();
     for (int k = 0; k < kGroup; ++k) {
-      __m256 weights[2 * spans];
-      for (int b = 0; b < spans; ++b)
-        for (int h = 0; h < 2; ++h)
-          weights[2 * b + h] = _mm256_cvtepi32_ps(
-              _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(record[b] + kCols * k + 8 * h))));
+      __m256 weights[2];
+      for (int h = 0; h < 2; ++h)
+        weights[h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(record + kCols * k + 8 * h))));
       for (int r = 0; r < rows; ++r) {
         const __m256 xs = _mm256_broadcast_ss(x + r * K + g * kGroup + k);
-        for (int h = 0; h < 2 * spans; ++h) dot[r][h] = _mm256_fmadd_ps(xs, weights[h], dot[r][h]);
+        for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_fmadd_ps(xs, weights[h], dot[r][h]);
       }
     }
-    for (int b = 0; b < spans; ++b)
-      for (int h = 0; h < 2; ++h) {
-        const __m256 scale = _mm256_loadu_ps((const float*)(record[b] + kScales) + 8 * h);
-        const __m256 mins = _mm256_loadu_ps((const float*)(record[b] + kMins) + 8 * h);
-        for (int r = 0; r < rows; ++r)
-          total[r][2 * b + h] = _mm256_add_ps(
-              total[r][2 * b + h],
-              _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), _mm256_mul_ps(dot[r][2 * b + h], scale)));
-      }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_loadu_ps((const float*)(record + kScales) + 8 * h);
+      const __m256 mins = _mm256_loadu_ps((const float*)(record + kMins) + 8 * h);
+      for (int r = 0; r < rows; ++r)
+        total[r][h] = _mm256_add_ps(
+            total[r][h], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), _mm256_mul_ps(dot[r][h], scale)));
+    }
   }
   for (int r = 0; r < rows; ++r)
-    for (int h = 0; h < 2 * spans; ++h) _mm256_storeu_ps(y + r * N + block * kCols + 8 * h, total[r][h]);
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + r * N + block * kCols + 8 * h, total[r][h]);
 }
 #else
 constexpr int kRows = 1;
-template <int rows, int spans>
+template <int rows>
 void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < kCols * spans; ++c) {
+    for (int c = 0; c < kCols; ++c) {
       float total = 0.0f;
-      const uint8_t* record = w + (block + c / kCols) * groups * kRecord;
+      const uint8_t* record = w + block * groups * kRecord;
       for (int64_t g = 0; g < groups; ++g, record += kRecord) {
         float dot = 0.0f;
-        for (int k = 0; k < kGroup; ++k)
-          dot = std::fmaf(x[r * K + g * kGroup + k], float(int8_t(record[kCols * k + c % kCols])), dot);
+        for (int k = 0; k < kGroup; ++k) dot = std::fmaf(x[r * K + g * kGroup + k], float(int8_t(record[kCols * k + c])), dot);
         float scale, minimum;
-        std::memcpy(&scale, record + kScales + 4 * (c % kCols), 4);
-        std::memcpy(&minimum, record + kMins + 4 * (c % kCols), 4);
+        std::memcpy(&scale, record + kScales + 4 * c, 4);
+        std::memcpy(&minimum, record + kMins + 4 * c, 4);
         total = total + std::fmaf(minimum, xsum[r * groups + g], dot * scale);
       }
       y[r * N + block * kCols + c] = total;
@@ -95,14 +87,14 @@ void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, i
 }
 #endif
 
-// Rows r0.. of the column blocks block..block + spans - 1 (spans: 4, or 1 at the end of the matrix).
+// Rows r0.. of one parallel span's column blocks block..block + spans - 1 (4, fewer at the matrix's end).
 template <int rows>
 void rows_of_block(const float* x, const float* xsum, const uint8_t* w, float* y, int left, int64_t N, int64_t K,
                    int64_t block, int64_t spans) {
   if constexpr (rows > 1) {
     if (left < rows) return rows_of_block<rows - 1>(x, xsum, w, y, left, N, K, block, spans);
   }
-  for (int64_t b = block; b < block + spans; ++b) block_rows<rows, 1>(x, xsum, w, y, N, K, b);
+  for (int64_t b = block; b < block + spans; ++b) block_rows<rows>(x, xsum, w, y, N, K, b);
 }
 }  // namespace
 
