@@ -131,7 +131,8 @@ def read_run(entry: dict[str, Any], machines: dict[str, Any], root: Path) -> Run
     passed = f"{target_only['passed']}/{target_only['checked']}" if target_only.get("checked") else ""
     return Run(
         id=entry["id"], machine=entry["machine"], pair=entry["pair"], precision=entry["precision"],
-        setup=entry.get("setup", ""), headline=bool(entry.get("headline", False)),        command=entry["command"], result=entry["result"], date=data["date"][:16].replace("T", " "),
+        setup=entry.get("setup", ""), headline=bool(entry.get("headline", False)),
+        command=entry["command"], result=entry["result"], date=data["date"][:16].replace("T", " "),
         suite=suite, prompts=target_only["prompts"], temperature=float(data["settings"]["temperature"]),
         methods=methods, pass_at_1=passed,
         beside=tuple((label, str(Path(entry["result"]).parent / name)) for label, name in
@@ -262,7 +263,7 @@ def render_page(machines: dict[str, Any], runs: list[Run], from_dir: Path = Path
 
 def headline_table(machines: dict[str, Any], runs: list[Run], from_dir: Path = Path(".")) -> str:
     """Per machine class and pair, the latest run flagged `headline = true` in the registry."""
-    lines = ["| machine | pair, precision | date | specdec target-only | specdec fastest | llama-completion "
+    lines = ["| machine | pair, precision | date, prompts | specdec target-only | specdec fastest | llama-completion "
              "| llama.cpp's fastest tool | run |", "|---|---|---|---|---|---|---|---|"]
     for key, machine in machines.items():
         for pair in ("real", "default"):
@@ -275,8 +276,10 @@ def headline_table(machines: dict[str, Any], runs: list[Run], from_dir: Path = P
             versus = ""
             if best is not None and completion is not None:
                 versus = f"; {best.tokens_per_second / completion.tokens_per_second:.2f}x llama-completion"
+            if run.specdec_mismatches:
+                versus += f"; **{run.specdec_mismatches} specdec outputs differ from its target-only**"
             lines.append(
-                f"| {machine_heading(machine)} | {pair}, {run.precision}{setup(run)} | {run.date[:10]} "
+                f"| {machine_heading(machine)} | {pair}, {run.precision}{setup(run)} | {run.date[:10]}, {run.prompts} "
                 f"| {figure(alone)} | {named(best, alone)}{versus} | {figure(completion)} "
                 f"| {named(run.best('llama.cpp', ('llama-target',)))} | [{run.id}]({link(run.result, from_dir)}) |")
     return "\n".join(lines) + "\n"
