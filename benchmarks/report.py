@@ -302,22 +302,25 @@ def outputs(registry: Path = REGISTRY, root: Path = ROOT) -> dict[Path, str]:
             readme: with_headline(readme.read_text(), headline_table(machines, runs))}
 
 
+def stale_files(registry: Path = REGISTRY, root: Path = ROOT) -> list[Path]:
+    """The generated files whose text is not what the registry makes (missing ones included)."""
+    return [path for path, text in outputs(registry, root).items() if not path.exists() or path.read_text() != text]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale; write nothing")
     args = parser.parse_args(argv)
-    stale = []
+    if args.check:
+        stale = stale_files()
+        if stale:
+            names = ", ".join(str(path.relative_to(ROOT)) for path in stale)
+            print(f"stale: {names}: run `python benchmarks/report.py` and commit", file=sys.stderr)
+        return 1 if stale else 0
     for path, text in outputs().items():
-        if path.exists() and path.read_text() == text:
-            continue
-        if args.check:
-            stale.append(path.relative_to(ROOT))
-        else:
+        if not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
-    if stale:
-        print(f"stale: {', '.join(map(str, stale))}: run `python benchmarks/report.py` and commit", file=sys.stderr)
-        return 1
     return 0
 
 
