@@ -237,7 +237,8 @@ llama.cpp's tools (built by `../shared/peers/build-llama-cpp.sh`). Measurements 
 `specdec bench` run (T(k) per block size, kernels, the server, prefill, memory) are cited with their
 commands in [design.md](design.md), [serving.md](serving.md), [llama-cpp.md](llama-cpp.md) and the
 [lab notebook](benchmarks/archive/notebook.md), which keeps every earlier run's story; their files
-are in [benchmarks/archive/](benchmarks/archive/).
+are in [benchmarks/archive/](benchmarks/archive/), and the scripts that measure them in the
+repository's top-level `benchmarks/` folder.
 """
 
 
