@@ -4,7 +4,7 @@ the JSON-extraction suite's schemas. The documents are random walks through each
 drawn uniformly among the allowed ones, the end token once allowed after 200 tokens), so every
 mask is computed at a real position of a valid document.
 
-    python benchmarks/structured/mask_cost.py MODEL_DIR [--out docs/benchmarks/archive/structured/mask_cost.json]
+    python benchmarks/structured/mask_cost.py MODEL_DIR [--out runs/mask_cost.json]
 """
 
 import argparse
@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a model folder (its tokenizer and vocabulary size are read)")
     parser.add_argument("--suite", default="specdec/assets/bench_json.json")
-    parser.add_argument("--out", default="docs/benchmarks/archive/structured/mask_cost.json")
+    parser.add_argument("--out", default="runs/mask_cost.json")
     args = parser.parse_args()
     tokenizer, config = AutoTokenizer.from_pretrained(args.model), AutoConfig.from_pretrained(args.model)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
