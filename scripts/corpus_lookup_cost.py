@@ -49,8 +49,8 @@ def main() -> None:
             if draft.num_nodes:
                 drafted += 1
                 first_right += int(draft.tokens[0]) == ids[end]
-    print(f"{len(seconds)} lookups over {len(prompts)} bundled prompts: median {statistics.median(seconds) * 1e6:.0f} us, "
-          f"mean {statistics.fmean(seconds) * 1e6:.0f} us, 90th percentile "
+    print(f"{len(seconds)} lookups over {len(prompts)} bundled prompts: median "
+          f"{statistics.median(seconds) * 1e6:.0f} us, mean {statistics.fmean(seconds) * 1e6:.0f} us, 90th percentile "
           f"{sorted(seconds)[int(0.9 * len(seconds))] * 1e6:.0f} us; a draft at {drafted / tokens:.0%} of positions, "
           f"its first token right at {first_right / max(drafted, 1):.0%} of those")
 
