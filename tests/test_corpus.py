@@ -208,3 +208,47 @@ def test_corpus_tokens_are_marked_and_counted(tmp_path):
     assert result is not None and result.token_ids == output
     marked = sum(source == TokenSource.CORPUS for chunk in chunks for source in chunk.sources)
     assert marked == result.stats.accepted > 0 and result.stats.by_drafter[CORPUS][2] == marked
+
+
+def test_a_code_target_gets_the_default_datastore_built_once_and_none_turns_it_off(tmp_path, monkeypatch):
+    """The default datastore is built on first use (a line says so), then read from the cache (no
+    line); a target without "code" in its name gets none unasked; --index none is none.
+    Mutation: building whenever it is asked (no cache check) fails the second call's silence."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    import specdec.corpus_index as corpus_index
+    from tiny import save_char_tokenizer
+
+    save_char_tokenizer(tmp_path / "tok", 96)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    (tmp_path / "lib" / "test").mkdir(parents=True)
+    (tmp_path / "lib" / "shutil.py").write_text("def copy(src, dst): return dst\n")
+    (tmp_path / "lib" / "test" / "test_shutil.py").write_text("assert copy(1, 2) == 2\n")  # tests: left out
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(corpus_index, "default_sources", lambda: [tmp_path / "lib"])
+    coder = SimpleNamespace(name="tiny-Coder", tokenizer=tokenizer)
+    chat = SimpleNamespace(name="tiny", tokenizer=tokenizer)
+    said: list[str] = []
+    first = corpus_index.datastores_for(None, coder, said.append)
+    assert len(first) == 1 and first[0].meta["documents"] == 1 and any("building" in line for line in said)
+    said.clear()
+    again = corpus_index.datastores_for(None, coder, said.append)
+    assert again[0].folder == first[0].folder and not any("building" in line for line in said)
+    assert corpus_index.datastores_for(None, chat, said.append) == []
+    assert corpus_index.datastores_for(["none"], coder, said.append) == []
+    assert len(corpus_index.datastores_for(["default"], chat, said.append)) == 1
+
+
+def test_bench_runs_auto_with_and_without_the_datastores(tmp_path, monkeypatch):
+    """`bench --methods auto auto@noindex`: the same drafter with and without the corpus candidate.
+    Mutation: ignoring the @noindex flag fails it."""
+    import specdec.bench.suite as suite
+
+    monkeypatch.setattr(suite, "speculative_method", lambda name, decoder, **options: decoder.engine.drafter)
+    store = datastore_of(tmp_path / "store", [[1, 2, 3]])
+    target = table_model(6, seed=1)
+    names = {name: [c.name for c in suite.make_method(name, target, None, None, corpus=[store]).candidates]
+             for name in ("auto", "auto@noindex")}
+    assert "corpus" in names["auto"] and "corpus" not in names["auto@noindex"]
