@@ -143,8 +143,9 @@ def all_speculative_methods() -> list[str]:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES
 
-    # Heads need a trained head for the target (--draft-head): name them explicitly. auto chooses its own lengths.
-    return ["auto", *(f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith("head") and
+    # Heads need a trained head (--draft-head), corpus drafters a datastore (--index): name them explicitly.
+    # auto chooses its own lengths.
+    return ["auto", *(f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith(("head", "corpus")) and
                       drafter != "auto" for policy in POLICIES if policy != "auto")]
 
 
