@@ -7,7 +7,8 @@ benchmark runs (which it does not replace: it re-encodes the answers' text, and 
 table's, not a run's).
 
     python scripts/corpus_replay.py /work/models/qwen2.5-coder-1.5b \
-        docs/benchmarks/auto-epyc-vnni/he20-reach/humaneval_samples.jsonl --verify-ms runs/t_of_k-int4-zen4.json
+        docs/benchmarks/auto-epyc-vnni/he20-reach/humaneval_samples.jsonl \
+        --verify-ms 1=39.4,2=49.5,3=57.9,5=90.7,8=89.1,12=125.2,16=155.3
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from specdec.drafting.model import common_prefix
 from specdec.index_command import load_tokenizer
 
 
-def verify_seconds_table(path: Path) -> dict[int, float]:
-    """T(k) in seconds from a bench-forward table ({"rows": [{"ms": {k: ms}}]}), the first row's."""
-    rows = json.loads(path.read_text())["rows"]
+def verify_seconds_table(spec: str) -> dict[int, float]:
+    """T(k) in seconds from "1=39.4,2=49.5,..." (k=milliseconds), or from a JSON file of measured
+    blocks ({"rows": [{"ms": {k: ms}}]}, the first row's)."""
+    if "=" in spec:
+        return {int(k): float(ms) / 1e3 for k, ms in (pair.split("=") for pair in spec.split(","))}
+    rows = json.loads(Path(spec).read_text())["rows"]
     return {int(k): ms / 1e3 for k, ms in rows[0]["ms"].items()}
 
 
@@ -58,12 +62,13 @@ def main() -> None:
     parser.add_argument("target", help="a Hugging Face folder or .gguf file (only its tokenizer loads)")
     parser.add_argument("samples", help="a bench run's humaneval_samples.jsonl (its greedy answers)")
     parser.add_argument("--method", default="target-only", help="whose answers to replay")
-    parser.add_argument("--verify-ms", required=True, help="a `specdec bench-forward` JSON table of T(k)")
+    parser.add_argument("--verify-ms", required=True, help="T(k): k=ms pairs, \"1=39.4,2=49.5,...\", or a JSON "
+                        "file {\"rows\": [{\"ms\": {k: ms}}]}")
     parser.add_argument("--index", action="append", help="datastores, as generate's --index (default: default)")
     parser.add_argument("--gamma", type=int, default=12)
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.target, trust_remote_code=False)
-    table = verify_seconds_table(Path(args.verify_ms))
+    table = verify_seconds_table(args.verify_ms)
     sizes = sorted(table)
     cost = lambda k: float(np.interp(k, sizes, [table[s] for s in sizes]))  # noqa: E731
     answers = {row["task_id"]: row["output"] for row in map(json.loads, Path(args.samples).read_text().splitlines())
