@@ -4,7 +4,7 @@ bundled suite's prompts looked up as a step would (``propose`` with the context 
 seconds per lookup, and how often the draft's first token is the prompt's next one (a rough
 acceptance on text the datastore never saw: files quoting the suites are left out of it).
 
-    python scripts/corpus_lookup_cost.py /work/models/qwen2.5-coder-1.5b [--limit 16]
+    python benchmarks/corpus_lookup_cost.py /work/models/qwen2.5-coder-1.5b [--limit 16]
 """
 
 from __future__ import annotations

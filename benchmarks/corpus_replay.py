@@ -6,7 +6,7 @@ the T(k) table, for auto with and without a datastore: a check of the corpus dra
 benchmark runs (which it does not replace: it re-encodes the answers' text, and its clock is the
 table's, not a run's).
 
-    python scripts/corpus_replay.py /work/models/qwen2.5-coder-1.5b \
+    python benchmarks/corpus_replay.py /work/models/qwen2.5-coder-1.5b \
         docs/benchmarks/auto-epyc-vnni/he20-reach/humaneval_samples.jsonl \
         --verify-ms 1=39.4,2=49.5,3=57.9,5=90.7,8=89.1,12=125.2,16=155.3
 """
