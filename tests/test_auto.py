@@ -88,8 +88,8 @@ def test_the_cost_model_weighs_acceptance_against_cost():
     from specdec.drafting.auto import AutoState
 
     auto = AutoDrafter({"ngram": NGramDrafter(3), "head": NGramDrafter(3)}, ("ngram",))
-    auto.verify_cost.add(1, 0.010)
-    auto.verify_cost.add(5, 0.012)
+    auto.costs.verify.add(1, 1, 0.010)
+    auto.costs.verify.add(1, 5, 0.012)
 
     def state(text_alpha: float, head_alpha: float, shadow: list[int]) -> AutoState:
         s = auto.start(torch.tensor([1, 2, 3]))
@@ -100,12 +100,12 @@ def test_the_cost_model_weighs_acceptance_against_cost():
         return s
 
     torch.manual_seed(0)
-    auto.candidates[1].seconds_per_token.add(0.004)
+    auto.costs.draft("head").add(0.004, 1)
     assert auto.choose(state(0.9, 0.9, [5, 6, 7, 8]), 8).candidate == 0  # free and accepted
     assert auto.choose(state(0.05, 0.95, [5]), 8).candidate == 1  # the head is worth its cost
     assert auto.choose(state(0.0, 0.0, [5, 6]), 8).candidate is None  # nothing pays
-    auto.candidates[1].seconds_per_token = type(auto.candidates[1].seconds_per_token)()
-    auto.candidates[1].seconds_per_token.add(0.050)  # five target forwards a token: never worth it
+    auto.costs.drafts.clear()
+    auto.costs.draft("head").add(0.050, 1)  # five target forwards a token: never worth it
     assert auto.choose(state(0.05, 0.95, [5]), 8).candidate != 1
 
 

@@ -23,6 +23,7 @@ import torch
 import specdec.drafting.auto
 from specdec.drafting.auto import AutoDrafter
 from specdec.drafting.base import BaseDrafter, ContextRequest, Draft, StepOutcome
+from specdec.estimates import CostModel, VerifyCostTable
 from specdec.explain.calculator import best_row, speedup_table
 from specdec.policy import make_policy
 from specdec.serving.speculation import SpeculationController
@@ -109,15 +110,13 @@ class Client:
 
 def test_the_servers_controller_decides_as_recorded():
     """Mutation: the controller's probe after 16 undrafted steps -> 17 changes the lengths."""
-    from specdec.estimates import VerifyCostTable
-
     rng = random.Random(5)
     clients = [Client(alpha) for alpha in (0.85, 0.3, 0.7, 0.05, 0.6, 0.9, 0.5)]
     table = VerifyCostTable()
     for batch in (1, 4):
         for block in (1, 5):
             table.add(batch, block, batch_verify_seconds(batch, block))
-    controller = SpeculationController("auto", 4, table, draft_cost=0.0012)
+    controller = SpeculationController("auto", 4, CostModel(verify=table), draft_cost=0.0012)
     members = {0: clients[:1], 40: clients[:3], 90: clients[:7], 130: clients[3:5], 170: clients[1:2]}
     batch, decisions = clients[:1], []
     for step in range(220):
