@@ -208,7 +208,32 @@ def test_the_calculator_decides_as_recorded():
 
 
 # What the code before the one CostModel decided (main at b2e2b42, recorded by running these
-# replays there), with the decisions that legitimately changed replaced in CHANGED.
-EXPECTED: dict = json.loads((Path(__file__).parent / "cost_decisions_before.json").read_text())
-CHANGED: dict = {}
-EXPECTED.update(CHANGED)
+# replays there: "before"), and the decisions that legitimately changed ("changed", recorded from
+# the one CostModel), each for the reason given here.
+RECORDED = json.loads((Path(__file__).parent / "cost_decisions.json").read_text())
+WHY_CHANGED = {
+    # One probe rule: the policy probed every 8th undrafted step, the controller every 16th; one
+    # period now (16, the server's), so half of the policy's one-token probes here are plain steps.
+    "cost: costly blocks": "probe period 8 -> 16",
+    # One T table: the chain policy read T(1, k) off a line fitted through every block size; the
+    # tree policy read a size measured lately as measured, which the one table does for every
+    # client (T has steps a line smooths over). The lengths differ by one token where noisy
+    # measurements of neighbouring sizes differ by less than the noise (cheap blocks: never more
+    # than one token; the drifting text: a few steps right after the drift).
+    "cost: cheap blocks": "T(1, k) of sizes measured lately as measured",
+    "cost: drifting text": "T(1, k) of sizes measured lately as measured",
+    # Three changes meet here: the draft cost (a median of 64 steps -> the one decayed mean, its
+    # backlog steps capped at 3x the mean), T(b, k) (interpolated through every cell -> recent
+    # cells as measured, a weighted line between), and each request's acceptance unchanged.
+    "controller": "one draft-cost estimator and one T table",
+    # T steps up at 8 tokens in this replay: the measured T(1, 9) says so and auto's copies stop at
+    # 7 tokens where the old line (which smoothed the step away) drafted 8; and a stale candidate's
+    # probe comes on the 64th idle step (the one probe rule), not the 65th.
+    "auto": "T(1, k) of sizes measured lately as measured; the one probe rule",
+}
+EXPECTED: dict = {**RECORDED["before"], **RECORDED["changed"]}
+
+
+def test_every_changed_decision_is_explained():
+    assert set(RECORDED["changed"]) == set(WHY_CHANGED)
+    assert all(RECORDED["before"][key] != value for key, value in RECORDED["changed"].items())
