@@ -61,7 +61,7 @@ def replay_chain_policy(slope: float, alpha_of_step, draft_fraction: float, seed
 
 
 def test_the_cost_policy_decides_as_recorded():
-    """Mutation: probe_every 8 -> 9 in the cost policy changes the costly-blocks sequence."""
+    """Mutation: CostModel.probe_every 16 -> 17 changes the costly-blocks sequence."""
     cheap_blocks = replay_chain_policy(0.05, lambda step: 0.75, 0.05, seed=1)
     costly_blocks = replay_chain_policy(0.9, lambda step: 0.5, 0.05, seed=2)
     drifting = replay_chain_policy(0.1, lambda step: 0.9 if step % STEPS < 80 else 0.2, 0.1, seed=3)
@@ -109,7 +109,7 @@ class Client:
 
 
 def test_the_servers_controller_decides_as_recorded():
-    """Mutation: the controller's probe after 16 undrafted steps -> 17 changes the lengths."""
+    """Mutation: ProbeRule.due on the step after the every-th undrafted one changes the lengths."""
     rng = random.Random(5)
     clients = [Client(alpha) for alpha in (0.85, 0.3, 0.7, 0.05, 0.6, 0.9, 0.5)]
     table = VerifyCostTable()
@@ -171,7 +171,8 @@ def truth(step: int, position: int) -> int:
 
 
 def test_the_auto_drafter_decides_as_recorded():
-    """Mutation: auto's probe_every 64 -> 32 makes the head draft more often."""
+    """Mutation: forward candidates' drafting read as free (per_token 0.0) makes the head win
+    steps the copy won."""
     rng = random.Random(6)
     clock = FakeClock()
     # the text copy reaches far in runs (a repeated passage), then little; the head is right ~60%
