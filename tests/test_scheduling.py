@@ -126,6 +126,23 @@ def test_the_servers_choice_replaces_each_requests_policy(tiny_pair):
     assert [outcome.num_drafted for outcome in outcomes] == [4, 0]
 
 
+def test_an_engine_whose_caller_chooses_lengths_builds_no_policy(tiny_pair):
+    """A server's engine (per_request_policy=False) gives requests no policy: a threshold policy's
+    stop_early cannot cut the controller's drafts, and a step without draft_lengths is an error.
+    Mutation: per_request_policy ignored in Engine.__init__ fails it."""
+    target = load(tiny_pair["target"], dtype="float64")
+    engine = Engine(target, make_drafter("model", load(tiny_pair["independent"], dtype="float64")), gamma=2,
+                    policy="threshold", per_request_policy=False)
+    request = engine.new_request([1, 2, 3, 4], SamplingParams(max_new_tokens=20), row=0)
+    assert request.policy is None and request.stop_early is None
+    cache = target.new_cache(rows=1)
+    engine.prefill([request], cache)
+    [outcome] = engine.step([request], cache, [4])
+    assert outcome.num_drafted == 4  # an independent draft: a threshold of 0.4 would have cut it
+    with pytest.raises(ValueError, match="draft_lengths"):
+        engine.step([request], cache)
+
+
 def test_on_and_off_ignore_costs():
     assert lengths_for(SpeculationController("on", gamma=3), 32) == [3] * 32
     assert lengths_for(SpeculationController("off", gamma=3), 1) == [0]
