@@ -62,11 +62,8 @@ class Engine:
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
         max_context: int | None = None,
-        per_request_policy: bool = True,
+        per_request_policy: bool = True,  # False: every step's draft_lengths come from the caller (a server)
     ) -> None:
-        """``per_request_policy`` False: the caller gives every step's draft_lengths (a server's
-        controller), so no request gets a draft-length policy (none is built, updated, or cuts a
-        draft short); ``policy`` then sets nothing."""
         self.drafter = as_drafter(drafter, target)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
         chosen: str | DraftLengthPolicy = policy if policy is not None else str(

@@ -1,21 +1,20 @@
 """What speculation costs and gives, estimated online, and the one cost model that weighs them.
 
-Estimators: decayed running means (``RunningMean``), acceptance by draft depth and width, chains
-and trees (``AcceptanceByPosition``), the seconds of a verify forward of b requests of k tokens
-(``VerifyCostTable``, a single request being b = 1) and each drafter's seconds per drafted level
-(``DraftCost``); where no draft pays, one rule for probing (``ProbeRule``). ``CostModel`` holds
-the seconds and the rule, one per engine or server.
+Estimators: decayed means (``RunningMean``), acceptance by depth and width, chains and trees
+(``AcceptanceByPosition``), T(batch, block) (``VerifyCostTable``; one request is batch 1), each
+drafter's seconds per level (``DraftCost``), and where no draft pays one probe rule (``ProbeRule``).
+``CostModel`` holds the seconds and the rule, one per engine or server.
 
 The cost model (Leviathan et al. 2023, with measured costs): a step of ``batch`` requests that
 each draft ``depth`` levels emits ``batch * E[tokens]`` and takes ``batch * depth * draft +
-T(batch, block)``, so its rate is their ratio (``tokens_per_second``). Its clients: the
-draft-length policies (specdec.policy), the server's controller (specdec.serving.speculation),
-the auto drafter (specdec.drafting.auto) and ``explain --calculator``.
+T(batch, block)``; its rate is their ratio (``tokens_per_second``). Its clients: the policies,
+the server's controller, the auto drafter and ``explain --calculator``.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -103,9 +102,7 @@ class AcceptanceByPosition:
 
     def update(self, num_drafted: int, num_accepted: int, widths: Sequence[int] | None = None) -> None:
         """After a step: a chain of num_drafted tokens, or a tree of ``widths[j]`` nodes at depth j."""
-        for stat in self.accepted_given_reached:
-            stat.forget(self.decay)
-        for stat in self.wider.values():
+        for stat in itertools.chain(self.accepted_given_reached, self.wider.values()):
             stat.forget(self.decay)
         levels = len(widths) if widths else num_drafted
         while len(self.accepted_given_reached) < levels:
@@ -113,8 +110,8 @@ class AcceptanceByPosition:
         # Depths 0..num_accepted were reached; all but the first rejected one had a node accepted.
         for depth in range(min(levels, num_accepted + 1)):
             width = widths[depth] if widths else 1
-            stat = self.accepted_given_reached[depth] if width == 1 else self.wider.setdefault((depth, width),
-                                                                                                RunningMean())
+            stat = (self.accepted_given_reached[depth] if width == 1
+                    else self.wider.setdefault((depth, width), RunningMean()))
             stat.add(1.0 if depth < num_accepted else 0.0)
 
 
@@ -148,27 +145,22 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
 
 class VerifyCostTable:
     """T(batch, block): the measured seconds of one verify forward of ``batch`` requests of
-    ``block`` tokens each (a policy's request is batch 1). Each cell is a decayed mean whose
-    weight (its decayed count) is the recent evidence behind it: every measurement forgets the
-    cells of its batch size a little, so a size no longer drafted fades instead of keeping its
-    old mean forever.
-
-    Within a measured batch size, T(block) is the cell's own mean where it holds at least one
-    recent measurement (T has steps a line smooths over: exact bf16 blocks cost the same up to 8
-    tokens, then double); elsewhere a straight line fitted over the batch's cells, each weighed
-    by its weight (an unweighted line lets one old slow sample tilt it until plain decoding looks
-    best, and that size is never measured again: seen once on an int4 target, the cost policy
-    drafted on a run's first prompt, then only probed on the other seven); with one size only, a
-    mild 5% slope per token (the int8 CPU / GPU regime). Between and beyond the measured batch
-    sizes, piecewise-linear in the batch size."""
+    ``block`` tokens each (a policy's request is batch 1). Each cell is a decayed mean whose weight
+    (decayed count) is the recent evidence behind it: a measurement forgets its batch size's cells
+    a little, so a size no longer drafted fades instead of keeping its old mean forever. Within a
+    batch size, T(block) is a cell's own mean where it holds one recent measurement or more (T has
+    steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens, then double), else a
+    line fitted over the batch's cells by weight (unweighted, one old slow sample tilted it until
+    plain decoding looked best on an int4 target, and that size was never measured again); with
+    one size only, a 5% slope per token (the int8 CPU / GPU regime). Across batch sizes,
+    piecewise-linear."""
 
     def __init__(self, decay: float = 0.98) -> None:
         self.decay = decay
         self.cells: dict[tuple[int, float], RunningMean] = {}
 
     def add(self, batch: int, block: float, seconds: float) -> None:
-        """block: tokens per row, a fraction when the rows' drafts differ in length (kept to
-        halves, so that the cells stay few)."""
+        """block: tokens per row, a fraction where the rows' drafts differ (kept to halves: few cells)."""
         for (cell_batch, _), cell in self.cells.items():
             if cell_batch == batch:
                 cell.forget(self.decay)
@@ -212,13 +204,11 @@ def block_curve(cells: Mapping[float, RunningMean]) -> Callable[[float], float]:
 
 @dataclass
 class DraftCost:
-    """One drafter's seconds per drafted level: per token for a chain, per depth for a tree,
-    keyed by the tree's width (1 for chains). Decayed means over the steps that drafted, each
-    step counted at most ``outlier`` times the mean so far: a step now and then also feeds the
-    drafter a backlog (a new prompt, the tokens of undrafted steps) and costs many times the
-    others, which would otherwise inflate the mean for dozens of steps (a real change of speed
-    still comes through, a factor ``outlier`` a step at most). A width not measured yet reads the
-    nearest width measured (the narrower on a tie)."""
+    """One drafter's seconds per drafted level (a chain's token, a tree's depth), keyed by the
+    tree's width (1 for chains): decayed means over the steps that drafted, a step counted at most
+    ``outlier`` times the mean (a step that also feeds the drafter a backlog, a new prompt or the
+    tokens of undrafted steps, costs many times the others). A width not measured yet reads the
+    nearest one measured (the narrower on a tie)."""
 
     decay: float = 0.98
     outlier: float = 3.0
@@ -278,22 +268,15 @@ class CostModel:
             self.verify = VerifyCostTable(self.decay)
 
     def draft(self, drafter: str = DRAFT) -> DraftCost:
-        cost = self.drafts.get(drafter)
-        if cost is None:
-            cost = self.drafts[drafter] = DraftCost(self.decay)
-        return cost
+        return self.drafts.get(drafter) or self.drafts.setdefault(drafter, DraftCost(self.decay))
 
     def acceptance(self, max_gamma: int, prior: AcceptanceByPosition | None = None) -> AcceptanceByPosition:
         """Fresh acceptance estimates with this model's decay."""
         return AcceptanceByPosition(max_gamma=max_gamma, decay=self.decay, prior=prior)
 
-    def probe(self) -> ProbeRule:
-        return ProbeRule(self.probe_every)
-
     def observe(self, batch: int, block: float, verify_seconds: float, draft_seconds: float = 0.0,
                 levels: int = 0, width: int = 1, drafter: str = DRAFT) -> None:
-        """One step's seconds: its verify forward of ``batch`` rows of ``block`` tokens, and the
-        drafting of ``levels`` levels of ``width`` (0: no draft, nothing learned of its cost)."""
+        """One step's seconds: verifying ``batch`` rows of ``block`` tokens, drafting ``levels`` of ``width``."""
         self.verify.add(batch, block, verify_seconds)
         self.draft(drafter).add(draft_seconds, levels, width)
 
@@ -305,14 +288,13 @@ class CostModel:
 
     def best_tree_shape(self, acceptance: AcceptanceByPosition, shapes: Sequence[tuple[int, int]],
                         drafter: str = DRAFT) -> tuple[int, int] | None:
-        """Of (depth, width) ``shapes``, the tree with the highest expected tokens per second for
-        one request; None until every rate can be estimated."""
+        """The (depth, width) of ``shapes`` with the most expected tokens per second; None until all are known."""
         curve, cost = self.verify.curve(1), self.draft(drafter)
         if curve is None:
             return None
-        rates = {}
+        alphas, rates = {width: acceptance.alphas(width) for width in {width for _, width in shapes}}, {}
         for depth, width in shapes:
-            rate = tokens_per_second(acceptance.expected_tokens(depth, width), depth, cost.seconds(width),
+            rate = tokens_per_second(reach_sum(alphas[width][:depth]), depth, cost.seconds(width),
                                      curve(depth * width + 1))
             if rate is None:
                 return None

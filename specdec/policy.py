@@ -137,7 +137,7 @@ class CostModelPolicy:
         if self.acceptance is None:
             self.acceptance = self.costs.acceptance(self.max_gamma)
         if self.probe is None:
-            self.probe = self.costs.probe()
+            self.probe = ProbeRule(self.costs.probe_every)
 
     def for_request(self) -> CostModelPolicy:
         """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""

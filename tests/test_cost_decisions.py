@@ -45,7 +45,8 @@ def replay_chain_policy(slope: float, alpha_of_step, draft_fraction: float, seed
     """The ``cost`` policy over two requests of STEPS steps each (the second shares the first's
     measured seconds, as requests of one engine do); its depths, one character per step."""
     rng = random.Random(seed)
-    steps = [([rng.random() for _ in range(16)], rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1)) for _ in range(2 * STEPS)]
+    steps = [([rng.random() for _ in range(16)], rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1))
+             for _ in range(2 * STEPS)]
     template, chosen = make_policy("cost", 4), []
     policy = template.for_request()
     for index, (draws, verify_noise, draft_noise) in enumerate(steps):
@@ -78,7 +79,8 @@ def tree_verify_seconds(block: int) -> float:
 def test_the_tree_cost_policy_decides_as_recorded():
     """Mutation: the width prior 1 - (1 - a)^w -> a makes every shape width 1."""
     rng = random.Random(4)
-    steps = [([rng.random() for _ in range(16)], rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1)) for _ in range(2 * STEPS)]
+    steps = [([rng.random() for _ in range(16)], rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1))
+             for _ in range(2 * STEPS)]
     policy, shapes = make_policy("tree-cost", 4).for_request(), []
     for index, (draws, verify_noise, draft_noise) in enumerate(steps):
         if index == STEPS:

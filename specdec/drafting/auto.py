@@ -122,7 +122,7 @@ class AutoDrafter(BaseDrafter):
             acceptance=[[self.costs.acceptance(self.max_gamma, prior=pooled) for pooled in c.pooled]
                         for c in self.candidates],
             shadows=[None] * len(self.candidates),
-            idle=[self.costs.probe() for _ in self.candidates],
+            idle=[ProbeRule(self.costs.probe_every) for _ in self.candidates],
         )
 
     def member(self, request: DraftRequest, index: int) -> SubRequest:

@@ -27,7 +27,7 @@ import torch
 
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
-from specdec.estimates import AcceptanceByPosition, CostModel, VerifyCostTable
+from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, VerifyCostTable
 from specdec.sampling import SamplingParams
 from specdec.names import SPECULATION_MODES as MODES
 
@@ -50,7 +50,7 @@ class SpeculationController:
         if draft_cost is not None:  # measured at startup: one step's worth of evidence
             self.costs.draft().add(draft_cost, 1)
         # Where drafting does not pay, a one-token probe now and then keeps the acceptance measured.
-        self.probe = self.costs.probe()
+        self.probe = ProbeRule(self.costs.probe_every)
         self.last_choice = 0.0  # the last step's mean draft length
 
     def acceptance_of(self, request: object) -> AcceptanceByPosition:
