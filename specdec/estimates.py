@@ -77,7 +77,8 @@ class AcceptanceByPosition:
             if priors is not None:
                 prior = priors[position] if position < len(priors) else prior
             stat = self.accepted_given_reached[position] if position < len(self.accepted_given_reached) else None
-            prior = self.posterior(stat, prior)
+            total, count = (stat.total, stat.count) if stat else (0.0, 0.0)  # inline: this runs every step
+            prior = (total + prior * self.prior_weight) / (count + self.prior_weight)
             estimates.append(prior if width == 1 else
                              self.posterior(self.wider.get((position, width)), 1 - (1 - prior) ** width))
         return estimates
