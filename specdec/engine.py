@@ -62,6 +62,7 @@ class Engine:
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
         max_context: int | None = None,
+        per_request_policy: bool = True,  # False: every step's draft_lengths come from the caller (a server)
     ) -> None:
         self.drafter = as_drafter(drafter, target)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
@@ -81,9 +82,10 @@ class Engine:
         self.draft_forced = draft_forced
         # Each request gets its own policy: what a policy learns of the text never leaks between
         # generations; measured seconds (the models' and the machine's) are shared (for_request).
-        template = make_policy(chosen, gamma) if isinstance(chosen, str) else chosen
-        self.new_policy: Callable[[], DraftLengthPolicy] = getattr(template, "for_request",
-                                                                   lambda: copy.deepcopy(template))
+        self.new_policy: Callable[[], DraftLengthPolicy | None] = lambda: None
+        if per_request_policy:
+            template = make_policy(chosen, gamma) if isinstance(chosen, str) else chosen
+            self.new_policy = getattr(template, "for_request", lambda: copy.deepcopy(template))
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
             raise ValueError(f"the drafter's q ranges over {draft_vocab} tokens, the target's vocabulary over "
@@ -200,7 +202,12 @@ class Engine:
         in place of the policy's; a tree then gets its drafter's own node budget)."""
         if self.drafter is None or chosen == 0:
             return 0
-        shape = request.policy.next_shape() if chosen is None else DraftShape(chosen)
+        if chosen is not None:
+            shape = DraftShape(chosen)
+        elif request.policy is not None:
+            shape = request.policy.next_shape()
+        else:
+            raise ValueError("this engine gives requests no draft-length policy: Engine.step needs draft_lengths")
         request.shape = shape
         # Every drafted token must still fit in the request's budget.
         return max(0, min(shape.depth, request.budget_end - request.length - 1))
@@ -361,7 +368,7 @@ class Engine:
             self.drafter.observe(request, outcome)
             # A step of the grammar's tokens says nothing of how well the drafter guesses (tokens forced
             # inside a draft model's chain are its chain's, and count as its drafts)
-            if not outcome.forced:
+            if not outcome.forced and request.policy is not None:
                 request.policy.update(
                     request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
                 )

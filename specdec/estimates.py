@@ -1,18 +1,20 @@
 """What speculation costs and gives, estimated online, and the one cost model that weighs them.
 
-Estimators: decayed running means (``RunningMean``), acceptance per draft position
-(``AcceptanceByPosition``) and per tree depth and width (``TreeAcceptance``), the seconds of a
-k-token verify block for one request (``VerifyCost``) and for a batch (``VerifyCostTable``).
+Estimators: decayed means (``RunningMean``), acceptance by depth and width, chains and trees
+(``AcceptanceByPosition``), T(batch, block) (``VerifyCostTable``; one request is batch 1), each
+drafter's seconds per level (``DraftCost``), and where no draft pays one probe rule (``ProbeRule``).
+``CostModel`` holds the seconds and the rule, one per engine or server.
 
 The cost model (Leviathan et al. 2023, with measured costs): a step of ``batch`` requests that
 each draft ``depth`` levels emits ``batch * E[tokens]`` and takes ``batch * depth * draft +
-T(block)``, so its rate is their ratio (``tokens_per_second``). The draft-length policies
-(specdec.policy) and the server's controller (specdec.serving.speculation) both choose with it.
+T(batch, block)``; its rate is their ratio (``tokens_per_second``). Its clients: the policies,
+the server's controller, the auto drafter and ``explain --calculator``.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,93 +50,70 @@ def reach_sum(alphas: Sequence[float]) -> float:
 
 @dataclass
 class AcceptanceByPosition:
-    """Online estimates of alpha_j = P(accept draft position j | positions before it accepted),
-    decayed so that they follow the text's drifting difficulty. Each position's prior is the
-    estimate of the position before it (the first's is prior_alpha), so positions never drafted
-    yet inherit what was seen closer in instead of a fixed guess, and longer drafts get explored."""
+    """Online estimates of alpha(j, w) = P(a level at depth j is accepted | the levels before it
+    were accepted and it holds w nodes): a chain's levels hold one node, a tree's ``w`` siblings.
+    Decayed, so that they follow the text's drifting difficulty. Width 1's prior at each depth is
+    the estimate of the depth before it (the first's is prior_alpha), so depths never drafted yet
+    inherit what was seen closer in instead of a fixed guess, and longer drafts get explored. A
+    wider level starts from 1 - (1 - alpha(j, 1))^w, the rate of w independent guesses: optimistic
+    (siblings are not independent), so a width is tried until its own measurements say whether it
+    pays."""
 
     max_gamma: int = 12
     prior_alpha: float = 0.6
     prior_weight: float = 2.0
     decay: float = 0.98
-    accepted_given_reached: list[RunningMean] = field(default_factory=list)
-    # Another estimator whose alphas are this one's priors, position by position (a request's own
+    accepted_given_reached: list[RunningMean] = field(default_factory=list)  # [depth], width 1
+    wider: dict[tuple[int, int], RunningMean] = field(default_factory=dict)  # (depth, width > 1)
+    # Another estimator whose width-1 alphas are this one's priors, depth by depth (a request's own
     # estimates start from the server's pooled ones and move away as its text shows itself).
     prior: AcceptanceByPosition | None = None
 
-    def alphas(self) -> list[float]:
+    def alphas(self, width: int = 1) -> list[float]:
+        """alpha(j, width) for j < max_gamma."""
         priors = self.prior.alphas() if self.prior is not None else None
         estimates, prior = [], self.prior_alpha
         for position in range(self.max_gamma):
             if priors is not None:
                 prior = priors[position] if position < len(priors) else prior
             stat = self.accepted_given_reached[position] if position < len(self.accepted_given_reached) else None
-            total, count = (stat.total, stat.count) if stat else (0.0, 0.0)
+            total, count = (stat.total, stat.count) if stat else (0.0, 0.0)  # inline: this runs every step
             prior = (total + prior * self.prior_weight) / (count + self.prior_weight)
-            estimates.append(prior)
+            estimates.append(prior if width == 1 else
+                             self.posterior(self.wider.get((position, width)), 1 - (1 - prior) ** width))
         return estimates
 
-    def reaches(self, gamma: int) -> list[float]:
-        """P(draft token j is accepted) for j < gamma: the product of alpha_0 .. alpha_j."""
+    def posterior(self, stat: RunningMean | None, prior: float) -> float:
+        """The decayed mean of ``stat`` with ``prior`` weighed in as prior_weight observations."""
+        total, count = (stat.total, stat.count) if stat else (0.0, 0.0)
+        return (total + prior * self.prior_weight) / (count + self.prior_weight)
+
+    def reaches(self, gamma: int, width: int = 1) -> list[float]:
+        """P(depth j is accepted) for j < gamma: the product of alpha_0 .. alpha_j."""
         reaches, reach = [], 1.0
-        for alpha in self.alphas()[:gamma]:
+        for alpha in self.alphas(width)[:gamma]:
             reach *= alpha
             reaches.append(reach)
         return reaches
 
-    def expected_tokens(self, gamma: int) -> float:
-        """E[tokens emitted by one step drafting gamma] = 1 + sum_{i<=gamma} prod_{j<=i} alpha_j."""
-        return reach_sum(self.alphas()[:gamma])
+    def expected_tokens(self, gamma: int, width: int = 1) -> float:
+        """E[tokens emitted by one step drafting gamma levels of ``width`` nodes]
+        = 1 + sum_{i<gamma} prod_{j<=i} alpha_j."""
+        return reach_sum(self.alphas(width)[:gamma])
 
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        for stat in self.accepted_given_reached:
+    def update(self, num_drafted: int, num_accepted: int, widths: Sequence[int] | None = None) -> None:
+        """After a step: a chain of num_drafted tokens, or a tree of ``widths[j]`` nodes at depth j."""
+        for stat in itertools.chain(self.accepted_given_reached, self.wider.values()):
             stat.forget(self.decay)
-        while len(self.accepted_given_reached) < num_drafted:
+        levels = len(widths) if widths else num_drafted
+        while len(self.accepted_given_reached) < levels:
             self.accepted_given_reached.append(RunningMean())
-        # Positions 0..num_accepted were reached; all but the first rejected one were accepted.
-        for position in range(min(num_drafted, num_accepted + 1)):
-            self.accepted_given_reached[position].add(1.0 if position < num_accepted else 0.0)
-
-
-@dataclass
-class TreeAcceptance:
-    """alpha(j, w): P(a node at depth j is accepted | depth j was reached and holds w nodes),
-    decayed running means per (depth, width). Priors: width 1 inherits from the depth before
-    it (as AcceptanceByPosition); a wider level starts from 1 - (1 - alpha(j, 1))^w, the rate
-    of w independent guesses. That is optimistic (siblings are not independent), so a width is
-    tried until its own measurements say whether it pays."""
-
-    max_depth: int = 12
-    prior_alpha: float = 0.6
-    prior_weight: float = 2.0
-    decay: float = 0.98
-    stats: dict[tuple[int, int], RunningMean] = field(default_factory=dict)  # (depth, width)
-
-    def alpha(self, depth: int, width: int, narrow: float) -> float:
-        """narrow: alpha(depth, 1), the width-1 estimate this width's prior builds on."""
-        prior = narrow if width == 1 else 1 - (1 - narrow) ** width
-        stat = self.stats.get((depth, width))
-        total, count = (stat.total, stat.count) if stat else (0.0, 0.0)
-        return (total + prior * self.prior_weight) / (count + self.prior_weight)
-
-    def alphas(self, width: int) -> list[float]:
-        """alpha(j, width) for j < max_depth."""
-        estimates, narrow = [], self.prior_alpha
-        for depth in range(self.max_depth):
-            narrow = self.alpha(depth, 1, narrow)
-            estimates.append(narrow if width == 1 else self.alpha(depth, width, narrow))
-        return estimates
-
-    def expected_tokens(self, depth: int, width: int) -> float:
-        """E[tokens emitted] by a tree of `depth` levels of `width` nodes."""
-        return reach_sum(self.alphas(width)[:depth])
-
-    def update(self, widths: list[int], num_accepted: int) -> None:
-        for stat in self.stats.values():
-            stat.forget(self.decay)
-        # Levels 0..num_accepted were reached; all but the first rejected one had a node accepted.
-        for depth in range(min(len(widths), num_accepted + 1)):
-            self.stats.setdefault((depth, widths[depth]), RunningMean()).add(1.0 if depth < num_accepted else 0.0)
+        # Depths 0..num_accepted were reached; all but the first rejected one had a node accepted.
+        for depth in range(min(levels, num_accepted + 1)):
+            width = widths[depth] if widths else 1
+            stat = (self.accepted_given_reached[depth] if width == 1
+                    else self.wider.setdefault((depth, width), RunningMean()))
+            stat.add(1.0 if depth < num_accepted else 0.0)
 
 
 def fitted_line(points: Sequence[tuple[float, float]],
@@ -153,12 +132,6 @@ def fitted_line(points: Sequence[tuple[float, float]],
     return lambda x: max(1e-9, mean_y + slope * (x - mean_x))
 
 
-def fit_line(points: Sequence[tuple[float, float]], x: float, weights: Sequence[float] | None = None) -> float | None:
-    """fitted_line evaluated at x."""
-    line = fitted_line(points, weights)
-    return None if line is None else line(x)
-
-
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     """Piecewise-linear through sorted (x, y) points; beyond the ends, the nearest segment's
     slope (never negative: a bigger forward never costs less)."""
@@ -171,78 +144,169 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     return max(1e-9, y0 + slope * (x - x0))
 
 
-@dataclass
-class VerifyCost:
-    """T(k), the measured seconds of a k-token verify block of one request: a straight-line fit
-    over the sizes seen, each weighed by its decayed count (with one size seen, or nearly all the
-    weight on one, a mild 5% slope per token: the int8 CPU / GPU regime), or with
-    ``prefer_measured`` the decayed mean where k itself was seen (trees try many sizes, and T has
-    steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens, then double).
-    The weights matter: a size a policy stopped drafting keeps its old mean forever (decay scales
-    its sum and count alike), so one slow sample there can tilt an unweighted line until plain
-    decoding looks best, and that size is never measured again (seen once on an int4 target: the
-    cost policy drafted on a run's first prompt, then only probed on the other seven; the slow
-    sample itself was not captured)."""
-
-    decay: float = 0.98
-    prefer_measured: bool = False
-    by_block: dict[int, RunningMean] = field(default_factory=dict)
-
-    def add(self, block: int, seconds: float) -> None:
-        for stat in self.by_block.values():
-            stat.forget(self.decay)
-        self.by_block.setdefault(block, RunningMean()).add(seconds)
-
-    def seconds(self, block: int) -> float | None:
-        return self.curve()(block)
-
-    def curve(self) -> Callable[[int], float | None]:
-        """T as a function of the block size, fitted once (for callers that ask many sizes a step)."""
-        measured = [(k, m) for k, m in self.by_block.items() if m.mean is not None]
-        if not measured:
-            return lambda block: None
-        points, weights = [(k, m.total / m.count) for k, m in measured], [m.count for _, m in measured]
-        line = fitted_line(points, weights)
-        k0, t0 = max(zip(weights, points))[1]  # the size measured most
-
-        def seconds(block: int) -> float | None:
-            if self.prefer_measured and block in self.by_block and self.by_block[block].count >= 1.0:
-                return self.by_block[block].mean
-            return line(block) if line is not None else max(1e-9, t0 * (1 + 0.05 * (block - k0)))
-
-        return seconds
-
-
 class VerifyCostTable:
-    """T(batch, block): seconds of one verify step for ``batch`` requests of ``block`` tokens
-    each. Measured cells are decayed means; other cells are interpolated, first along the block
-    length within each measured batch size, then along the batch size."""
+    """T(batch, block): the measured seconds of one verify forward of ``batch`` requests of
+    ``block`` tokens each (a policy's request is batch 1). Each cell is a decayed mean whose weight
+    (decayed count) is the recent evidence behind it: a measurement forgets its batch size's cells
+    a little, so a size no longer drafted fades instead of keeping its old mean forever. Within a
+    batch size, T(block) is a cell's own mean where it holds one recent measurement or more (T has
+    steps a line smooths over: exact bf16 blocks cost the same up to 8 tokens, then double), else a
+    line fitted over the batch's cells by weight (unweighted, one old slow sample tilted it until
+    plain decoding looked best on an int4 target, and that size was never measured again); with
+    one size only, a 5% slope per token (the int8 CPU / GPU regime). Across batch sizes,
+    piecewise-linear."""
 
-    def __init__(self, decay: float = 0.9) -> None:
+    def __init__(self, decay: float = 0.98) -> None:
         self.decay = decay
         self.cells: dict[tuple[int, float], RunningMean] = {}
 
     def add(self, batch: int, block: float, seconds: float) -> None:
-        """block: tokens per row, a fraction when the rows' drafts differ in length (kept to
-        halves, so that the cells stay few)."""
-        cell = self.cells.setdefault((batch, round(block * 2) / 2), RunningMean())
-        cell.forget(self.decay)
-        cell.add(seconds)
+        """block: tokens per row, a fraction where the rows' drafts differ (kept to halves: few cells)."""
+        for (cell_batch, _), cell in self.cells.items():
+            if cell_batch == batch:
+                cell.forget(self.decay)
+        self.cells.setdefault((batch, round(block * 2) / 2), RunningMean()).add(seconds)
 
     def estimate(self, batch: int, block: float) -> float | None:
         curve = self.curve(batch)
         return None if curve is None else curve(block)
 
     def curve(self, batch: int) -> Callable[[float], float] | None:
-        """T(batch, block) as a function of block (mean tokens per row); None while nothing is measured."""
-        by_batch: dict[int, list[tuple[float, float]]] = {}
-        for (cell_batch, cell_block), cell in sorted(self.cells.items()):
-            if cell.mean is not None:
-                by_batch.setdefault(cell_batch, []).append((cell_block, cell.mean))
+        """T(batch, block) as a function of block (mean tokens per row), fitted once (callers ask
+        many blocks a step); None while nothing is measured."""
+        by_batch: dict[int, dict[float, RunningMean]] = {}
+        for (cell_batch, cell_block), cell in self.cells.items():
+            if cell.count > 0:
+                by_batch.setdefault(cell_batch, {})[cell_block] = cell
         if not by_batch:
             return None
-        lines = sorted(by_batch.items())
-        return lambda block: interpolate([(b, interpolate(points, block)) for b, points in lines], batch)
+        if len(by_batch) == 1:  # one batch size measured (always, for a policy): its curve alone
+            return block_curve(next(iter(by_batch.values())))
+        curves = [(cell_batch, block_curve(cells)) for cell_batch, cells in sorted(by_batch.items())]
+        return lambda block: interpolate([(b, curve(block)) for b, curve in curves], batch)
+
+
+def block_curve(cells: Mapping[float, RunningMean]) -> Callable[[float], float]:
+    """T(block) of one batch size from its cells (VerifyCostTable's rule)."""
+    points, weights = [(block, cell.total / cell.count) for block, cell in cells.items()], [
+        cell.count for cell in cells.values()]
+    line = fitted_line(points, weights)
+    k0, t0 = max(zip(weights, points))[1]  # the size measured most
+    recent = {block: cell.total / cell.count for block, cell in cells.items() if cell.count >= 1.0}
+
+    def seconds(block: float) -> float:
+        measured = recent.get(block)
+        if measured is not None:
+            return measured
+        return line(block) if line is not None else max(1e-9, t0 * (1 + 0.05 * (block - k0)))
+
+    return seconds
+
+
+@dataclass
+class DraftCost:
+    """One drafter's seconds per drafted level (a chain's token, a tree's depth), keyed by the
+    tree's width (1 for chains): decayed means over the steps that drafted, a step counted at most
+    ``outlier`` times the mean (a step that also feeds the drafter a backlog, a new prompt or the
+    tokens of undrafted steps, costs many times the others). A width not measured yet reads the
+    nearest one measured (the narrower on a tie)."""
+
+    decay: float = 0.98
+    outlier: float = 3.0
+    by_width: dict[int, RunningMean] = field(default_factory=dict)
+
+    def add(self, seconds: float, levels: int, width: int = 1) -> None:
+        """A step that drafted ``levels`` levels of ``width`` in ``seconds`` (none: nothing learned)."""
+        if levels <= 0:
+            return
+        for stat in self.by_width.values():
+            stat.forget(self.decay)
+        stat = self.by_width.setdefault(width, RunningMean())
+        per_level = seconds / levels
+        stat.add(per_level if not stat.count else min(per_level, self.outlier * stat.total / stat.count))
+
+    def seconds(self, width: int = 1) -> float | None:
+        stat = self.by_width.get(width)
+        if stat is not None and stat.count:
+            return stat.total / stat.count
+        measured = [w for w, stat in self.by_width.items() if stat.count]
+        return self.by_width[min(measured, key=lambda w: (abs(w - width), w))].mean if measured else None
+
+
+@dataclass
+class ProbeRule:
+    """Where no draft pays, a draft on every ``every``-th step in a row without one, so that what
+    it would be worth keeps being measured (the text, or the load, may change)."""
+
+    every: int = 16
+    undrafted: int = 0  # steps in a row without a draft, before this one
+
+    @property
+    def due(self) -> bool:
+        return self.undrafted >= self.every - 1
+
+    def observe(self, drafted: bool) -> None:
+        self.undrafted = 0 if drafted else self.undrafted + 1
+
+
+DRAFT = "draft"  # the name a client with one drafter gives its draft cost
+
+
+@dataclass
+class CostModel:
+    """The one cost model: T(batch, block) (``verify``), each drafter's seconds per level
+    (``drafts``, by name), one decay for every estimate and one probe period; a client keeps
+    its own acceptance (it depends on the text) and asks here for the best draft. An engine's
+    requests share one (seconds depend on the models and the machine, not the text)."""
+
+    decay: float = 0.98
+    probe_every: int = 16
+    verify: VerifyCostTable = None  # type: ignore[assignment]  # None: a fresh table with this decay
+    drafts: dict[str, DraftCost] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.verify is None:
+            self.verify = VerifyCostTable(self.decay)
+
+    def draft(self, drafter: str = DRAFT) -> DraftCost:
+        return self.drafts.get(drafter) or self.drafts.setdefault(drafter, DraftCost(self.decay))
+
+    def acceptance(self, max_gamma: int, prior: AcceptanceByPosition | None = None) -> AcceptanceByPosition:
+        """Fresh acceptance estimates with this model's decay."""
+        return AcceptanceByPosition(max_gamma=max_gamma, decay=self.decay, prior=prior)
+
+    def observe(self, batch: int, block: float, verify_seconds: float, draft_seconds: float = 0.0,
+                levels: int = 0, width: int = 1, drafter: str = DRAFT) -> None:
+        """One step's seconds: verifying ``batch`` rows of ``block`` tokens, drafting ``levels`` of ``width``."""
+        self.verify.add(batch, block, verify_seconds)
+        self.draft(drafter).add(draft_seconds, levels, width)
+
+    def best_chain_length(self, acceptance: AcceptanceByPosition, max_gamma: int, drafter: str = DRAFT) -> int | None:
+        """best_chain_length (below) of one request under this model's costs."""
+        curve = self.verify.curve(1)
+        return best_chain_length(acceptance, self.draft(drafter).seconds(),
+                                 (lambda block: None) if curve is None else curve, max_gamma)
+
+    def best_tree_shape(self, acceptance: AcceptanceByPosition, shapes: Sequence[tuple[int, int]],
+                        drafter: str = DRAFT) -> tuple[int, int] | None:
+        """The (depth, width) of ``shapes`` with the most expected tokens per second; None until all are known."""
+        curve, cost = self.verify.curve(1), self.draft(drafter)
+        if curve is None:
+            return None
+        alphas, rates = {width: acceptance.alphas(width) for width in {width for _, width in shapes}}, {}
+        for depth, width in shapes:
+            rate = tokens_per_second(reach_sum(alphas[width][:depth]), depth, cost.seconds(width),
+                                     curve(depth * width + 1))
+            if rate is None:
+                return None
+            rates[depth, width] = rate
+        return max(rates, key=lambda shape: rates[shape])
+
+    def best_draft_lengths(self, reaches: Sequence[Sequence[float]], max_gamma: int,
+                           drafter: str = DRAFT) -> list[int] | None:
+        """best_draft_lengths (below) of a batch with these reaches under this model's costs."""
+        curve = self.verify.curve(len(reaches))
+        return None if curve is None else best_draft_lengths(reaches, self.draft(drafter).seconds(), curve, max_gamma)
 
 
 def tokens_per_second(expected_tokens: float, depth: float, draft_seconds: float | None,
@@ -318,3 +382,18 @@ def speedup_ceiling(verify_seconds: Mapping[int, float], reach: Sequence[float] 
         if rate * one > best[1]:
             best = (gamma, rate * one)
     return best
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """E[tokens] of a step drafting gamma tokens, each accepted independently with probability
+    alpha: (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1)."""
+    return reach_sum([alpha] * gamma)
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
+    """Leviathan et al.'s speedup over target-only decoding with the verify cost measured rather
+    than assumed equal to one forward: tokens per step / (gamma * c + T(gamma+1)/T(1)), where c is
+    the draft's cost per token over the target's (tokens_per_second in units of T(1))."""
+    rate = tokens_per_second(expected_tokens_per_step(alpha, gamma), gamma, c, verify_ratio)
+    assert rate is not None  # both costs are given
+    return rate

@@ -145,15 +145,3 @@ class SpecStats:
             "tokens_per_second": self.tokens_per_second,
         }
 
-
-def expected_tokens_per_step(alpha: float, gamma: int) -> float:
-    """Tokens one step emits when each draft token is accepted independently with probability
-    alpha: (1 - alpha^(gamma+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1)."""
-    return float(gamma + 1) if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def predicted_speedup(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
-    """Leviathan et al.'s speedup over target-only decoding with the verify cost measured rather
-    than assumed equal to one forward: tokens per step / (gamma * c + T(gamma+1)/T(1)), where c is
-    the draft's cost per token over the target's."""
-    return expected_tokens_per_step(alpha, gamma) / (gamma * c + verify_ratio)

@@ -4,19 +4,17 @@ One interface: ``next_shape()`` before a step (a pure query: the draft's depth a
 its node budget), ``stop_early`` (a rule ``(drafted, chain_prob) -> bool`` that model drafters
 consult after each token, or None for policies that never cut a draft, so drafters skip
 computing the chain probability), and ``update(asked, ...)`` after verification, with the shape
-that was asked. The estimators and the cost model live in specdec.estimates.
+that was asked. The cost policies are clients of the one cost model, specdec.estimates.CostModel.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specdec.estimates import (AcceptanceByPosition, RunningMean, TreeAcceptance, VerifyCost, best_chain_length,
-                               tokens_per_second)
+from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule
 from specdec.names import POLICIES, TREE_POLICIES
 
 
@@ -122,100 +120,66 @@ class ThresholdPolicy(FixedPolicy):
 class CostModelPolicy:
     """Draft the gamma with the highest expected tokens per second (Leviathan et al. 2023,
     with measured costs): E[tokens](g) from the per-position acceptance estimates, and
-    time(g) = g * draft_cost + T(g + 1), with T(k) the measured verify cost of a k-token block."""
+    time(g) = g * draft_cost + T(1, g + 1), both measured in ``costs`` (estimates.CostModel)."""
 
     gamma: int = 4  # used until there is something to estimate from
     max_gamma: int = 12
-    decay: float = 0.98  # forget old steps slowly: text difficulty drifts
     name: str = "cost"
     stop_early = None  # decides the length up front; never cuts a draft short
-    # None: built in __post_init__ from this policy's max_gamma and decay (the ignores: never None after it).
+    costs: CostModel = field(default_factory=CostModel)  # seconds, shared by an engine's requests
+    # None: built in __post_init__ from costs (the ignores: never None after it).
     acceptance: AcceptanceByPosition = None  # type: ignore[assignment]
-    draft_cost: RunningMean = field(default_factory=RunningMean)
-    verify_cost: VerifyCost = None  # type: ignore[assignment]
     # Where no draft length beats plain decoding (measured: the llama.cpp backend on 2 cores, whose
-    # verify blocks cost nearly their length in forwards): plain steps, with a one-token probe this
-    # often so that acceptance keeps being measured.
-    probe_every: int = 8
-    plain_steps: int = 0
+    # verify blocks cost nearly their length in forwards): plain steps, and now and then a one-token probe.
+    probe: ProbeRule = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
-            self.acceptance = AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay)
-        if self.verify_cost is None:
-            self.verify_cost = VerifyCost(self.decay)
-
-    def expected_rate(self, gamma: int) -> float | None:
-        """Expected tokens per second when drafting gamma tokens."""
-        return tokens_per_second(self.acceptance.expected_tokens(gamma), gamma, self.draft_cost.mean,
-                                 self.verify_cost.seconds(gamma + 1))
+            self.acceptance = self.costs.acceptance(self.max_gamma)
+        if self.probe is None:
+            self.probe = ProbeRule(self.costs.probe_every)
 
     def for_request(self) -> CostModelPolicy:
         """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
-        return dataclasses.replace(self, acceptance=AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay),
-                                   plain_steps=0)
+        return CostModelPolicy(self.gamma, self.max_gamma, costs=self.costs)
 
     def next_shape(self) -> DraftShape:
-        best = best_chain_length(self.acceptance, self.draft_cost.mean, self.verify_cost.seconds, self.max_gamma)
+        best = self.costs.best_chain_length(self.acceptance, self.max_gamma)
         if best is None:
             return DraftShape(self.gamma)
         if best > 0:
             return DraftShape(best)
-        # After probe_every - 1 plain steps, a probe.
-        return DraftShape(1 if self.plain_steps >= self.probe_every - 1 else 0)
+        return DraftShape(1 if self.probe.due else 0)
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
                verify_seconds: float, widths: list[int] | None = None) -> None:
-        self.draft_cost.forget(self.decay)
         self.acceptance.update(num_drafted, num_accepted)
-        if num_drafted:
-            self.draft_cost.add(draft_seconds / num_drafted)
-        self.verify_cost.add(num_drafted + 1, verify_seconds)
-        self.plain_steps = 0 if num_drafted else self.plain_steps + 1  # steps in a row without a draft
+        self.costs.observe(1, num_drafted + 1, verify_seconds, draft_seconds, num_drafted)
+        self.probe.observe(num_drafted > 0)
 
 
 class TreeCostPolicy(FixedPolicy):
     """For token trees: the depth and the nodes per depth (width, 1 to ``max_width``) with the
-    highest expected tokens per second, from measured costs. E[tokens](d, w) from the acceptance
-    per depth and width (TreeAcceptance); time(d, w) = d * draft(w) + T(d * w + 1), with draft(w)
-    the measured draft seconds per depth at that width (the nearest width measured, until it is)
-    and T(n) the measured verify cost of an n-token block (VerifyCost). So trees narrow where
-    width does not pay for its verify and draft cost, and grow shallow where depth does not.
-    The drafter gets depth d (gamma) and a node budget of d * w. Until both costs have been
-    measured once, the starting shape: depth gamma, width 1."""
+    highest expected tokens per second, from measured costs (estimates.CostModel.best_tree_shape):
+    E[tokens](d, w) from the acceptance per depth and width; time(d, w) = d * draft(w) +
+    T(1, d * w + 1), with draft(w) the measured draft seconds per depth at that width (the nearest
+    width measured, until it is). So trees narrow where width does not pay for its verify and draft
+    cost, and grow shallow where depth does not. The drafter gets depth d (gamma) and a node
+    budget of d * w. Until both costs have been measured once, the starting shape: depth gamma,
+    width 1."""
 
     name = "tree-cost"
 
-    def __init__(
-        self, gamma: int, max_depth: int = 8, max_width: int = 4, max_budget: int = 64, decay: float = 0.98
-    ) -> None:
+    def __init__(self, gamma: int, max_depth: int = 8, max_width: int = 4, max_budget: int = 64,
+                 costs: CostModel | None = None) -> None:
         super().__init__(gamma)
         self.max_depth, self.max_width, self.max_budget = max(max_depth, gamma), max_width, max_budget
-        self.acceptance = TreeAcceptance(max_depth=self.max_depth, decay=decay)
-        self.verify_cost = VerifyCost(decay, prefer_measured=True)
-        self.draft_cost: dict[int, RunningMean] = {}  # width -> seconds per drafted depth
-        self.decay = decay
+        self.costs = costs if costs is not None else CostModel()  # seconds, shared by an engine's requests
+        self.acceptance = self.costs.acceptance(self.max_depth)
 
     def for_request(self) -> TreeCostPolicy:
         """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
-        fresh = TreeCostPolicy(self.gamma, self.max_depth, self.max_width, self.max_budget, self.decay)
-        fresh.draft_cost, fresh.verify_cost = self.draft_cost, self.verify_cost
-        return fresh
-
-    def draft_seconds_per_depth(self, width: int) -> float | None:
-        measured = [w for w, stat in self.draft_cost.items() if stat.mean is not None]
-        if not measured:
-            return None
-        return self.draft_cost[min(measured, key=lambda w: (abs(w - width), w))].mean
-
-    def expected_rate(self, depth: int, width: int) -> float | None:
-        """Expected tokens per second of a tree of `depth` levels of `width` nodes."""
-        return tokens_per_second(
-            self.acceptance.expected_tokens(depth, width),
-            depth,
-            self.draft_seconds_per_depth(width),
-            self.verify_cost.seconds(depth * width + 1),
-        )
+        return TreeCostPolicy(self.gamma, self.max_depth, self.max_width, self.max_budget, self.costs)
 
     def shapes(self) -> list[tuple[int, int]]:
         return [
@@ -226,11 +190,10 @@ class TreeCostPolicy(FixedPolicy):
         ]
 
     def next_shape(self) -> DraftShape:
-        rates = {shape: self.expected_rate(*shape) for shape in self.shapes()}
-        known = {shape: rate for shape, rate in rates.items() if rate is not None}
-        if len(known) < len(rates):
+        best = self.costs.best_tree_shape(self.acceptance, self.shapes())
+        if best is None:
             return DraftShape(self.gamma, self.gamma)  # the starting shape: width 1
-        depth, width = max(known, key=lambda shape: known[shape])
+        depth, width = best
         return DraftShape(depth, depth * width)
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
@@ -241,11 +204,8 @@ class TreeCostPolicy(FixedPolicy):
         # chain drafter always one per depth, an n-gram tree as many as the text offers).
         width = max(1, (asked.node_budget or asked.depth) // max(1, asked.depth))
         levels = len(widths) if widths else num_drafted
-        for stat in self.draft_cost.values():
-            stat.forget(self.decay)
-        self.acceptance.update([width] * levels, num_accepted)
-        self.draft_cost.setdefault(width, RunningMean()).add(draft_seconds / levels)
-        self.verify_cost.add(num_drafted + 1, verify_seconds)
+        self.acceptance.update(num_drafted, num_accepted, [width] * levels)
+        self.costs.observe(1, num_drafted + 1, verify_seconds, draft_seconds, levels, width)
 
 
 def make_policy(name: str, gamma: int) -> DraftLengthPolicy:

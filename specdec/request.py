@@ -30,7 +30,7 @@ class Request:
     length: int
     generator: torch.Generator
     rule: SamplingRule  # how it draws and verifies when sampling (specdec.rules)
-    policy: DraftLengthPolicy
+    policy: DraftLengthPolicy | None  # None: a caller (a server's controller) chooses every step's length
     row: int  # the target cache row
     draft_state: Any = None
     stats: SpecStats = field(default_factory=SpecStats)
@@ -59,7 +59,7 @@ class Request:
 
     @property
     def stop_early(self) -> StopRule | None:
-        return self.policy.stop_early
+        return None if self.policy is None else self.policy.stop_early
 
     @property
     def node_budget(self) -> int | None:

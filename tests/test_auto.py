@@ -88,8 +88,8 @@ def test_the_cost_model_weighs_acceptance_against_cost():
     from specdec.drafting.auto import AutoState
 
     auto = AutoDrafter({"ngram": NGramDrafter(3), "head": NGramDrafter(3)}, ("ngram",))
-    auto.verify_cost.add(1, 0.010)
-    auto.verify_cost.add(5, 0.012)
+    auto.costs.verify.add(1, 1, 0.010)
+    auto.costs.verify.add(1, 5, 0.012)
 
     def state(text_alpha: float, head_alpha: float, shadow: list[int]) -> AutoState:
         s = auto.start(torch.tensor([1, 2, 3]))
@@ -100,12 +100,12 @@ def test_the_cost_model_weighs_acceptance_against_cost():
         return s
 
     torch.manual_seed(0)
-    auto.candidates[1].seconds_per_token.add(0.004)
+    auto.costs.draft("head").add(0.004, 1)
     assert auto.choose(state(0.9, 0.9, [5, 6, 7, 8]), 8).candidate == 0  # free and accepted
     assert auto.choose(state(0.05, 0.95, [5]), 8).candidate == 1  # the head is worth its cost
     assert auto.choose(state(0.0, 0.0, [5, 6]), 8).candidate is None  # nothing pays
-    auto.candidates[1].seconds_per_token = type(auto.candidates[1].seconds_per_token)()
-    auto.candidates[1].seconds_per_token.add(0.050)  # five target forwards a token: never worth it
+    auto.costs.drafts.clear()
+    auto.costs.draft("head").add(0.050, 1)  # five target forwards a token: never worth it
     assert auto.choose(state(0.05, 0.95, [5]), 8).candidate != 1
 
 
@@ -131,7 +131,8 @@ def test_auto_refuses_what_it_cannot_hold():
 
 
 def test_a_forward_candidate_is_probed_after_idle_steps():
-    """A candidate that is never best still drafts once every probe_every steps (its estimate stays alive)."""
+    """A candidate that is never best still drafts on every probe_every-th step in a row without
+    one (its estimate stays alive: estimates.ProbeRule, the policies' and the controller's rule)."""
     class Counting(NGramDrafter):
         calls = 0
 
@@ -140,9 +141,9 @@ def test_a_forward_candidate_is_probed_after_idle_steps():
             return super().propose(request, gamma)
 
     auto = AutoDrafter({"ngram": NGramDrafter(3), "slow": Counting(3)}, ("ngram",), probe_every=4)
-    auto.candidates[1].seconds_per_token.add(10.0)  # costs ten seconds a token: never worth it
-    auto.verify_cost.add(1, 0.01)
-    auto.verify_cost.add(3, 0.012)
+    auto.costs.draft("slow").add(10.0, 1)  # costs ten seconds a token: never worth it
+    auto.costs.verify.add(1, 1, 0.01)
+    auto.costs.verify.add(1, 3, 0.012)
     request = ContextRequest.started(auto, torch.tensor([1, 2, 3, 1, 2]))
     from specdec.drafting.base import StepOutcome
 
@@ -150,7 +151,7 @@ def test_a_forward_candidate_is_probed_after_idle_steps():
         draft = auto.propose(request, 4)
         assert draft.drafter in ("ngram", "none", "slow")
         auto.observe(request, StepOutcome(torch.tensor([1]), 0, verify_seconds=0.01))
-    assert Counting.calls == 2  # steps 5 and 10: after 4 idle steps each time
+    assert Counting.calls == 3  # steps 4, 8 and 12: each the 4th in a row without it
 
 
 @pytest.mark.slow
@@ -234,8 +235,8 @@ def test_a_constrained_request_chooses_among_what_its_grammar_lets_through():
     refused guess (mutation checked: without the cut, candidate "refused" is chosen, its draft
     [9, 1, 2], and the step's outcome counts as its rejection)."""
     auto = AutoDrafter({"refused": FixedGuess([9, 1, 2]), "valid": FixedGuess([4, 5])}, ("refused", "valid"))
-    auto.verify_cost.add(1, 0.010)
-    auto.verify_cost.add(5, 0.011)
+    auto.costs.verify.add(1, 1, 0.010)
+    auto.costs.verify.add(1, 5, 0.011)
     request = ContextRequest.started(auto, torch.tensor([1, 2, 3]), matcher=RefusesNine())
     for index, alpha in enumerate((0.95, 0.7)):
         for _ in range(50):
@@ -252,8 +253,8 @@ def test_copies_are_judged_apart_by_how_far_the_shortest_reaches():
     every copy reaches far: a long copy accepted in the second says nothing of the first (mutation
     checked: with one class for all steps, the long ngram draft is chosen at the short-reach step)."""
     auto = AutoDrafter({"suffix": FixedGuess([4, 5]), "ngram": FixedGuess(list(range(10, 22)))}, ("suffix", "ngram"))
-    auto.verify_cost.add(1, 0.010)
-    auto.verify_cost.add(13, 0.011)
+    auto.costs.verify.add(1, 1, 0.010)
+    auto.costs.verify.add(1, 13, 0.011)
     request = ContextRequest.started(auto, torch.tensor([1, 2, 3]))
     far, near = request.draft_state.acceptance[1][-1], request.draft_state.acceptance[1][0]
     for _ in range(50):

@@ -136,12 +136,12 @@ def test_a_new_generation_learns_acceptance_afresh_and_keeps_measured_seconds(po
     (the models' and the machine's) serve the next generation of the same decoder."""
     decoder = SpeculativeDecoder(table_model(6, seed=100), table_drafter("model", 6), gamma=3, policy=policy)
     first = decoder.engine.new_policy()
-    assert not first.verify_cost.by_block
+    assert not first.costs.verify.cells
     decoder.generate(PROMPT, SamplingParams(temperature=1.0, seed=5, max_new_tokens=40))
     fresh = decoder.engine.new_policy()
     acceptance = fresh.acceptance
-    assert (acceptance.accepted_given_reached == []) if policy == "cost" else (acceptance.stats == {})
-    assert fresh.verify_cost.by_block and fresh.verify_cost is decoder.engine.new_policy().verify_cost
+    assert acceptance.accepted_given_reached == [] and acceptance.wider == {}
+    assert fresh.costs.verify.cells and fresh.costs is decoder.engine.new_policy().costs
 
 
 def test_two_open_streams_on_one_decoder_are_independent(tiny_pair):

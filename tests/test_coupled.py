@@ -198,7 +198,7 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
     import threading
 
     from specdec.serving.scheduler import Scheduler
-    from specdec.estimates import VerifyCostTable
+    from specdec.estimates import CostModel, VerifyCostTable
     from specdec.serving.speculation import SpeculationController
 
     target, draft = float64_pair
@@ -210,8 +210,7 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
         costs = VerifyCostTable()
         for batch, block in itertools.product((1, 2, 4), (1, 2, 3, 5)):
             costs.add(batch, block, 0.1 + slope * batch * block)
-        controller = SpeculationController("auto", gamma=4, costs=costs)
-        controller.draft_costs.append(draft_cost)
+        controller = SpeculationController("auto", gamma=4, costs=CostModel(verify=costs), draft_cost=draft_cost)
         scheduler = Scheduler(Engine(target, drafter, gamma=4), controller, max_batch=4).start()
         results, done = {}, threading.Event()
 

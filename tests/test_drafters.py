@@ -8,8 +8,8 @@ import torch
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 from specdec.drafting.base import ContextRequest
-from specdec.metrics import predicted_speedup
-from specdec.estimates import AcceptanceByPosition, VerifyCost, best_chain_length, speedup_ceiling
+from specdec.estimates import predicted_speedup
+from specdec.estimates import AcceptanceByPosition, CostModel, VerifyCostTable, best_chain_length, speedup_ceiling
 from specdec.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
 from table_lm import table_model
 
@@ -141,10 +141,11 @@ def test_cost_model_matches_the_leviathan_formula_on_known_costs():
 def test_cost_model_decodes_plainly_with_probes_where_drafting_does_not_pay():
     """alpha 0.2, a draft token costing 0.3 of a verify and each verified token 0.4 more (T(k)
     nearly linear in k): gamma 0 is best; a probe every probe_every steps keeps measuring."""
-    policy = CostModelPolicy(probe_every=8)
+    policy = CostModelPolicy(costs=CostModel(probe_every=8))
     lengths = synthetic_steps(policy, 0.2, 300, random.Random(2), draft_seconds=0.3, verify_slope=0.4)
     assert lengths[-96:].count(0) == 84 and lengths[-96:].count(1) == 12
-    paying = synthetic_steps(CostModelPolicy(probe_every=8), 0.2, 300, random.Random(2), draft_seconds=0.01)
+    paying = synthetic_steps(CostModelPolicy(costs=CostModel(probe_every=8)), 0.2, 300, random.Random(2),
+                             draft_seconds=0.01)
     assert 0 not in paying[-100:]  # cheap drafts and verify (slope 0.05) at the same alpha: always drafting
 
 
@@ -154,14 +155,16 @@ def test_one_slow_block_long_ago_does_not_stop_the_cost_policy_drafting():
     measured every step decide. Measured on an int4 target: one slow 4-token block, and the policy
     stopped drafting for the rest of the run. Unweighted, the line here gives T(1) 0.9 and T(2)
     2.2, and the policy chooses plain decoding."""
-    verify = VerifyCost()
-    verify.add(4, 5.0)  # one 4-token block, 2.3x its real cost
+    table = VerifyCostTable()
+    table.add(1, 4, 5.0)  # one 4-token block, 2.3x its real cost
     for _ in range(100):  # then blocks of 1 and 2 tokens, T(k) = 1 + 0.3 k
-        verify.add(2, 1.6)
-        verify.add(1, 1.3)
-    assert abs(verify.seconds(1) - 1.3) < 0.05 and abs(verify.seconds(2) - 1.6) < 0.05
+        table.add(1, 2, 1.6)
+        table.add(1, 1, 1.3)
+    verify = table.curve(1)
+    assert verify is not None and abs(verify(1) - 1.3) < 0.05 and abs(verify(2) - 1.6) < 0.05
+    assert abs(verify(3) - 1.9) < 0.05  # the line through the sizes measured lately, not the old slow one
     # alpha 0.6: drafting pays (one token: 1.6 tokens for 1.61 s, two: 1.96 for 1.92, against 1 for 1.3)
-    assert best_chain_length(AcceptanceByPosition(), 0.01, verify.seconds, 4) == 2
+    assert best_chain_length(AcceptanceByPosition(), 0.01, verify, 4) == 2
 
 
 def test_threshold_policy_shortens_drafts_when_acceptance_falls():
@@ -242,10 +245,11 @@ def test_tree_cost_policy_stays_shallow_when_drafts_are_rarely_accepted():
 
 def test_the_cost_policy_builds_its_estimators_from_its_own_settings():
     """Mutation note: estimators built with their own defaults (decay 0.98, 12 positions) fail it."""
-    policy = CostModelPolicy(max_gamma=16, decay=0.9)
+    policy = CostModelPolicy(max_gamma=16, costs=CostModel(decay=0.9, probe_every=5))
     for estimators in (policy, policy.for_request()):
         assert estimators.acceptance.max_gamma == 16 and estimators.acceptance.decay == 0.9
-        assert estimators.verify_cost.decay == 0.9
+        assert estimators.costs.verify.decay == 0.9 and estimators.costs.draft().decay == 0.9
+        assert estimators.probe.every == 5
 
 
 def test_speedup_ceiling_weighs_the_blocks_the_drafts_reach_and_what_drafting_costs():

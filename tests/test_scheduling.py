@@ -8,19 +8,23 @@ import pytest
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
-from specdec.estimates import AcceptanceByPosition, VerifyCostTable
+from specdec.estimates import AcceptanceByPosition, CostModel, VerifyCostTable
 from specdec.serving.scheduler import PrefillBudget, QueueFullError, Scheduler
 from specdec.serving.speculation import SpeculationController, profile_verify_costs
 from test_batching import batch_prompts
 
 
-def bandwidth_bound_costs(batches=(1, 2, 4, 8, 16, 32), blocks=(1, 2, 3, 5)) -> VerifyCostTable:
+def bandwidth_bound_table(batches=(1, 2, 4, 8, 16, 32), blocks=(1, 2, 3, 5)) -> VerifyCostTable:
     """T = max(reading the weights, computing every token): flat while few tokens, then linear."""
     table = VerifyCostTable()
     for batch in batches:
         for block in blocks:
             table.add(batch, block, max(0.1, 0.01 * batch * block))
     return table
+
+
+def bandwidth_bound_costs(probe_every: int = 16) -> CostModel:
+    return CostModel(probe_every=probe_every, verify=bandwidth_bound_table())
 
 
 def learned_acceptance(alpha: float, steps: int = 200) -> AcceptanceByPosition:
@@ -31,10 +35,12 @@ def learned_acceptance(alpha: float, steps: int = 200) -> AcceptanceByPosition:
     return acceptance
 
 
-def test_cost_table_interpolates_and_never_decreases():
-    table = bandwidth_bound_costs()
-    assert table.estimate(4, 5) == pytest.approx(0.2)  # a measured cell
-    assert table.estimate(4, 4) == pytest.approx(0.16)  # between blocks 3 and 5
+def test_cost_table_reads_recent_cells_fits_the_rest_and_never_decreases():
+    """Mutation: reading every cell as measured, however faded, makes T(4, 3) 0.12."""
+    table = bandwidth_bound_table()
+    assert table.estimate(4, 5) == pytest.approx(0.2)  # the cell measured last at batch 4
+    assert table.estimate(4, 3) == pytest.approx(0.137, abs=0.001)  # faded below one step's weight: the line
+    assert table.estimate(4, 4) == pytest.approx(0.163, abs=0.001)  # not measured: the line
     assert table.estimate(12, 5) == pytest.approx(0.6)  # between batches 8 and 16
     assert table.estimate(64, 5) >= table.estimate(32, 5)  # beyond the grid: the last slope
     assert VerifyCostTable().estimate(1, 1) is None
@@ -52,34 +58,31 @@ def lengths_for(controller: SpeculationController, batch: int) -> list[int]:
 
 def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
     controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(),
-                                       acceptance=learned_acceptance(0.8))
-    controller.draft_costs.append(0.002)
+                                       acceptance=learned_acceptance(0.8), draft_cost=0.002)
     choices = {batch: sum(lengths_for(controller, batch)) / batch for batch in (1, 2, 4, 8, 16, 32)}
     assert choices[1] == 4 and choices[32] == 0
     assert all(choices[a] >= choices[b] for a, b in zip((1, 2, 4, 8, 16), (2, 4, 8, 16, 32)))
     assert lengths_for(controller, 1) == [4]  # and it returns when the batch empties
-    poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1))
-    poor.draft_costs.append(0.05)  # a slow drafter that is rarely right never pays
+    # a slow drafter that is rarely right never pays
+    poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1),
+                                 draft_cost=0.05)
     assert lengths_for(poor, 1) == [0]
 
 
 def test_the_policy_and_the_controller_choose_with_one_cost_model():
-    """At one request, the cost policy and the server's controller, given the same acceptance,
-    draft cost and verify costs, ask for the same draft length: one formula, two callers."""
-    from specdec.estimates import RunningMean, VerifyCost
+    """At one request, the cost policy and the server's controller, given the same acceptance
+    and one CostModel, ask for the same draft length: one model, two clients."""
     from specdec.policy import CostModelPolicy
 
     acceptance = learned_acceptance(0.8)
-    table, verify = VerifyCostTable(), VerifyCost()
-    for block in (1, 2, 3, 5, 9):  # T(k) linear in k, so the line fit and the table agree
-        table.add(1, block, 0.1 * (1 + 0.05 * block))
-        verify.add(block, 0.1 * (1 + 0.05 * block))
     choices = []
     for draft_seconds in (0.001, 0.005, 0.02, 0.05, 0.2):
-        policy = CostModelPolicy(max_gamma=4, acceptance=acceptance, verify_cost=verify,
-                                 draft_cost=RunningMean(draft_seconds, 1.0))
-        controller = SpeculationController("auto", gamma=4, costs=table, acceptance=acceptance,
+        costs = CostModel()
+        for block in (1, 2, 3, 5, 9):
+            costs.verify.add(1, block, 0.1 * (1 + 0.05 * block))
+        controller = SpeculationController("auto", gamma=4, costs=costs, acceptance=acceptance,
                                            draft_cost=draft_seconds)
+        policy = CostModelPolicy(max_gamma=4, acceptance=acceptance, costs=costs)
         [choice] = lengths_for(controller, 1)
         choices.append(choice)
         assert policy.next_shape().depth == choice, draft_seconds
@@ -103,8 +106,8 @@ def test_a_request_the_drafter_guesses_well_drafts_longer_than_its_neighbour():
 
 
 def test_where_drafting_does_not_pay_a_one_token_probe_keeps_acceptance_measured():
-    controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(),
-                                       acceptance=learned_acceptance(0.1), draft_cost=0.05, probe_every=5)
+    controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(probe_every=5),
+                                       acceptance=learned_acceptance(0.1), draft_cost=0.05)
     batch = [Client(), Client(), Client()]
     choices = [controller.draft_lengths(batch) for _ in range(10)]
     assert [sum(lengths) for lengths in choices] == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
@@ -121,6 +124,23 @@ def test_the_servers_choice_replaces_each_requests_policy(tiny_pair):
     engine.prefill(requests, cache)
     outcomes = engine.step(requests, cache, [4, 0])
     assert [outcome.num_drafted for outcome in outcomes] == [4, 0]
+
+
+def test_an_engine_whose_caller_chooses_lengths_builds_no_policy(tiny_pair):
+    """A server's engine (per_request_policy=False) gives requests no policy: a threshold policy's
+    stop_early cannot cut the controller's drafts, and a step without draft_lengths is an error.
+    Mutation: per_request_policy ignored in Engine.__init__ fails it."""
+    target = load(tiny_pair["target"], dtype="float64")
+    engine = Engine(target, make_drafter("model", load(tiny_pair["independent"], dtype="float64")), gamma=2,
+                    policy="threshold", per_request_policy=False)
+    request = engine.new_request([1, 2, 3, 4], SamplingParams(max_new_tokens=20), row=0)
+    assert request.policy is None and request.stop_early is None
+    cache = target.new_cache(rows=1)
+    engine.prefill([request], cache)
+    [outcome] = engine.step([request], cache, [4])
+    assert outcome.num_drafted == 4  # an independent draft: a threshold of 0.4 would have cut it
+    with pytest.raises(ValueError, match="draft_lengths"):
+        engine.step([request], cache)
 
 
 def test_on_and_off_ignore_costs():

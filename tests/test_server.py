@@ -118,6 +118,12 @@ def test_a_hundred_concurrent_streams_all_complete_with_the_right_text(server, r
     assert scheduler.load == (0, 0)
 
 
+def test_the_server_builds_no_policy_beside_its_controller(server):
+    """The controller chooses every step's lengths: the engine builds no per-request policy."""
+    _, scheduler = server
+    assert scheduler.engine.new_policy() is None
+
+
 def test_a_seed_gives_one_completion_alone_or_in_a_batch(server, pair):
     """temperature 0.9 with a seed (the coupled rule by default): the same text on every call,
     alone, again, and among 12 concurrent requests with other seeds (whose batch changes the

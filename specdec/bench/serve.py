@@ -272,7 +272,7 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
                                          progress=lambda message: status.update(f"bench-serve: {message}"))
         prefix_rows = {} if args.prefix_cache_rows is None else {"prefix_cache_rows": args.prefix_cache_rows}
         apps = {label: build_app(target, drafter, "bench", gamma=args.gamma, speculation=label.split(",")[0],
-                                 policy=args.policy, max_batch=max_batch, costs=costs, **prefix_rows)
+                                 max_batch=max_batch, costs=costs, **prefix_rows)
                 for label, drafter in drafters.items()}
         with contextlib.ExitStack() as servers:
             urls = {label: servers.enter_context(serve_in_thread(app)) for label, app in apps.items()}

@@ -28,7 +28,7 @@ from specdec.bench.runner import (
 )
 from specdec.bench.oracle import CorruptedOracleDrafter
 from specdec.decoder import SpeculativeDecoder
-from specdec.metrics import predicted_speedup
+from specdec.estimates import predicted_speedup
 from specdec.models.base import LanguageModel
 from specdec.sampling import SamplingParams
 

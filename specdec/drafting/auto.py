@@ -37,7 +37,7 @@ from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, Re
                                    describe_drafter, propose_many, suffix_caches)
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import common_prefix
-from specdec.estimates import AcceptanceByPosition, RunningMean, VerifyCost, tokens_per_second
+from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, tokens_per_second
 
 NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
 # How far every copy reaches this step (its shortest draft) sorts steps into classes, each with its
@@ -57,7 +57,6 @@ class Candidate:
     # drafter's retrieval is judged in every class but sets none: its reach says nothing of this text)
     sets_reach: bool
     pooled: list[AcceptanceByPosition]  # [reach class]: acceptance by position over every request, each request's prior
-    seconds_per_token: RunningMean = field(default_factory=RunningMean)  # drafting, for those that run a forward
 
 
 @dataclass
@@ -68,7 +67,7 @@ class AutoState:
     acceptance: list[list[AcceptanceByPosition]]  # [candidate][reach class]
     shadows: list[list[int] | None]  # this step's draft of each text candidate (None: forward candidates)
     chosen: int | None = None  # the candidate whose draft this step verifies
-    idle: list[int] = field(default_factory=list)  # steps since each candidate last drafted
+    idle: list[ProbeRule] = field(default_factory=list)  # steps since each candidate last drafted
     sets_reach: list[bool] = field(default_factory=list)  # [candidate]: Candidate.sets_reach
 
     @property
@@ -108,15 +107,15 @@ class AutoDrafter(BaseDrafter):
         readers = [d for d in candidates.values() if d.hidden_layers]
         if len({d.hidden_layers for d in readers}) > 1:
             raise ValueError("the auto drafter's candidates read different target layers; give it at most one head")
+        # T(1, k) of this target and each forward candidate's seconds per token, shared by every request
+        self.costs = CostModel(decay=decay, probe_every=probe_every)
         self.candidates = [Candidate(name, drafter, name in text_drafters,
                                      name in text_drafters and not getattr(drafter, "retrieves", False),
-                                     [AcceptanceByPosition(max_gamma=max_gamma, decay=decay)
-                                      for _ in range(len(REACH_CLASSES) + 1)])
+                                     [self.costs.acceptance(max_gamma) for _ in range(len(REACH_CLASSES) + 1)])
                            for name, drafter in candidates.items()]
         self.vocab_size = vocabularies.pop() if vocabularies else None
         self.hidden_layers = readers[0].hidden_layers if readers else ()
-        self.probe_every, self.max_gamma, self.decay = probe_every, max_gamma, decay
-        self.verify_cost = VerifyCost(decay)  # T(k) of this target, shared by every request
+        self.max_gamma = max_gamma
 
     def describe(self) -> str:
         names = ", ".join(f"{c.name} ({describe_drafter(c.drafter)})" for c in self.candidates)
@@ -125,10 +124,10 @@ class AutoDrafter(BaseDrafter):
     def start(self, prompt_ids: torch.Tensor) -> AutoState:  # prompt_ids [n] int64
         return AutoState(
             states=[c.drafter.start(prompt_ids) for c in self.candidates],
-            acceptance=[[AcceptanceByPosition(max_gamma=self.max_gamma, decay=self.decay, prior=pooled)
-                         for pooled in c.pooled] for c in self.candidates],
+            acceptance=[[self.costs.acceptance(self.max_gamma, prior=pooled) for pooled in c.pooled]
+                        for c in self.candidates],
             shadows=[None] * len(self.candidates),
-            idle=[0] * len(self.candidates),
+            idle=[ProbeRule(self.costs.probe_every) for _ in self.candidates],
             sets_reach=[c.sets_reach for c in self.candidates],
         )
 
@@ -141,7 +140,7 @@ class AutoDrafter(BaseDrafter):
         """Expected tokens per second of drafting 1..most tokens with candidate ``index``, where
         ``verify[k]`` is T(k + 1) (the alphas and T computed once a step: this runs every step)."""
         candidate = self.candidates[index]
-        per_token = 0.0 if candidate.copies_text else candidate.seconds_per_token.mean
+        per_token = 0.0 if candidate.copies_text else self.costs.draft(candidate.name).seconds()
         choices, expected = [], 1.0
         for length, reach in enumerate(state.estimates(index).reaches(most), start=1):
             expected += reach
@@ -150,13 +149,13 @@ class AutoDrafter(BaseDrafter):
 
     def choose(self, state: AutoState, gamma: int) -> Choice:
         """The best (candidate, length) for this step, given the free drafts in ``state.shadows``."""
-        curve = self.verify_cost.curve()
-        verify = [curve(block) for block in range(1, gamma + 2)]  # [k]: T(k + 1)
+        curve = self.costs.verify.curve(1)
+        verify = [None if curve is None else curve(block) for block in range(1, gamma + 2)]  # [k]: T(k + 1)
         options = [Choice(None, 0, tokens_per_second(1.0, 0, 0.0, verify[0]))]
         untried = []  # forward candidates whose drafting cost is not measured yet
         for index, candidate in enumerate(self.candidates):
             shadow = state.shadows[index]
-            if not candidate.copies_text and candidate.seconds_per_token.mean is None:
+            if not candidate.copies_text and self.costs.draft(candidate.name).seconds() is None:
                 untried.append(index)
             else:
                 options += self.rates(state, index, len(shadow) if shadow is not None else gamma, verify)
@@ -167,7 +166,7 @@ class AutoDrafter(BaseDrafter):
             return replace(longest, rate=None)
         best = max(options, key=lambda option: option.rate or 0.0)
         stale = [index for index, candidate in enumerate(self.candidates)
-                 if not candidate.copies_text and state.idle[index] >= self.probe_every and index != best.candidate]
+                 if not candidate.copies_text and state.idle[index].due and index != best.candidate]
         if stale:  # a probe keeps its estimate alive: its best length, at least one token
             probe = max((option for option in options if option.candidate == stale[0]),
                         key=lambda option: option.rate or 0.0, default=Choice(stale[0], 1, None))
@@ -207,9 +206,7 @@ class AutoDrafter(BaseDrafter):
             drafts = propose_many(candidate.drafter, [self.member(requests[p], index) for p in asking],
                                   [choices[p].length for p in asking])
             drafted = sum(draft.num_nodes for draft in drafts)  # type: int
-            if drafted:
-                candidate.seconds_per_token.forget(self.decay)
-                candidate.seconds_per_token.add((time.perf_counter() - began) / drafted)
+            self.costs.draft(candidate.name).add(time.perf_counter() - began, drafted)
             for position, draft in zip(asking, drafts):
                 result[position] = replace(draft, drafter=candidate.name)
         return [draft if draft.num_nodes else replace(draft, drafter=NO_DRAFT) for draft in result]
@@ -220,7 +217,7 @@ class AutoDrafter(BaseDrafter):
         state: AutoState = request.draft_state
         if not outcome.forced:
             if outcome.verify_seconds is not None:
-                self.verify_cost.add(outcome.num_drafted + 1, outcome.verify_seconds)
+                self.costs.verify.add(1, outcome.num_drafted + 1, outcome.verify_seconds)
             emitted = outcome.emitted.tolist()
             for index, candidate in enumerate(self.candidates):
                 if index == state.chosen and outcome.num_drafted:
@@ -230,7 +227,7 @@ class AutoDrafter(BaseDrafter):
                 if learned is not None:
                     state.estimates(index).update(*learned)
                     candidate.pooled[state.reach_class].update(*learned)
-                state.idle[index] = 0 if index == state.chosen else state.idle[index] + 1
+                state.idle[index].observe(index == state.chosen)
         # Only the drafter whose draft was verified hears of it; the others hear the new tokens.
         elsewhere = replace(outcome, num_drafted=0, path=None, parents=None, from_cache=None)
         for index, candidate in enumerate(self.candidates):

@@ -46,7 +46,6 @@ def build_app(
     model_name: str,
     gamma: int = 4,
     speculation: str = "auto",
-    policy: str = "fixed",
     max_batch: int = 32,
     max_waiting: int = 1024,
     limits: ServerLimits | None = None,
@@ -72,16 +71,20 @@ def build_app(
 
     from specdec.drafting.base import suffix_caches
     from specdec.engine import Engine
+    from specdec.estimates import CostModel
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
-    engine = Engine(target, drafter, gamma=gamma, policy=policy, prefill_chunk=prefill_chunk, max_context=max_model_len)
+    # The controller chooses every step's draft lengths: no request gets a policy of its own.
+    engine = Engine(target, drafter, gamma=gamma, prefill_chunk=prefill_chunk, max_context=max_model_len,
+                    per_request_policy=False)
     if drafter is None:
         speculation = "off"
     if speculation == "auto" and costs is None:
         batches, blocks = profile_grid(max_batch, gamma)
         costs = cached_verify_costs(target, batches, blocks, progress=progress)
     draft_cost = profile_draft_cost(engine, gamma) if speculation == "auto" else None
-    controller = SpeculationController(speculation, gamma, costs, draft_cost=draft_cost)
+    controller = SpeculationController(speculation, gamma, CostModel(verify=costs) if costs is not None else None,
+                                       draft_cost=draft_cost)
     metrics = ServerMetrics(suffix_caches(drafter))
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
                           prefill=PrefillBudget(), prefix_rows=prefix_cache_rows)
@@ -195,7 +198,7 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                  f"KV cache: the {target.backend} backend's own (not sized here); --max-model-len "
                  f"{args.max_model_len or target.max_context}")
     with waiting(errors, "measuring verify costs (once per machine and model)") as update:
-        app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation, policy=args.policy,
+        app = build_app(target, drafter, name, gamma=args.gamma, speculation=args.speculation,
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
                         limits=ServerLimits(max_tokens=args.max_tokens, api_key=args.api_key,
                                             max_body_bytes=args.max_body_bytes,

@@ -7,19 +7,17 @@ drafted token's reach (the chance that it and the tokens before it are accepted)
 is small the forward is bound by reading the weights and extra tokens are nearly free, so
 drafting pays; as the batch fills the forward becomes compute-bound, T grows with every token and
 speculation stops paying. Before every step the controller gives each request its draft length,
-together the highest expected tokens per second (estimates.best_draft_lengths, the cost model the
+together the highest expected tokens per second (estimates.CostModel, the cost model the
 ``cost`` policy also uses): a request whose text the drafter guesses well drafts longer than one
 it does not. T is measured at the first startup on a machine over a small grid of batch sizes and
 block lengths (kept per machine and model in the cache folder, so later starts take no
 measurement), interpolated between, and refined online from every step; c_draft and the
 acceptance per position, pooled and per request, are learned online. The server's choice is the
-only one: a request's own draft-length policy is not consulted (Engine.step's draft_lengths).
+only one: its engine gives requests no draft-length policy (Engine(per_request_policy=False)).
 """
 
 from __future__ import annotations
 
-import collections
-import statistics
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,7 +27,7 @@ import torch
 
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
-from specdec.estimates import AcceptanceByPosition, VerifyCostTable, best_draft_lengths
+from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, VerifyCostTable
 from specdec.sampling import SamplingParams
 from specdec.names import SPECULATION_MODES as MODES
 
@@ -38,38 +36,28 @@ from specdec.names import SPECULATION_MODES as MODES
 class SpeculationController:
     """Chooses each step's draft length for every request of the batch: ``on`` always drafts
     gamma, ``off`` never drafts, ``auto`` maximizes the batch's expected tokens per second under
-    the measured costs (estimates.best_draft_lengths), from each request's own acceptance."""
+    the measured costs (estimates.CostModel.best_draft_lengths), from each request's own acceptance."""
 
-    def __init__(self, mode: str, gamma: int, costs: VerifyCostTable | None = None,
-                 acceptance: AcceptanceByPosition | None = None, draft_cost: float | None = None,
-                 probe_every: int = 16) -> None:
+    def __init__(self, mode: str, gamma: int, costs: CostModel | None = None,
+                 acceptance: AcceptanceByPosition | None = None, draft_cost: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown speculation mode {mode!r}; choose one of {', '.join(MODES)}")
         self.mode, self.gamma = mode, gamma
-        self.costs = costs or VerifyCostTable()
+        self.costs = costs if costs is not None else CostModel()
         # Pooled over every request: a new request's estimates start from it.
-        self.acceptance = acceptance or AcceptanceByPosition(max_gamma=max(gamma, 1))
+        self.acceptance = acceptance or self.costs.acceptance(max(gamma, 1))
         self.by_request: weakref.WeakKeyDictionary[object, AcceptanceByPosition] = weakref.WeakKeyDictionary()
-        # Seconds per drafted token, per request: the median of recent steps, because a step now
-        # and then also feeds the drafter a backlog (a new prompt, tokens of undrafted steps).
-        self.draft_costs: collections.deque[float] = collections.deque(maxlen=64)
-        if draft_cost is not None:
-            self.draft_costs.append(draft_cost)
-        # Where drafting does not pay, a one-token probe after this many undrafted steps keeps the
-        # acceptance measured (the text, or the load, may change).
-        self.probe_every, self.undrafted_steps = probe_every, 0
+        if draft_cost is not None:  # measured at startup: one step's worth of evidence
+            self.costs.draft().add(draft_cost, 1)
+        # Where drafting does not pay, a one-token probe now and then keeps the acceptance measured.
+        self.probe = ProbeRule(self.costs.probe_every)
         self.last_choice = 0.0  # the last step's mean draft length
-
-    @property
-    def draft_cost(self) -> float | None:
-        return statistics.median(self.draft_costs) if self.draft_costs else None
 
     def acceptance_of(self, request: object) -> AcceptanceByPosition:
         """``request``'s own acceptance estimates (its prior: the pooled ones)."""
         own = self.by_request.get(request)
         if own is None:
-            own = self.by_request[request] = AcceptanceByPosition(
-                max_gamma=self.acceptance.max_gamma, decay=self.acceptance.decay, prior=self.acceptance)
+            own = self.by_request[request] = self.costs.acceptance(self.acceptance.max_gamma, prior=self.acceptance)
         return own
 
     def draft_lengths(self, requests: Sequence[object]) -> list[int]:
@@ -80,14 +68,12 @@ class SpeculationController:
             lengths = [self.gamma] * len(requests)
         else:
             reaches = [self.acceptance_of(request).reaches(self.gamma) for request in requests]
-            curve = self.costs.curve(len(requests))
-            best = None if curve is None else best_draft_lengths(reaches, self.draft_cost, curve, self.gamma)
+            best = self.costs.best_draft_lengths(reaches, self.gamma) if requests else None
             # Nothing known yet (no draft cost measured): draft, and learn what it costs.
             lengths = [self.gamma] * len(requests) if best is None else best
-            self.undrafted_steps = 0 if any(lengths) else self.undrafted_steps + 1
-            if self.undrafted_steps >= self.probe_every and requests:
+            if not any(lengths) and self.probe.due and requests:
                 lengths[max(range(len(requests)), key=lambda index: reaches[index][0])] = 1
-                self.undrafted_steps = 0
+            self.probe.observe(any(lengths))
         self.last_choice = sum(lengths) / max(1, len(lengths))
         return lengths
 
@@ -95,10 +81,8 @@ class SpeculationController:
                 outcomes: Sequence[tuple[int, int]]) -> None:
         """One step's measurements: its forward's ``tokens`` (every row of every request's block),
         its verify time, its total draft time, and each request's (drafted, accepted)."""
-        self.costs.add(len(requests), tokens / max(1, len(requests)), verify_seconds)
         drafted = sum(num_drafted for num_drafted, _ in outcomes)
-        if drafted:
-            self.draft_costs.append(draft_seconds / drafted)
+        self.costs.observe(len(requests), tokens / max(1, len(requests)), verify_seconds, draft_seconds, drafted)
         for request, (num_drafted, num_accepted) in zip(requests, outcomes, strict=True):
             if num_drafted:
                 self.acceptance.update(num_drafted, num_accepted)
