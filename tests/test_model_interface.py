@@ -221,8 +221,10 @@ def test_a_restricted_output_scores_only_its_tokens(tmp_path, quantize):
     keep = torch.tensor([3, 7, 8, 20, 41])
     restricted.network.restrict_output(keep)
     if quantize:
-        full.network.quantize("int8")
-        restricted.network.quantize("int8")
+        from specdec.models.precisions import quantize_model
+
+        quantize_model(full.network, "int8")
+        quantize_model(restricted.network, "int8")
     tokens = torch.tensor([5, 9, 11, 2])
     logits = {}
     for name, model in (("full", full), ("restricted", restricted)):

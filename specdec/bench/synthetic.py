@@ -99,7 +99,9 @@ def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_p
                 module.weight.normal_(0.0, 0.02)
     network.eval()
     if quantize in ("int8", "int4"):
-        network.quantize(quantize)
+        from specdec.models.precisions import quantize_model
+
+        quantize_model(network, quantize)
     elif quantize is not None:
         raise ValueError(f"unknown quantization {quantize!r}")
     return LanguageModel(network=network, tokenizer=None, name=name, vocab_size=shape.vocab,

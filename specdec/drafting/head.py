@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.attention import AttentionPlan, plan_attention
+from specdec.models.attention import AttentionPlan, attend_planned, plan_attention
 from specdec.models.base import Attention
 from specdec.models.cache import KVCache
 from specdec.models.primitives import RMSNorm, rotate_half
-from specdec.models.transformer import DEFAULT_FIXED_ROWS, DecoderLayer, attend_planned, project
+from specdec.models.transformer import DEFAULT_FIXED_ROWS, project
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -61,7 +61,6 @@ class HeadLayer(nn.Module):
     the residual taken from the features, then a SwiGLU MLP (as SpecForge's Eagle3 layer)."""
 
     window = None  # full attention (attend_planned reads it)
-    attend = DecoderLayer.attend
 
     def __init__(self, c: HeadConfig) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
 """How a forward attends, worked out once for all layers: per segment (its cache row, chain or
 tree masks), each query over its own keys for batch invariance (QueryGroup), or, for a batch of
-chains, as padded rows in a single attention call per layer.
+chains, as padded rows in a single attention call per layer (padded_chains.py).
 
 Why two ways: on a CPU a small model's step is dominated by per-op overhead, and attending row
 by row costs a few ops per request per layer; padded rows cost a few ops per layer in all. The
@@ -10,11 +10,16 @@ for trees, and for int8 models, where every row must be scored bit-for-bit as al
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from specdec.models.base import Attention, Cache, Segment, tree_depths, tree_visibility
+from specdec.models.base import Attention, Segment, tree_depths, tree_visibility
+from specdec.models.cache import KVCache
+from specdec.models.padded_chains import PaddedChains
+from specdec.models.primitives import AttendingLayer, scaled_dot_product
 
 
 @dataclass
@@ -50,7 +55,7 @@ def plan_segment(
         # Each query over exactly the keys it sees, in slot order (QueryGroups): each token is
         # scored as it would be alone, whatever else is in the block (see quantize.py). A
         # chain's keys are a contiguous run of slots; a tree node's are its ancestors'.
-        if chain:
+        if segment.parents is None:  # a chain
             slots = {window: [torch.arange(0 if window is None else max(0, committed + i + 1 - window),
                                            committed + i + 1, device=device) for i in range(count)]
                      for window in windows}
@@ -73,7 +78,7 @@ def plan_segment(
 
 
 def attend_in_blocks(
-    layer,  # a DecoderLayer: its attend()
+    layer: AttendingLayer,
     q: torch.Tensor,  # [heads, n, d], the forward's queries
     keys: torch.Tensor,  # [kv_heads, committed + k, d], the segment's row up to its last token
     values: torch.Tensor,
@@ -89,20 +94,21 @@ def attend_in_blocks(
         visible = committed + last
         mask = torch.ones(last - first, visible, dtype=torch.bool, device=q.device).tril(committed + first)
         block = slice(plan.start + first, plan.start + last)
-        attended[:, block] = layer.attend(q[:, block], keys[:, :visible], values[:, :visible], mask)
+        attended[:, block] = scaled_dot_product(layer, q[:, block], keys[:, :visible], values[:, :visible], mask)
 
 
 def segment_masks(
     segment: Segment, committed: int, positions: torch.Tensor, windows: set[int | None],
 ) -> dict[int | None, torch.Tensor | None]:  # per window: [k, committed + k] bool, or None = all
-    count, device = segment.count, positions.device
-    if segment.parents is None:
+    count, device, parents = segment.count, positions.device, segment.parents
+    if parents is None:
         new_visible = torch.ones(count, count, dtype=torch.bool, device=device).tril()
     else:  # rows: this forward's nodes; columns: every node of the tree so far
-        new_visible = tree_visibility(segment.parents)[segment.written :].to(device)
+        new_visible = tree_visibility(parents)[segment.written :].to(device)
     visible = torch.cat([torch.ones(count, committed, dtype=torch.bool, device=device), new_visible], dim=1)
-    if segment.written:  # earlier nodes' positions: committed length + depth, as for this forward's
-        earlier = torch.tensor(tree_depths(segment.parents)[: segment.written], device=device) + committed
+    if segment.written and parents is not None:  # (only a tree has earlier nodes: Segment checks)
+        # earlier nodes' positions: committed length + depth, as for this forward's
+        earlier = torch.tensor(tree_depths(parents)[: segment.written], device=device) + committed
         positions_so_far = torch.cat([earlier, positions])
     else:
         positions_so_far = positions
@@ -113,91 +119,6 @@ def segment_masks(
         # A query that sees every key needs no mask (a faster SDPA path).
         masks[window] = None if bool(mask.all()) else mask
     return masks
-
-
-@dataclass
-class PaddedChains:
-    """Several chain segments as rows of one padded attention: R rows of up to C new tokens
-    (short rows repeat their last query; the copies are dropped), keys up to the longest row."""
-
-    rows: torch.Tensor  # [R] cache rows
-    contiguous: bool  # rows are 0..R-1: the cache rows are a view, not a copy
-    token_rows: torch.Tensor  # [n] cache row of each new token
-    token_slots: torch.Tensor  # [n] the slot it is written to
-    gather: torch.Tensor | None  # [R * C] which new token fills each padded query (None: every row has C)
-    scatter: torch.Tensor | None  # [n] where each new token's output sits among the R * C (None: all of them)
-    key_length: int
-    masks: dict[int | None, torch.Tensor | None]  # per window: [R, 1, C, key_length] bool, or None = all
-
-    @staticmethod
-    def build(attention: Attention, positions: torch.Tensor, cache: Cache, windows: set[int | None]) -> PaddedChains:
-        device = positions.device
-        segments, offsets = attention.segments, attention.offsets
-        # Index bookkeeping in Python lists, then one tensor each: a few ops per forward, not per row.
-        rows = [s.row for s in segments]
-        committed = [cache.lengths[r] for r in rows]
-        counts = [s.count for s in segments]
-        width = max(counts)
-        key_length = max(c + n for c, n in zip(committed, counts))
-        clamped = [[min(i, n - 1) for i in range(width)] for n in counts]  # padded query -> real query of its row
-        gather = [start + i for start, row in zip(offsets, clamped) for i in row]
-        scatter = [r * width + i for r, n in enumerate(counts) for i in range(n)]
-        token_rows = [row for row, n in zip(rows, counts) for _ in range(n)]
-        token_slots = [c + i for c, n in zip(committed, counts) for i in range(n)]
-        # [R, C]
-        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped)], device=device)
-        slots = torch.arange(key_length, device=device)  # [L]
-        visible = slots[None, None, :] <= query_slots[:, :, None]  # [R, C, L]
-        masks: dict[int | None, torch.Tensor | None] = {}
-        for window in windows:
-            mask = visible
-            if window is not None:
-                key_positions = slots.repeat(len(rows), 1)  # [R, L]: committed slots hold positions 0..
-                local_rows = [r for r, n in enumerate(counts) for _ in range(n)]
-                key_positions[local_rows, token_slots] = positions
-                query_positions = positions[gather].view(len(rows), width)
-                mask = mask & (query_positions[:, :, None] - key_positions[:, None, :] < window)
-            masks[window] = None if bool(mask.all()) else mask[:, None]
-        as_tensor = lambda values: torch.tensor(values, device=device)  # noqa: E731
-        uniform = all(n == width for n in counts)  # no padding (plain decoding, equal drafts): views suffice
-        return PaddedChains(
-            as_tensor(rows),
-            rows == list(range(len(rows))),
-            as_tensor(token_rows),
-            as_tensor(token_slots),
-            None if uniform else as_tensor(gather),
-            None if uniform else as_tensor(scatter),
-            key_length,
-            masks,
-        )
-
-    def attend(
-        self,
-        layer,  # a DecoderLayer: its attend() and window
-        q: torch.Tensor,  # [heads, n, d]
-        k: torch.Tensor,  # [kv_heads, n, d]
-        v: torch.Tensor,  # [kv_heads, n, d]
-        cache,
-        layer_index: int,
-    ) -> torch.Tensor:  # [heads, n, d]
-        cache.keys[layer_index][self.token_rows, :, self.token_slots] = k.transpose(0, 1)
-        cache.values[layer_index][self.token_rows, :, self.token_slots] = v.transpose(0, 1)
-        if self.contiguous:
-            keys = cache.keys[layer_index, : self.rows.shape[0], :, : self.key_length]  # [R, kv_heads, L, d]
-            values = cache.values[layer_index, : self.rows.shape[0], :, : self.key_length]
-        else:
-            keys = cache.keys[layer_index, :, :, : self.key_length].index_select(0, self.rows)
-            values = cache.values[layer_index, :, :, : self.key_length].index_select(0, self.rows)
-        heads, _, head_dim = q.shape
-        padded = q.transpose(0, 1)  # [n, heads, d]
-        if self.gather is not None:
-            padded = padded.index_select(0, self.gather)
-        padded = padded.reshape(self.rows.shape[0], -1, heads, head_dim).transpose(1, 2)  # [R, heads, C, d]
-        out = layer.attend(padded, keys, values, self.masks[layer.window])  # [R, heads, C, d]
-        out = out.transpose(1, 2).reshape(-1, heads, head_dim)  # [R * C, heads, d]
-        if self.scatter is not None:
-            out = out.index_select(0, self.scatter)
-        return out.transpose(0, 1)
 
 
 QUERY_BUCKET = 32  # a query's keys are padded (masked) to a multiple of this many slots
@@ -221,9 +142,9 @@ class QueryGroup:
 
     def attend(
         self,
-        layer,  # a DecoderLayer: its attend()
+        layer: AttendingLayer,
         q: torch.Tensor,  # [heads, n, d]
-        cache,
+        cache: KVCache,
         layer_index: int,
         out: torch.Tensor,  # [heads, n, d], written at self.tokens
     ) -> None:
@@ -241,7 +162,7 @@ class QueryGroup:
         # the last bits from the same query alone (measured with 2 threads, torch 2.13 on AVX2:
         # up to 1e-7, enough to flip an int8 rounding and change greedy text 65 tokens later).
         alone = [
-            layer.attend(queries[i : i + 1], keys[i : i + 1], values[i : i + 1], self.mask[i : i + 1])
+            scaled_dot_product(layer, queries[i : i + 1], keys[i : i + 1], values[i : i + 1], self.mask[i : i + 1])
             for i in range(queries.shape[0])
         ]  # each [1, heads, 1, d]
         out[:, self.tokens] = torch.cat(alone)[:, :, 0].transpose(0, 1)
@@ -304,6 +225,11 @@ class AttentionPlan:
     groups: dict[int | None, list[QueryGroup]] | None = None  # per window: the per-query segments' queries
     query_lists: dict[int | None, QueryList] = field(default_factory=dict)  # built on demand, see query_list_for
 
+    @functools.cached_property
+    def masked_segments(self) -> list[SegmentPlan]:
+        """The segments attended with masks (SDPA), not query by query."""
+        return [plan for plan in self.segments if plan.per_query is None]
+
     def query_list_for(self, window: int | None) -> QueryList:
         """The per-query segments' queries for `window` as one list (the compiled attention's input)."""
         if window not in self.query_lists:
@@ -316,7 +242,7 @@ class AttentionPlan:
 def plan_attention(
     attention: Attention,
     positions: torch.Tensor,
-    cache: Cache,
+    cache: KVCache,
     windows: set[int | None],
     per_query: bool,
 ) -> AttentionPlan:
@@ -338,3 +264,49 @@ def plan_attention(
     if not any(plan.per_query is not None for plan in plans):
         return AttentionPlan(plans)
     return AttentionPlan(plans, groups={window: group_queries(plans, window, cache.capacity) for window in windows})
+
+
+def attend_segments(
+    layer: AttendingLayer,
+    q: torch.Tensor,  # [heads, n, d], rope applied
+    k: torch.Tensor,  # [kv_heads, n, d], rope applied
+    v: torch.Tensor,  # [kv_heads, n, d]
+    segments: list[SegmentPlan],
+    cache: KVCache,
+    layer_index: int,
+    attended: torch.Tensor,  # [heads, n, d], written at the masked segments' tokens
+) -> None:
+    """Write each segment's keys and values into its cache row, and attend those planned with
+    masks; a per-query segment's queries are left to its QueryGroups (or the compiled attention)."""
+    for segment in segments:
+        rows = slice(segment.start, segment.end)
+        keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
+        if segment.blocks_after is not None:  # a long chain: its queries in blocks (linear memory)
+            attend_in_blocks(layer, q, keys, values, segment, attended)
+        elif segment.per_query is None:
+            attended[:, rows] = scaled_dot_product(layer, q[:, rows], keys, values, segment.masks.get(layer.window))
+
+
+def attend_planned(
+    layer: AttendingLayer,
+    q: torch.Tensor,  # [heads, n, d], rope applied
+    k: torch.Tensor,  # [kv_heads, n, d], rope applied
+    v: torch.Tensor,  # [kv_heads, n, d]
+    plan: AttentionPlan,
+    cache: KVCache,
+    layer_index: int,
+) -> torch.Tensor:  # [n, heads * d]; rows past the planned tokens (padding) are zeros
+    """Write the block's keys and values into the cache and attend as the plan says."""
+    num_tokens = q.shape[1]
+    if plan.padded is not None:
+        attended = plan.padded.attend(layer, q, k, v, cache, layer_index)  # [heads, planned tokens, d]
+        attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
+        if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
+            attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
+        return attended
+    out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]; padding rows stay zero
+    by_head = out.transpose(0, 1)  # [heads, n, d], a view of out
+    attend_segments(layer, q, k, v, plan.segments, cache, layer_index, by_head)
+    for group in plan.groups[layer.window] if plan.groups else ():
+        group.attend(layer, q, cache, layer_index, by_head)
+    return out.reshape(num_tokens, -1)

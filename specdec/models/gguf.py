@@ -40,7 +40,9 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
     if exact:
         network.make_batch_invariant()
     if quantize:  # (load() checked that the weights are float32)
-        network.quantize(quantize)
+        from specdec.models.precisions import quantize_model
+
+        quantize_model(network, quantize)
     context = hf_config.max_position_embeddings
     return LanguageModel(network=network, tokenizer=tokenizer, name=path.stem, vocab_size=hf_config.vocab_size,
                          max_context=min(context, max_context) if max_context else context,

@@ -283,12 +283,12 @@ def _set_precision(network, used_backend: str, folder: Path, exact: bool, quanti
         network.restrict_output(torch.tensor(read_json(folder / OUTPUT_TOKENS_FILE)["token_ids"], dtype=torch.long))
     if quantize is None:
         return
+    from specdec.models.precisions import quantize_linears, quantize_model
+
     if used_backend == "specdec":
-        network.quantize(quantize)
+        quantize_model(network, quantize)
         return
     import warnings
-
-    from specdec.models.precisions import quantize_linears
 
     warnings.warn(f"{folder.name}: {quantize} through the transformers adapter is not batch-invariant (its "
                   "attention scores a verify block together), so greedy speculative output may differ "

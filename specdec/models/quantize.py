@@ -36,6 +36,9 @@ class Int8Linear(nn.Module):
     row (sx, mapping the row's largest magnitude to the kernel's activation_max) and per output
     channel (sw, to 127)."""
 
+    weight_int8: torch.Tensor  # the int8 weight in the kernel's layout (Int8Kernel.prepare; a buffer)
+    weight_scale: torch.Tensor  # [out] (a buffer)
+
     def __init__(self, linear: nn.Linear, kernel: Int8Kernel | None = None) -> None:
         super().__init__()
         weight = linear.weight.detach().float()  # [out, in]
@@ -65,7 +68,7 @@ def quantize_int8(module: nn.Module) -> nn.Module:
         raise ValueError("int8 quantization runs on CPU only (torch._int_mm); use --device cpu or drop --quantize")
     module.float()
     _replace_linears(module)
-    module.quantized = "int8"  # what LanguageModel.precision reports
+    setattr(module, "quantized", "int8")  # what LanguageModel.precision reports
     return module
 
 

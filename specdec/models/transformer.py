@@ -13,16 +13,15 @@ segment's cache row.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.attention import AttentionPlan, attend_in_blocks, plan_attention
+from specdec.models.attention import AttentionPlan, attend_planned, plan_attention
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
-import specdec.models.int4_layer as int4_layer
 from specdec.models.cache import KVCache
 from specdec.models.primitives import RMSNorm, rotate_half
 
@@ -140,7 +139,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
-        self.fused = False  # packed linears and the compiled layer ops (int4_layer.py): set by quantize()
 
     def forward(
         self,
@@ -152,10 +150,6 @@ class DecoderLayer(nn.Module):
         layer_index: int,
         fixed_rows: int | None = None,  # see project(); padding rows are never attended
     ) -> torch.Tensor:  # [n, hidden]
-        if self.fused:  # the same layer in three compiled calls
-            qkv = int4_layer.qkv_projection(self, x, cos, sin).transpose(0, 1)  # [heads + 2 kv_heads, n, d]
-            q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)
-            return int4_layer.mlp_block(self, x, attend_planned(self, q, k, v, plan, cache, layer_index, compiled=True))
         num_tokens = x.shape[0]
         qkv = project(self.qkv_proj, self.input_norm(x), fixed_rows).view(num_tokens, -1, self.head_dim).transpose(0, 1)
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
@@ -164,56 +158,6 @@ class DecoderLayer(nn.Module):
         x = x + project(self.o_proj, attend_planned(self, q, k, v, plan, cache, layer_index), fixed_rows)
         gate, up = project(self.gate_up_proj, self.post_attention_norm(x), fixed_rows).chunk(2, dim=-1)
         return x + project(self.down_proj, F.silu(gate) * up, fixed_rows)
-
-    def attend(
-        self,
-        q: torch.Tensor,  # [..., heads, k, d]
-        keys: torch.Tensor,  # [..., kv_heads, length, d]
-        values: torch.Tensor,  # [..., kv_heads, length, d]
-        mask: torch.Tensor | None,  # [..., k, length] bool, True = may attend; None = all
-    ) -> torch.Tensor:  # [..., heads, k, d]
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim),
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-
-
-def attend_planned(
-    layer: nn.Module,  # has num_heads, num_kv_heads, head_dim, window and attend() (DecoderLayer, a draft head's layer)
-    q: torch.Tensor,  # [heads, n, d], rope applied
-    k: torch.Tensor,  # [kv_heads, n, d], rope applied
-    v: torch.Tensor,  # [kv_heads, n, d]
-    plan: AttentionPlan,
-    cache: KVCache,
-    layer_index: int,
-    compiled: bool = False,  # per-query tokens through the compiled attention (int4_layer.attend_queries)
-) -> torch.Tensor:  # [n, heads * d]; rows past the planned tokens (padding) are zeros
-    """Write the block's keys and values into the cache and attend as the plan says."""
-    num_tokens = q.shape[1]
-    if plan.padded is not None:
-        attended = plan.padded.attend(layer, q, k, v, cache, layer_index)
-        attended = attended.transpose(0, 1).reshape(attended.shape[1], -1)
-    else:
-        out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]; padding rows stay zero
-        attended = out.transpose(0, 1)  # [heads, n, d], a view of out
-        for segment in plan.segments:
-            if compiled and segment.per_query is not None:
-                continue  # attend_queries writes its keys and values
-            rows = slice(segment.start, segment.end)
-            keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
-            if segment.blocks_after is not None:  # a long chain: its queries in blocks (linear memory)
-                attend_in_blocks(layer, q, keys, values, segment, attended)
-            elif segment.per_query is None:
-                attended[:, rows] = layer.attend(q[:, rows], keys, values, segment.masks.get(layer.window))
-        if compiled and plan.groups:
-            int4_layer.attend_queries(layer, q, k, v, plan.query_list_for(layer.window), cache.keys[layer_index],
-                                      cache.values[layer_index], out)
-        for group in plan.groups[layer.window] if plan.groups and not compiled else ():
-            group.attend(layer, q, cache, layer_index, attended)
-        attended = out.reshape(num_tokens, -1)
-    if attended.shape[0] < num_tokens:  # the padding rows' attention output: zeros
-        attended = F.pad(attended, (0, 0, 0, num_tokens - attended.shape[0]))
-    return attended
 
 
 class SubsetHead(nn.Module):
@@ -239,47 +183,35 @@ class LlamaFamilyModel(nn.Module):
     """Weights plus rope tables; stateless between calls (all state lives in the KVCache), so
     one set of weights can serve as both target and draft with two caches."""
 
+    rope_cos: torch.Tensor  # [max_positions, head_dim] buffers (set_rope_tables)
+    rope_sin: torch.Tensor
+
     def __init__(self, config: TransformerConfig, inv_freq: torch.Tensor, attention_scaling: float) -> None:
         super().__init__()
         c = self.config = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c, window) for window in c.sliding_windows)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head: nn.Linear | SubsetHead = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.set_rope_tables(inv_freq, attention_scaling)
-        self.quantized = False
-        self.fused_output = False  # the final norm and a packed head in one compiled call (int4_layer.py)
+        self.quantized: str | None = None  # the precision that replaced the linears (precisions.py)
+        self.quantize_notice: str | None = None  # the one line the CLI prints about it
+        # One call for lm_head(norm(x)) on the last layer's output ([n, hidden] -> [n, vocab]), where
+        # a precision has a faster equivalent of the two (precisions.quantize_model); None: the two.
+        self.norm_then_head: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.fixed_rows: int | None = None  # set by make_batch_invariant
 
     def restrict_output(self, token_ids: torch.Tensor) -> LlamaFamilyModel:
         """Score only ``token_ids`` [subset] (SubsetHead): for drafts, before any quantization."""
-        if self.quantized:
-            raise ValueError("restrict the output before quantizing")
+        if self.quantized or not isinstance(self.lm_head, nn.Linear):
+            raise ValueError("restrict the output once, before quantizing")
         if token_ids.unique().shape[0] != token_ids.shape[0] or not (0 <= token_ids).all() or \
                 not (token_ids < self.config.vocab_size).all():
             raise ValueError(
                 f"output token ids must be distinct ids below the vocabulary size {self.config.vocab_size}")
         self.lm_head = SubsetHead(self.lm_head.weight.detach(), token_ids.to(self.device), self.config.vocab_size)
-        return self
-
-    def quantize(self, kind: str = "int8") -> LlamaFamilyModel:
-        """int8 linears (or 4-bit: "int4"; 8-bit groups with float32 activations: "w8a32"), and
-        per-row attention after the prefill, so that a token is scored bit-for-bit the same inside a
-        verify block as alone (the greedy-equality invariant). `quantized` then says which ran
-        ("int8" where int4 or w8a32 could not)."""
-        from specdec.models.precisions import quantize_linears
-
-        quantize_linears(self, kind)
-        self.fixed_rows = None  # each row's products are computed alone in any blocking
-        packed = {"int4": 4, "w8a32": 8}.get(str(self.quantized))
-        problem = int4_layer.layer_problem(packed) if packed else "not packed"
-        for layer in self.layers:
-            layer.fused = problem is None and int4_layer.packed_format(layer) == packed
-        self.fused_output = self.layers[0].fused and getattr(self.lm_head, "format", None) == packed
-        if packed:
-            self.quantize_notice += f"; layer ops not compiled ({problem})" if problem else "; layer ops compiled"
         return self
 
     def make_batch_invariant(self, fixed_rows: int = DEFAULT_FIXED_ROWS) -> LlamaFamilyModel:
@@ -334,11 +266,11 @@ class LlamaFamilyModel(nn.Module):
         cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
-        windows = {layer.window for layer in self.layers}
+        windows = set(self.config.sliding_windows)
         # An int8 or batch-invariant model attends per query after the prefill (see
         # quantize.py), where the caller needs each token scored as alone; a float one also runs
         # its linears in fixed-size calls then. The prefill itself is the same in every mode.
-        invariant = attention.batch_invariant and (self.quantized or self.fixed_rows is not None)
+        invariant = attention.batch_invariant and (self.quantized is not None or self.fixed_rows is not None)
         plan = plan_attention(attention, positions, cache, windows, per_query=invariant)
         after_prefill = any(cache.lengths[segment.row] > 0 for segment in attention.segments)
         fixed_rows = self.fixed_rows if invariant and after_prefill else None
@@ -355,8 +287,8 @@ class LlamaFamilyModel(nn.Module):
                 outputs[index] = x[:count]
         if not want_logits:
             logits = None
-        elif self.fused_output:
-            logits = int4_layer.norm_then_linear(self.norm, self.lm_head, x)[:count]
+        elif self.norm_then_head is not None:
+            logits = self.norm_then_head(x)[:count]
         else:
             logits = project(self.lm_head, self.norm(x), fixed_rows)[:count]
         hidden = torch.cat([outputs[index] for index in hidden_layers], dim=-1) if hidden_layers else None

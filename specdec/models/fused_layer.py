@@ -1,4 +1,6 @@
-"""An int4 (or w8a32) model's decoder layer in three compiled calls (kernels/layer_ops.cpp), not ~20 torch ops.
+"""A decoder layer of packed linears (int4 or w8a32) in three compiled calls (kernels/layer_ops.cpp),
+not ~20 torch ops: FusedDecoderLayer, which precisions.quantize_model swaps in for each DecoderLayer
+whose four linears share a packed format, where the self-check passes on this machine.
 
 Why: a one-token int4 step spent ~40% of its time in the small ops around its matmuls (RMSNorm,
 attention's cache writes and one-query SDPA calls, RoPE's rotate): per-op dispatch and threading
@@ -19,19 +21,19 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
 from specdec.machine import cache_root, cached_measurement
-from specdec.models.attention import QueryList, query_list
+from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
+from specdec.models.cache import KVCache
 from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
 from specdec.models.primitives import RMSNorm, rotate_half
+from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
-
-if TYPE_CHECKING:
-    from specdec.models.transformer import DecoderLayer
 
 POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
@@ -52,12 +54,88 @@ def library() -> ctypes.CDLL:
     return handle
 
 
+class FusedDecoderLayer(nn.Module):
+    """A DecoderLayer whose linears share a packed format, run as three compiled calls; the same
+    weights (the same modules, under the same names) and the same forward signature."""
+
+    def __init__(self, layer: DecoderLayer) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        self.window = layer.window
+        self.input_norm, self.post_attention_norm = layer.input_norm, layer.post_attention_norm
+        linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+        if not all(isinstance(linear, PackedLinear) for linear in linears):
+            raise ValueError("a fused layer needs packed linears (int4 or w8a32)")
+        self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj = cast(tuple[PackedLinear, ...], linears)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [n, hidden], every segment's new tokens
+        cos: torch.Tensor,  # [n, head_dim]
+        sin: torch.Tensor,  # [n, head_dim]
+        plan: AttentionPlan,
+        cache: KVCache,
+        layer_index: int,
+        fixed_rows: int | None = None,  # unused: each row is computed alone in any block (layer_ops.cpp)
+    ) -> torch.Tensor:  # [n, hidden]
+        qkv = qkv_projection(self, x, cos, sin).transpose(0, 1)  # [heads + 2 kv_heads, n, d]
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)
+        return mlp_block(self, x, self.attend(q, k, v, plan, cache, layer_index))
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
+        k: torch.Tensor,  # [kv_heads, n, d], rope applied
+        v: torch.Tensor,  # [kv_heads, n, d]
+        plan: AttentionPlan,
+        cache: KVCache,
+        layer_index: int,
+    ) -> torch.Tensor:  # [n, heads * d]
+        """attend_planned, with the per-query tokens in one compiled call (which writes their keys
+        and values itself) instead of one SDPA call each."""
+        if plan.padded is not None or not plan.groups:  # no per-query tokens
+            return attend_planned(self, q, k, v, plan, cache, layer_index)
+        num_tokens = q.shape[1]
+        out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]
+        attend_segments(self, q, k, v, plan.masked_segments, cache, layer_index, out.transpose(0, 1))
+        attend_queries(self, q, k, v, plan.query_list_for(self.window), cache.keys[layer_index],
+                       cache.values[layer_index], out)
+        return out.reshape(num_tokens, -1)
+
+
+@dataclass(frozen=True)
+class FusedOutput:
+    """The final norm and a packed output head in one compiled call: lm_head(norm(x))."""
+
+    norm: RMSNorm
+    head: PackedLinear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
+        return norm_then_linear(self.norm, self.head, x)
+
+
+def fuse(network: LlamaFamilyModel, format: int) -> str | None:
+    """Swap in a FusedDecoderLayer for each layer whose linears all have the packed ``format`` (4:
+    int4, 8: w8a32), and FusedOutput for the final norm and head, if the compiled layer passes its
+    self-check here (layer_problem); else leave the torch layers and return why."""
+    problem = layer_problem(format)
+    if problem is not None:
+        return problem
+    for index, layer in enumerate(network.layers):
+        if isinstance(layer, DecoderLayer) and packed_format(layer) == format:
+            network.layers[index] = FusedDecoderLayer(layer)
+    if isinstance(network.layers[0], FusedDecoderLayer) and isinstance(network.lm_head, PackedLinear) and \
+            network.lm_head.format == format:
+        network.norm_then_head = FusedOutput(network.norm, network.lm_head)
+    return None
+
+
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
 def attend_queries(
-    layer: DecoderLayer,
+    layer: FusedDecoderLayer,
     q: torch.Tensor,  # [heads, n, d], rope applied
     k: torch.Tensor,  # [kv_heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
     v: torch.Tensor,  # [kv_heads, n, d]
@@ -88,9 +166,9 @@ def packed_format(layer: DecoderLayer) -> int | None:
     return formats.pop() if len(formats) == 1 else None
 
 
-def qkv_projection(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [n, hidden] -> norm, q/k/v matmul, bias, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
-    linear, norm = cast(PackedLinear, layer.qkv_proj), layer.input_norm
+    linear, norm = layer.qkv_proj, layer.input_norm
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty(x.shape[0], linear.out_padded)
     library().specdec_layer_qkv(
@@ -101,9 +179,9 @@ def qkv_projection(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin:
     return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
 
 
-def mlp_block(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+def mlp_block(layer: FusedDecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
     """x + o(attended), then + down(silu(gate) * up) of its norm: [n, hidden]."""
-    o, gate_up, down = (cast(PackedLinear, linear) for linear in (layer.o_proj, layer.gate_up_proj, layer.down_proj))
+    o, gate_up, down = layer.o_proj, layer.gate_up_proj, layer.down_proj
     norm = layer.post_attention_norm
     x, attended = x.contiguous(), attended.contiguous()
     out = torch.empty_like(x)
@@ -145,25 +223,22 @@ def _cached_layer_problem(key: str, format: int) -> str | None:
         "problem"]
 
 
-class CheckLayer(nn.Module):
-    """What the compiled calls read of a DecoderLayer (qwen2-style: q/k/v bias, 4 heads over 2 kv
-    heads of 16), with random packed weights (int4 or w8a32) and norm scales."""
-
-    def __init__(self, generator: torch.Generator, packed: type[Int4Linear] | type[W8A32Linear] = Int4Linear) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = 4, 2, 16
-
-        def linear(out_features: int, in_features: int, bias: bool) -> PackedLinear:
-            dense = nn.Linear(in_features, out_features, bias=bias)
-            for parameter in dense.parameters():
-                parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
-            return packed(dense)
-
-        self.qkv_proj, self.o_proj = linear(8 * 16, 64, True), linear(64, 64, False)
-        self.gate_up_proj, self.down_proj = linear(2 * 96, 64, False), linear(64, 96, False)
-        self.input_norm, self.post_attention_norm = RMSNorm(64, 1e-6), RMSNorm(64, 1e-6)
-        for norm in (self.input_norm, self.post_attention_norm):
-            norm.weight.data = 1 + 0.3 * torch.randn(64, generator=generator)
+def random_fused_layer(generator: torch.Generator, packed: type[Int4Linear] | type[W8A32Linear]) -> FusedDecoderLayer:
+    """A small qwen2-style layer (q/k/v bias, 4 heads over 2 kv heads of 16) with random packed
+    weights (int4 or w8a32) and norm scales."""
+    config = TransformerConfig(
+        model_type="qwen2", vocab_size=1, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
+        attention_bias=True, output_bias=False, mlp_bias=False, sliding_windows=(None,))
+    layer = DecoderLayer(config, None)
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+        dense = getattr(layer, name)
+        for parameter in dense.parameters():
+            parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
+        setattr(layer, name, packed(dense))
+    for norm in (layer.input_norm, layer.post_attention_norm):
+        norm.weight.data = 1 + 0.3 * torch.randn(64, generator=generator)
+    return FusedDecoderLayer(layer)
 
 
 def check_layer(seed: int = 0, format: int = 4) -> str | None:
@@ -172,7 +247,7 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
     float32 rounding of the torch layer's ops on a 3-token chain block, and every row of the block
     gets the bits it gets alone, else what differs."""
     generator = torch.Generator().manual_seed(seed)
-    layer = cast("DecoderLayer", CheckLayer(generator, Int4Linear if format == 4 else W8A32Linear))
+    layer = random_fused_layer(generator, Int4Linear if format == 4 else W8A32Linear)
     context, block = 21, 3
     keys = torch.randn(1, 2, 32, 16, generator=generator)
     values = torch.randn(1, 2, 32, 16, generator=generator)
