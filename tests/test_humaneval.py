@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from specdec.bench import humaneval, suite
-from specdec.bench.humaneval import (COMPLETION_STOPS, CodeTask, extract_code, humaneval_suite, score_measurements,
-                                     through_chat)
+from specdec.bench.code_task import COMPLETION_STOPS, CodeTask, extract_code
+from specdec.bench.humaneval import humaneval_suite, score_measurements, through_chat
 from specdec.bench.runner import Measurement, Method, MethodOutput, Summary
 from specdec.bench.sandbox import SandboxLimits, run_program
 from specdec.cli import main

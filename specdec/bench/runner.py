@@ -15,16 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specdec.acceptance import canonical_acceptance
+from specdec.bench.code_task import CodeTask
 from specdec.constraint import Constraint
 from specdec.drafting.base import suffix_caches
 from specdec.metrics import SpecStats
 from specdec.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from specdec.bench.humaneval import CodeTask
 
 
 @dataclass(frozen=True)

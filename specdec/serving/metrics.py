@@ -6,14 +6,11 @@ Each server has its own registry, so several servers (or tests) in one process n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdec.drafting.base import StepOutcome
-
-if TYPE_CHECKING:
-    from specdec.serving.scheduler import Ticket
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
                    10.0, 20.0, 40.0)
@@ -107,16 +104,17 @@ class ServerMetrics:
             self.acceptance_rate.set(self.totals["accepted"] / self.totals["drafted"])
             self.mean_acceptance_length.set(1 + self.totals["accepted"] / self.totals["drafting_steps"])
 
-    def observe_chunk(self, ticket: Ticket, tokens: int, now: float) -> None:
-        """A chunk of ``tokens`` reached ``ticket`` at ``now``."""
+    def observe_chunk(self, tokens: int, now: float, submitted: float, last_emit: float | None) -> None:
+        """A chunk of ``tokens`` reached at ``now`` a request submitted at ``submitted`` whose last
+        chunk came at ``last_emit`` (None: this is its first)."""
         if tokens == 0:
             return
         self.generation_tokens.inc(tokens)
-        if ticket.last_emit is None:  # the first chunk's tokens arrive with the first token
-            self.ttft.observe(now - ticket.submitted)
+        if last_emit is None:  # the first chunk's tokens arrive with the first token
+            self.ttft.observe(now - submitted)
             return
         for _ in range(tokens):
-            self.inter_token.observe((now - ticket.last_emit) / tokens)
+            self.inter_token.observe((now - last_emit) / tokens)
 
     def observe_prefill(self, computed: int, forked: int) -> None:
         self.prompt_tokens.inc(computed)

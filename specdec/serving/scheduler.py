@@ -273,7 +273,7 @@ class Scheduler:
                 self.fail(ticket, error)
                 continue
             if self.metrics is not None:
-                self.metrics.observe_chunk(ticket, len(chunk.token_ids), now)
+                self.metrics.observe_chunk(len(chunk.token_ids), now, ticket.submitted, ticket.last_emit)
             ticket.last_emit = now
             ticket.emit(chunk)
             if ticket.request.finish_reason is not None:
