@@ -12,6 +12,7 @@ from tiny import save_random_model
 from torch import nn
 
 from specdec.models import w8a32
+from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput
 from specdec.models.loading import load
 from specdec.models.w8a32 import W8A32Linear, check_kernel, dequantized, kernel_linear, pack_weight
 
@@ -140,7 +141,8 @@ def test_a_model_with_gguf_weights_computes_what_float32_computes(model_dir):
             weights[name] = torch.from_numpy(quants.dequantize(packed, kind).copy())
     save_file(weights, str(folder / "model.safetensors"))
     reference, fast, four_bit = load(folder), load(folder, quantize="w8a32"), load(folder, quantize="int4")
-    assert all(layer.fused for layer in fast.network.layers) and fast.network.fused_output
+    assert all(isinstance(layer, FusedDecoderLayer) for layer in fast.network.layers)
+    assert isinstance(fast.network.norm_then_head, FusedOutput)
     assert "100.0% of weight groups held exactly" in fast.network.quantize_notice
     tokens = torch.arange(3, 30)
     expected = reference.extend(tokens, reference.new_cache())

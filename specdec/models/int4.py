@@ -40,7 +40,7 @@ GROUP = 32  # inputs per scale
 COLS = 16  # outputs per block of the packed layout
 SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
 # Compiled into the same library: the float-activation kernel of --quantize w8a32 (specdec/models/w8a32.py)
-# and the layer's work around the matmuls (specdec/models/int4_layer.py).
+# and the layer's work around the matmuls (specdec/models/fused_layer.py).
 W8A32_SOURCE = Path(__file__).parent / "kernels" / "w8a32_matmul.cpp"
 LAYER_SOURCE = Path(__file__).parent / "kernels" / "layer_ops.cpp"
 SOURCES = (SOURCE, W8A32_SOURCE, LAYER_SOURCE)
