@@ -6,6 +6,7 @@ import torch
 from tiny import save_random_model
 
 from specdec.models import fused_layer
+from specdec.models.base import Attention, Segment
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput
 from specdec.models.loading import load
 from specdec.models.transformer import DecoderLayer
@@ -88,3 +89,24 @@ def test_wrong_layer_ops_leave_the_torch_layer_with_a_one_line_notice(model_dir,
     assert model.network.norm_then_head is None
     notice = model.network.quantize_notice
     assert notice.endswith("; layer ops not compiled (attention off by 0.1 (relative))") and "\n" not in notice
+
+
+@pytest.mark.parametrize("quantize", ["int4", "w8a32"])
+def test_a_forward_mixing_a_prefill_and_a_verify_block_scores_each_row_as_alone(model_dir, quantize):
+    """One forward in which row 0 prefills (masked SDPA over its segment) and row 1 verifies a
+    block (the compiled per-query attention) gives each row the bits it gets alone: the server's
+    steps mix them. Mutation checked: FusedDecoderLayer.attend without attend_segments (the
+    prefill's keys never written, its queries never attended) fails."""
+    folder = save_random_model(model_dir / "fused-mixed", "qwen2", seed=11)
+    model = load(folder, quantize=quantize)
+    assert all(isinstance(layer, FusedDecoderLayer) for layer in model.network.layers)
+    prompt, context, block = torch.arange(3, 12), torch.arange(20, 27), torch.arange(30, 34)
+    cache = model.new_cache(rows=2)
+    model.extend(context, cache, row=1)
+    positions = torch.cat([torch.arange(9), torch.arange(7, 11)])
+    attention = Attention((Segment(0, 9), Segment(1, 4)))
+    mixed = model.forward(torch.cat([prompt, block]), positions, cache, attention).logits
+    prefill = model.extend(prompt, model.new_cache())
+    model.extend(context, verify_cache := model.new_cache())
+    verify = model.extend(block, verify_cache)
+    assert torch.equal(mixed[:9], prefill) and torch.equal(mixed[9:], verify)

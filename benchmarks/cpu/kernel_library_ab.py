@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 
-import specdec.models.int4_layer as int4_layer
+import specdec.models.fused_layer as fused_layer
 from specdec.models.loading import load
 from specdec.models.timing import prefilled_cache, time_block
 
@@ -27,7 +27,7 @@ def main() -> None:
     handles = []
     for path in paths:
         handle = ctypes.CDLL(path)
-        for name, argtypes in int4_layer.SIGNATURES.items():
+        for name, argtypes in fused_layer.SIGNATURES.items():
             function = getattr(handle, name)
             function.restype, function.argtypes = None, argtypes
         handles.append(handle)
@@ -36,7 +36,7 @@ def main() -> None:
     times: dict[tuple[str, int], list[float]] = {(path, k): [] for path in paths for k in blocks}
     for _ in range(rounds):
         for path, handle in zip(paths, handles):
-            int4_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
+            fused_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
             time_block(model, cache, 1, 1)
             for k in blocks:
                 times[(path, k)].append(time_block(model, cache, k, 3) * 1e3)
