@@ -11,7 +11,9 @@ import specdec
 
 ROOT = Path(specdec.__file__).parent
 TOOLS = ("specdec.bench", "specdec.training")
-COMMANDS = ("specdec.cli", "specdec.__main__")  # the CLI dispatches to every command, tools included
+# The CLI dispatches to every command, tools included; corpus_index (behind `specdec index` and
+# the commands' --index) builds datastores from files by training's rule for which files count.
+COMMANDS = ("specdec.cli", "specdec.__main__", "specdec.index_command", "specdec.corpus_index")
 PRECISIONS = ("specdec.models.precisions", "specdec.models.fused_layer", "specdec.models.int4",
               "specdec.models.w8a32", "specdec.models.quantize", "specdec.models.int8_kernels")
 
