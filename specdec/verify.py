@@ -1,18 +1,13 @@
 """Verification of drafted chains and trees: pure functions on tensors, no models, no caches.
 
-Notation (Leviathan et al. 2023, Algorithm 1): p = target, q = draft. The drafter proposed
-``gamma`` tokens (a chain) or a tree of nodes; the target scored all of them in one forward pass,
-giving one distribution per node plus the one after the last context token. Every verifier returns
-the emitted tokens: the accepted drafts, then exactly one token chosen by the target (its
-correction where a draft was rejected, or the bonus token).
-
-Greedy verification follows the target's argmax. Rejection sampling is one function,
-``rejection_sample_ragged``, for chains and trees of a whole batch; ``rejection_sample`` and
-``tree_rejection_sample`` are a batch of one.
-
-Each verifier takes an optional ``relaxation`` (specdec.acceptance, LOSSY and opt-in): where the
-exact test turns a draft down, a token its relaxed set admits is kept all the same. None (the
-default) runs the lossless verifier unchanged.
+Notation (Leviathan et al. 2023, Algorithm 1): p = target, q = draft. The target scored a chain
+of ``gamma`` tokens, or a tree of nodes, in one forward: one distribution after the last context
+token and one after each node. Every verifier returns the accepted drafts, then exactly one token
+chosen by the target (its correction where a draft was rejected, or the bonus token). Greedy
+verification follows the target's argmax; rejection sampling is one function,
+``rejection_sample_ragged`` (chains and trees of a batch; ``rejection_sample`` and
+``tree_rejection_sample`` are a batch of one). An optional ``relaxation`` (specdec.acceptance,
+LOSSY and opt-in) keeps a draft the exact test turned down when its relaxed set admits it.
 """
 
 from __future__ import annotations
@@ -158,13 +153,12 @@ class RaggedDrafts:
     def batch(self) -> int:
         return self.cu_nodes.shape[0] - 1
 
-    def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per node: its request [nodes], its index within the request [nodes], and per request
-        the row of its block's first token in the target's output [batch]."""
+    def parent_rows(self) -> torch.Tensor:  # [nodes]
+        """The row of the target's output each node was drafted at: its parent's (its block's first
+        row, the last context token, for the root's children)."""
         counts = self.cu_nodes[1:] - self.cu_nodes[:-1]
         request = torch.repeat_interleave(torch.arange(self.batch, device=counts.device), counts)
-        local = torch.arange(self.tokens.shape[0], device=counts.device) - self.cu_nodes[:-1][request]
-        return request, local, self.cu_nodes[:-1] + torch.arange(self.batch, device=counts.device)
+        return self.cu_nodes[:-1][request] + request + self.parents + 1
 
 
 @dataclass(frozen=True)
@@ -178,13 +172,59 @@ class RejectionDecision:
 
 @dataclass
 class NodeState:
-    """p and q where a walk stands, computed only when a later sibling needs them: until then p is
-    row ``p_row`` of the target's probabilities, minus node ``q_node``'s q (the residual) if >= 0."""
+    """p and q where a walk stands, computed only when needed: until then p is row ``p_row`` of the
+    target's probabilities, minus node ``q_node``'s q (the residual) if >= 0."""
 
     p_row: int
     q_node: int = -1
     p: torch.Tensor | None = None  # [vocab]
     q: torch.Tensor | None = None  # [vocab], q without the siblings rejected so far
+
+
+@dataclass(frozen=True)
+class JudgedBatch:
+    """A batch after its first-sibling tests, on the host: what a walk down one request's tree reads."""
+
+    passed: list[bool]  # [nodes]: the node's uniform below its acceptance as a first sibling
+    uniforms: torch.Tensor  # [nodes]
+    tokens: list[int]  # [nodes]
+    node_q: torch.Tensor  # [nodes, vocab]: q each node was drawn from
+    target_probs: torch.Tensor  # [nodes + batch, vocab]
+    tried: dict[int, float]  # node -> the acceptance a later sibling was judged by (filled by walks)
+
+    def walk(self, children: dict[int, list[int]],  # a request's tree: node -> its children, in the order drawn
+             start: int,  # the request's first node in the batch
+             root_row: int,  # its row of p at the root
+             guesses: bool,  # no q: each sibling a point mass of its own
+             relaxation: Relaxation | None) -> tuple[list[int], NodeState]:  # accepted path, where it stopped
+        state, path = NodeState(root_row), list[int]()
+        while True:
+            accepted, siblings = None, children.get(path[-1] if path else -1, [])
+            for child in siblings:
+                at = start + child
+                if state.q_node < 0:  # the first child tried here: judged in the batch's tensor operation
+                    if self.passed[at]:
+                        accepted = child
+                        break
+                    state.q_node = at
+                    continue
+                if state.p is None:  # a later sibling: the walk needs p and q after the rejections
+                    state.p, state.q = sibling_rejection_step(self.target_probs[state.p_row],
+                                                              self.node_q[state.q_node], self.tokens[state.q_node])[1:]
+                q = self.node_q[at] if guesses else state.q
+                assert q is not None  # set with p
+                accept, p_rejected, q_rejected = sibling_rejection_step(state.p, q, self.tokens[at])
+                self.tried[at] = float(accept)
+                if bool(self.uniforms[at] < accept):
+                    accepted = child
+                    break
+                state.p, state.q = p_rejected, q_rejected
+            if accepted is None and relaxation is not None:
+                accepted = relaxation.fallback(siblings)
+            if accepted is None:
+                return path, state
+            path.append(accepted)
+            state = NodeState(root_row + accepted + 1)
 
 
 def rejection_sample_ragged(
@@ -204,77 +244,53 @@ def rejection_sample_ragged(
     replacement), renormalised; an accepted child becomes the node; with every child rejected,
     draw from the current p. Guesses with no q (None) are point masses, each sibling its own.
 
-    Each request draws from its own generator: one uniform per node (torch.rand, in q's precision),
-    then its token, so its samples are what it gets alone, whatever its neighbours; a chain's are
-    the same draws whether walked as a chain or a tree. The acceptance tests of every first child
-    are one tensor operation and one host sync; a later sibling (trees) costs a sync of its own."""
-    request, local, block_start = drafts.layout()
+    Each request draws from its own generator one uniform per node (in q's precision), then its
+    token: its samples are what it gets alone, whatever its neighbours, and a chain draws the same
+    as a chain or a tree. The tests of every first child are one tensor operation and one host
+    sync; a later sibling (trees) costs a sync of its own."""
     counts = (drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]).tolist()
     vocab, device = target_probs.shape[1], target_probs.device
     dtype = next((q.dtype for q in draft_probs if q is not None), target_probs.dtype)
-    node_q = torch.cat([point_mass_probs(tokens, vocab).to(dtype) if q is None else q[: tokens.shape[0]]
-                        for tokens, q in zip(drafts.tokens.split(counts), draft_probs, strict=True)]) \
-        if counts else torch.zeros(0, vocab, dtype=dtype, device=device)  # [nodes, vocab]
+    pieces = [point_mass_probs(tokens, vocab).to(dtype) if q is None else q[: tokens.shape[0]]
+              for tokens, q in zip(drafts.tokens.split(counts), draft_probs, strict=True)]
+    node_q = pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else \
+        torch.zeros(0, vocab, dtype=dtype, device=device)  # [nodes, vocab]
     target_probs = target_probs.to(dtype)
-    parent_rows = block_start[request] + drafts.parents + 1  # [nodes]: the row of p each node was drafted at
-    acceptance = judge(target_probs[parent_rows, drafts.tokens], node_q.gather(-1, drafts.tokens[:, None])[:, 0])
+    p_x = target_probs[drafts.parent_rows(), drafts.tokens]  # [nodes]
+    acceptance = judge(p_x, node_q.gather(-1, drafts.tokens[:, None])[:, 0])
     uniforms = torch.cat([torch.rand(count, generator=generator, device=device, dtype=dtype)
                           for count, generator in zip(counts, generators, strict=True)]) if counts else acceptance
     passed, tokens, parents = (uniforms < acceptance).tolist(), drafts.tokens.tolist(), drafts.parents.tolist()
     starts, tried = drafts.cu_nodes.tolist(), dict[int, float]()  # tried: a later sibling's acceptance
+    judged = JudgedBatch(passed, uniforms, tokens, node_q, target_probs, tried)
     walks = []
     for r, (start, count) in enumerate(zip(starts, counts)):
         children: dict[int, list[int]] = {}
         for node in range(count):
             children.setdefault(parents[start + node], []).append(node)
-        state, path = NodeState(start + r), []
-        relaxation = None if relaxations is None else relaxations[r]
-        while True:
-            accepted = None
-            for child in children.get(path[-1] if path else -1, ()):
-                at = start + child
-                if state.q_node < 0:  # the first child tried here: judged in the batch's tensor operation
-                    if passed[at]:
-                        accepted = child
-                        break
-                    state.q_node = at
-                    continue
-                if state.p is None:  # a later sibling: the walk needs p and q after the rejections
-                    state.p, state.q = sibling_rejection_step(target_probs[state.p_row], node_q[state.q_node],
-                                                              tokens[state.q_node])[1:]
-                q = node_q[at] if draft_probs[r] is None else state.q
-                assert q is not None  # set with p
-                accept, p_rejected, q_rejected = sibling_rejection_step(state.p, q, tokens[at])
-                tried[at] = float(accept)
-                if bool(uniforms[at] < accept):
-                    accepted = child
-                    break
-                state.p, state.q = p_rejected, q_rejected
-            if accepted is None and relaxation is not None:
-                accepted = relaxation.fallback(children.get(path[-1] if path else -1, []))
-            if accepted is None:
-                break
-            path.append(accepted)
-            state = NodeState(start + r + accepted + 1)
-        walks.append((path, state))
-    # The target's token: from p, or the residual after one rejection, in one operation for the batch.
-    p_rows = target_probs[[state.p_row for _, state in walks]]  # [batch, vocab]
-    q_rows = node_q[[max(state.q_node, 0) for _, state in walks]] if tokens else torch.zeros_like(p_rows)
-    residual = torch.tensor([state.q_node >= 0 for _, state in walks], device=device)[:, None]
-    finals = torch.where(residual, residual_distribution(q_rows, p_rows), p_rows)
+        walks.append(judged.walk(children, start, start + r, draft_probs[r] is None,
+                                 None if relaxations is None else relaxations[r]))
+    # The target's token: from p, or the residual after one rejection (one operation for the batch).
+    states = [state for _, state in walks]
+    rejected = [r for r, state in enumerate(states) if state.p is None and state.q_node >= 0]
+    if rejected:
+        rows = residual_distribution(node_q[[states[r].q_node for r in rejected]],
+                                     target_probs[[states[r].p_row for r in rejected]])  # [rejected, vocab]
+        for r, row in zip(rejected, rows):
+            states[r].p = row
+    if decisions is not None and tried:  # a later sibling was judged against updated p and q
+        acceptance = acceptance.clone()
+        acceptance[list(tried)] = torch.tensor(list(tried.values()), dtype=acceptance.dtype, device=device)
     results = []
-    for r, ((path, state), start, generator) in enumerate(zip(walks, starts, generators)):
-        final = finals[r] if state.p is None else state.p
+    for (path, state), start, count, generator in zip(walks, starts, counts, generators):
+        final = target_probs[state.p_row] if state.p is None else state.p
         token = torch.multinomial(final, 1, generator=generator)
         chain = path == list(range(len(path)))
         kept = drafts.tokens[start : start + len(path)] if chain else drafts.tokens[[start + node for node in path]]
         results.append((torch.cat([kept, token]), path))
         if decisions is not None:
-            judged = acceptance[start : start + counts[r]].clone()
-            for node, value in tried.items():
-                if start <= node < start + counts[r]:
-                    judged[node - start] = value
-            decisions.append(RejectionDecision(judged, uniforms[start : start + counts[r]], final))
+            nodes = slice(start, start + count)
+            decisions.append(RejectionDecision(acceptance[nodes], uniforms[nodes], final))
     return results
 
 
@@ -293,11 +309,8 @@ def rejection_sample(
         raise ValueError(f"target_probs needs gamma + 1 = {gamma + 1} rows, got {target_probs.shape[0]}")
     if validate:
         check_draft(draft_tokens, draft_probs, target_probs, gamma)
-        if (
-            draft_probs is not None
-            and gamma
-            and bool((draft_probs.gather(-1, draft_tokens[:, None].long()) <= 0).any())
-        ):
+        drawn = None if draft_probs is None or not gamma else draft_probs.gather(-1, draft_tokens[:, None].long())
+        if drawn is not None and bool((drawn <= 0).any()):
             raise ValueError("a draft token has probability 0 under draft_probs: it cannot have been drawn from q")
     drafts = RaggedDrafts.of([draft_tokens], [None], draft_tokens.device)
     return rejection_sample_ragged(drafts, [draft_probs], target_probs, [generator], [relaxation])[0][0]

@@ -176,6 +176,6 @@ def verify_step(
                                   None if decisions is None else decisions[k])
     for i, (request, draft) in enumerate(zip(requests, drafts)):
         if verdicts[i] is None:
-            start, end = offsets[i], offsets[i + 1]
-            verdicts[i] = verify_request(request, draft, logits[start:end], None if argmax is None else argmax[start:end])
+            rows = slice(offsets[i], offsets[i + 1])
+            verdicts[i] = verify_request(request, draft, logits[rows], None if argmax is None else argmax[rows])
     return [verdict for verdict in verdicts if verdict is not None]

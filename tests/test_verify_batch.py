@@ -94,7 +94,7 @@ def test_rejection_ragged_samples_trees_as_each_alone(blocks):
     rejection_sample) gives it alone, sibling rejections included. Mutation, checked: starting an
     accepted node's p at its row within the request and not within the batch (no + r) fails."""
     source = torch.Generator().manual_seed(len(blocks))
-    tokens, parents, q_rows, node_q, p, alone = [], [], [], [], [], []
+    tokens, parents, node_q, p, alone = [], [], [], [], []
     for (draft, tree, _), guesses, seed in blocks:
         count = draft.shape[0]
         rows = None if guesses else random_probs(count + 1, VOCAB, source)  # q at the root, then after each node

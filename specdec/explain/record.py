@@ -154,6 +154,7 @@ def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | 
         decoder.generate(prompt, dataclasses.replace(sampling, max_new_tokens=2))
         recorder.records.clear()
     result = decoder.generate(prompt, sampling)
+    assert isinstance(result, GenerationResult)  # one prompt, one result
     return RecordedRun(result, recorder.records, sampling)
 
 

@@ -88,6 +88,7 @@ def tree_rows(record: StepRecord) -> list[DraftRow]:
     path, decision = record.path or [], record.decision
     tried = tried_nodes(record.parents, path)
     rows = []
+    acceptance: float | None
     for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents)):
         q = 1.0 if record.q is None else float(record.q[parent + 1, token])
         p = float(record.p[parent + 1, token])
