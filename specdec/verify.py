@@ -13,7 +13,7 @@ LOSSY and opt-in) keeps a draft the exact test turned down when its relaxed set 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -149,15 +149,11 @@ class RaggedDrafts:
         flat = torch.cat(list(tokens)).to(device) if tokens else torch.zeros(0, dtype=torch.long, device=device)
         return RaggedDrafts(flat.long(), torch.tensor(flat_parents, dtype=torch.long, device=device), cu_nodes)
 
-    @property
-    def batch(self) -> int:
-        return self.cu_nodes.shape[0] - 1
-
     def parent_rows(self) -> torch.Tensor:  # [nodes]
         """The row of the target's output each node was drafted at: its parent's (its block's first
         row, the last context token, for the root's children)."""
         counts = self.cu_nodes[1:] - self.cu_nodes[:-1]
-        request = torch.repeat_interleave(torch.arange(self.batch, device=counts.device), counts)
+        request = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts)
         return self.cu_nodes[:-1][request] + request + self.parents + 1
 
 
@@ -185,12 +181,12 @@ class NodeState:
 class JudgedBatch:
     """A batch after its first-sibling tests, on the host: what a walk down one request's tree reads."""
 
-    passed: list[bool]  # [nodes]: the node's uniform below its acceptance as a first sibling
+    passed: list[int]  # [nodes]: 1 where the node's uniform is below its acceptance as a first sibling
     uniforms: torch.Tensor  # [nodes]
     tokens: list[int]  # [nodes]
     node_q: torch.Tensor  # [nodes, vocab]: q each node was drawn from
     target_probs: torch.Tensor  # [nodes + batch, vocab]
-    tried: dict[int, float]  # node -> the acceptance a later sibling was judged by (filled by walks)
+    tried: dict[int, float] = field(default_factory=dict)  # a later sibling -> the acceptance it was judged by
 
     def walk(self, children: dict[int, list[int]],  # a request's tree: node -> its children, in the order drawn
              start: int,  # the request's first node in the batch
@@ -248,7 +244,8 @@ def rejection_sample_ragged(
     token: its samples are what it gets alone, whatever its neighbours, and a chain draws the same
     as a chain or a tree. The tests of every first child are one tensor operation and one host
     sync; a later sibling (trees) costs a sync of its own."""
-    counts = (drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]).tolist()
+    starts = drafts.cu_nodes.tolist()
+    counts = [end - start for start, end in zip(starts, starts[1:])]
     vocab, device = target_probs.shape[1], target_probs.device
     dtype = next((q.dtype for q in draft_probs if q is not None), target_probs.dtype)
     pieces = [point_mass_probs(tokens, vocab).to(dtype) if q is None else q[: tokens.shape[0]]
@@ -260,9 +257,8 @@ def rejection_sample_ragged(
     acceptance = judge(p_x, node_q.gather(-1, drafts.tokens[:, None])[:, 0])
     uniforms = torch.cat([torch.rand(count, generator=generator, device=device, dtype=dtype)
                           for count, generator in zip(counts, generators, strict=True)]) if counts else acceptance
-    passed, tokens, parents = (uniforms < acceptance).tolist(), drafts.tokens.tolist(), drafts.parents.tolist()
-    starts, tried = drafts.cu_nodes.tolist(), dict[int, float]()  # tried: a later sibling's acceptance
-    judged = JudgedBatch(passed, uniforms, tokens, node_q, target_probs, tried)
+    passed, tokens, parents = torch.stack([(uniforms < acceptance).long(), drafts.tokens, drafts.parents]).tolist()
+    judged = JudgedBatch(passed, uniforms, tokens, node_q, target_probs)
     walks = []
     for r, (start, count) in enumerate(zip(starts, counts)):
         children: dict[int, list[int]] = {}
@@ -278,9 +274,10 @@ def rejection_sample_ragged(
                                      target_probs[[states[r].p_row for r in rejected]])  # [rejected, vocab]
         for r, row in zip(rejected, rows):
             states[r].p = row
-    if decisions is not None and tried:  # a later sibling was judged against updated p and q
+    if decisions is not None and judged.tried:  # a later sibling was judged against updated p and q
         acceptance = acceptance.clone()
-        acceptance[list(tried)] = torch.tensor(list(tried.values()), dtype=acceptance.dtype, device=device)
+        acceptance[list(judged.tried)] = torch.tensor(list(judged.tried.values()), dtype=acceptance.dtype,
+                                                      device=device)
     results = []
     for (path, state), start, count, generator in zip(walks, starts, counts, generators):
         final = target_probs[state.p_row] if state.p is None else state.p

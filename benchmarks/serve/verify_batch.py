@@ -58,7 +58,7 @@ def run(batch: int, gamma: int, vocab: int, sampling: SamplingParams, device: st
             else:
                 out = [verify_request(r, d, logits[a:b], None if argmax is None else argmax[a:b])
                        for r, d, a, b in zip(requests, drafts, offsets, offsets[1:])]
-            emitted = [tokens.tolist() for tokens, _ in out]  # the host sync a step makes
+            emitted = [verdict.emitted.tolist() for verdict in out]  # the host sync a step makes
             if repeat:
                 timings[side].append(time.perf_counter() - started)
             verdicts[side] = emitted
