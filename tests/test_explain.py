@@ -171,12 +171,19 @@ def test_cli_explain_writes_a_report(tmp_path, capsys, monkeypatch):
 def test_tree_steps_record_the_tree_mask_and_path(pair):
     from specdec.drafting import make_drafter
 
-    run = record_generation(pair[0], make_drafter("tree", pair[1], tree_budget=6), PROMPT,
-                            SamplingParams(temperature=TEMPERATURE, seed=1, max_new_tokens=12))
+    run = record_generation(pair[0], make_drafter("tree", pair[1], tree_budget=10), PROMPT,
+                            SamplingParams(temperature=TEMPERATURE, seed=3, max_new_tokens=12))
     assert sum(record.num_accepted for record in run.records) == run.result.stats.accepted
     for record in run.records:
         view = step_view(record)
         assert sum(row.decision == "on the path" for row in view.rows) == record.num_accepted
+        # the sampler's own tests: a tried node is on the path exactly when its uniform is below the
+        # acceptance it was judged by (a later sibling's against updated p and q; this seed tries
+        # three later siblings. Mutation, checked: recording a later sibling's first-sibling
+        # acceptance in RejectionDecision fails)
+        tried = [row for row in view.rows if row.uniform is not None]
+        assert all((row.uniform < row.acceptance) == (row.decision == "on the path") for row in tried)
+        assert len(tried) >= len(record.path or []) and float(view.record.decision.final_dist[record.emitted[-1]]) > 0
         for node, parent in enumerate(record.parents or ()):  # a node sees itself and its parent, not its siblings
             assert record.mask[node + 1, node + 1] and record.mask[node + 1, parent + 1]
             siblings = [other for other, p in enumerate(record.parents) if p == parent and other != node]

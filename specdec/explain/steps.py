@@ -73,20 +73,22 @@ def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
     return rows
 
 
-def tried_nodes(parents: tuple[int, ...], path: list[int]) -> list[int]:
+def tried_nodes(parents: tuple[int, ...], path: list[int], relaxed: list[int]) -> list[int]:
     """The tree nodes verification judged: at the root and at each accepted node, its children in
-    the order drawn, up to the one accepted (all of them where the path ends)."""
+    the order drawn, up to the one accepted (all of them where the path ends, or where a LOSSY
+    rule kept one after the exact test turned them all down)."""
     tried = []
     for node, accepted in zip([-1, *path], [*path, None]):
         children = [child for child, parent in enumerate(parents) if parent == node]
-        tried += children if accepted is None else children[: children.index(accepted) + 1]
+        whole = accepted is None or accepted in relaxed
+        tried += children if whole else children[: children.index(accepted) + 1]
     return tried
 
 
 def tree_rows(record: StepRecord) -> list[DraftRow]:
     assert record.parents is not None  # a tree step
     path, decision = record.path or [], record.decision
-    tried = tried_nodes(record.parents, path)
+    tried = tried_nodes(record.parents, path, record.relaxed)
     rows = []
     acceptance: float | None
     for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents)):
