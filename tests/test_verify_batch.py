@@ -3,13 +3,19 @@ every request of random batches of chains and trees (greedy, specdec/verify_batc
 samples from the same generators (the one rejection sampler, specdec/verify.py, chains and trees),
 the target's law per row of a batch (chi-square), and the engine's step verified in one pass."""
 
+from types import SimpleNamespace
+
 import torch
 from hypothesis import given, settings, strategies as st
 from scipy.stats import chisquare
 
+from specdec.drafting.base import Draft
+from specdec.rules import CoupledRule, RejectionRule
+from specdec.sampling import SamplingParams
+
 from specdec.verify import (RaggedDrafts, greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample,
                             rejection_sample_ragged, tree_rejection_sample)
-from specdec.verify_batch import greedy_verify_ragged
+from specdec.verify_batch import greedy_verify_ragged, verify_request, verify_step
 
 VOCAB = 5  # small, so that drafts often match and siblings often repeat a token
 
@@ -134,3 +140,39 @@ def test_every_row_of_a_ragged_batch_has_the_targets_law():
     for index in range(len(counts)):
         expected = p[index][0].float() * steps
         assert chisquare(firsts[index], expected / expected.sum() * steps).pvalue > 1e-3, index
+
+
+def test_verify_step_reads_a_narrow_view_of_a_request():
+    """verify_step needs of a request only its sampling settings, rule, length and generator (no
+    engine Request): plain namespaces with those four, greedy and sampled, chains and trees, the
+    coupled rule and a lossy one among them, get each what verify_request gives it alone (the
+    sampled ones from a fresh generator of the same seed). Mutation, checked: reading
+    request.tokens in verify_step fails with AttributeError."""
+    source = torch.Generator().manual_seed(3)
+    settings_ = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams(temperature=0.9),
+                 SamplingParams(temperature=0.9, acceptance="lossy"), SamplingParams(temperature=0.9)]
+    parents = [None, (-1, -1, 0), None, None, (-1, 0)]
+    coupled = [False, False, False, False, True]
+
+    def views():
+        generators = [torch.Generator().manual_seed(seed) for seed in range(len(settings_))]
+        return [SimpleNamespace(sampling=sampling, length=7, generator=generator,
+                                rule=CoupledRule(seed) if couple else RejectionRule(generator))
+                for seed, (sampling, generator, couple) in enumerate(zip(settings_, generators, coupled))]
+
+    drafts = []
+    for tree in parents:
+        count = 3 if tree is None else len(tree)
+        q = random_probs(count + 1, VOCAB, source)
+        drafts.append(Draft(torch.multinomial(q[:count], 1, generator=source)[:, 0], q if tree else q[:count], tree))
+    offsets = [0]
+    for draft in drafts:
+        offsets.append(offsets[-1] + draft.num_nodes + 1)
+    logits = torch.randn(offsets[-1], VOCAB, generator=source)
+    argmax = logits.argmax(-1)
+    together = verify_step(views(), drafts, logits, argmax, offsets)
+    alone = [verify_request(view, draft, logits[start:end], argmax[start:end])
+             for view, draft, start, end in zip(views(), drafts, offsets, offsets[1:])]
+    for mine, theirs in zip(together, alone, strict=True):
+        assert mine.emitted.tolist() == theirs.emitted.tolist() and mine.relaxed == theirs.relaxed
+        assert (mine.path is None) == (theirs.path is None) and (mine.path is None or mine.path.equal(theirs.path))
