@@ -80,8 +80,10 @@ def tried_nodes(parents: tuple[int, ...], path: list[int], relaxed: list[int]) -
     tried = []
     for node, accepted in zip([-1, *path], [*path, None]):
         children = [child for child, parent in enumerate(parents) if parent == node]
-        whole = accepted is None or accepted in relaxed
-        tried += children if whole else children[: children.index(accepted) + 1]
+        if accepted is None or accepted in relaxed:
+            tried += children
+        else:
+            tried += children[: children.index(accepted) + 1]
     return tried
 
 
