@@ -26,10 +26,10 @@ from specdec.metrics import SpecStats
 from specdec.names import AUTO, default_gamma
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
-from specdec.request import NOT_ISOLATED, Isolation, Request
+from specdec.request import NOT_ISOLATED, Isolation, Request, VerifyHook
 from specdec.rules import make_rule
 from specdec.sampling import SamplingParams, token_logprobs
-from specdec.verify_batch import verify_request, verify_step
+from specdec.verify_batch import verify_step
 
 
 def as_drafter(drafter: Drafter | LanguageModel | str | None, target: LanguageModel) -> Drafter | None:
@@ -63,16 +63,16 @@ class Engine:
         prefill_chunk: int | None = None,
         max_context: int | None = None,
         per_request_policy: bool = True,  # False: every step's draft_lengths come from the caller (a server)
+        verify_hook: VerifyHook | None = None,
     ) -> None:
         self.drafter = as_drafter(drafter, target)
+        self.verify_hook = verify_hook  # told of each verified step (explain records steps through it)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
         chosen: str | DraftLengthPolicy = policy if policy is not None else str(
             getattr(self.drafter, "default_policy", "fixed"))
         gamma = default_gamma(chosen if isinstance(chosen, str) else None) if gamma is None else gamma
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
+        if gamma < 0 or (prefill_chunk is not None and prefill_chunk < 1):
+            raise ValueError(f"gamma must be >= 0 and prefill_chunk >= 1 token, got {gamma} and {prefill_chunk}")
         self.target = target
         # The longest request, prompt and output (a server's --max-model-len, within its KV-cache
         # budget): longer prompts are refused, generation stops there. At most the target's context.
@@ -261,10 +261,11 @@ class Engine:
         constrained = [(start, mask) for start, mask in zip(attention.offsets, masks) if mask is not None]
         logits = mask_logits(output.logits, constrained)  # [n, vocab]
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
-        stepped = []  # (request, outcome, draft seconds) of the requests that did not fail
-        verdicts = verify_step(requests, drafts, logits, argmax, attention.offsets, self.verify, self.one_pass_verify)
-        for request, draft, start, (emitted, path, relaxed), seconds in zip(requests, drafts, attention.offsets[:-1],
-                                                                             verdicts, draft_seconds, strict=True):
+        stepped = []  # (request, outcome, draft seconds, verdict) of the requests that did not fail
+        verdicts = verify_step(requests, drafts, logits, argmax, attention.offsets, self.verify_hook is not None)
+        for request, draft, start, verdict, seconds in zip(requests, drafts, attention.offsets[:-1], verdicts,
+                                                           draft_seconds, strict=True):
+            emitted, path, relaxed = verdict.emitted, verdict.path, verdict.relaxed
             with isolation.of(request):
                 # Keep the entries of the last context token and the accepted drafts.
                 if path is None:
@@ -282,12 +283,14 @@ class Engine:
                     request.stats.grammar_seconds += request.matcher.take_seconds()
                 stepped.append((request, StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents,
                                                      draft.from_cache, draft.forced, draft.drafter, relaxed=relaxed),
-                                seconds))
+                                seconds, draft, logits[start : start + draft.num_nodes + 1], verdict))
         verify_seconds = time.perf_counter() - drafted_at
         outcomes = []
-        for request, outcome, seconds in stepped:
+        for request, outcome, seconds, draft, block_logits, verdict in stepped:
             outcome = replace(outcome, verify_seconds=verify_seconds)
             with isolation.of(request):
+                if self.verify_hook is not None:
+                    self.verify_hook(request, draft, block_logits, verdict, seconds, verify_seconds)
                 self.advance(request, outcome, seconds, verify_seconds)
                 self.check_finished(request, outcome)
                 outcomes.append(outcome)
@@ -354,9 +357,6 @@ class Engine:
         """tokens up to and including the first end token (what stays in the context)."""
         ends = [index for index, token in enumerate(tokens) if token in self.target.eos_token_ids]
         return tokens[: ends[0] + 1] if ends else tokens
-
-    verify = staticmethod(verify_request)  # one request's verdict (RecordingEngine records through it)
-    one_pass_verify = True  # a step's greedy requests and sampled chains in one pass (verify_batch.verify_step)
 
     def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
         """Append the emitted tokens and tell the drafter, the policy and the stats."""

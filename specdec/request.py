@@ -1,6 +1,6 @@
 """A request: one sequence's state in the engine (its context, sampling, cache row, drafter state,
-policy and stats), and ``Isolation``, which keeps an error raised for one request of a batch to
-that request.
+policy and stats); ``Isolation``, which keeps an error raised for one request of a batch to
+that request; and ``VerifyHook``, which the engine tells of each request's verified step.
 """
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from specdec.drafting.base import StopRule
+from specdec.drafting.base import Draft, StopRule
 from specdec.grammar import TokenMatcher
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, DraftShape
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams, TokenLogprob
+from specdec.verify_batch import Verdict
 
 
 @dataclass(eq=False)  # a request is itself: two of one prompt and settings are still two
@@ -100,3 +101,11 @@ class Isolation:
 
     def alive(self, request: Request) -> bool:
         return self.failed is None or request not in self.failed
+
+
+class VerifyHook(Protocol):
+    """Told of each request's verified step, before its tokens join the context (``specdec
+    explain`` records steps through it); the verdict keeps the sampler's decision."""
+
+    def __call__(self, request: Request, draft: Draft, target_logits: torch.Tensor,  # [nodes + 1, vocab]
+                 verdict: Verdict, draft_seconds: float, verify_seconds: float) -> None: ...

@@ -36,9 +36,9 @@ class SamplingRule(Protocol):
 
     #: Whether verify needs the drafter's q (Draft.probs); the coupled rule compares tokens only.
     needs_draft_probs: bool
-    #: Whether its chains may be verified with the batch's others in one pass
-    #: (verify_batch.rejection_sample_ragged, with the request's own generator).
-    ragged_chains: bool
+    #: Whether its drafts may be verified with the batch's others in one pass
+    #: (verify.rejection_sample_ragged, with the request's own generator).
+    ragged: bool
 
     def draw(
         self,
@@ -81,7 +81,7 @@ class RejectionRule:
     """Speculative sampling with one generator per request (torch.multinomial, uniforms)."""
 
     needs_draft_probs = True
-    ragged_chains = True
+    ragged = True
 
     def __init__(self, generator: torch.Generator | None) -> None:
         self.generator = generator
@@ -129,7 +129,7 @@ class CoupledRule:
     """Drafter-invariant sampling: every draw at output position t is argmax probs / E_t."""
 
     needs_draft_probs = False
-    ragged_chains = False  # its draws are keyed by position, request by request
+    ragged = False  # its draws are keyed by position, request by request
     #: Noise rows kept per request: a step draws for at most its tree's depth + 1 positions, and
     #: the next step starts where this one's accepted tokens end, so recent rows are reused.
     CACHED_POSITIONS = 64

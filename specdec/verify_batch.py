@@ -5,34 +5,47 @@ request: one host sync for any batch size.
 - Greedy, chains and trees (``greedy_verify_ragged``): the batch's tokens and the target's argmax
   go to the host once, and each request's path is walked there. It emits what
   greedy_tree_verify_tokens emits request by request.
-- Rejection sampling of chains (``rejection_sample_ragged``): the acceptance tests and the
-  residual distributions of every request at once; the random numbers come from each request's
-  own generator, drawn in the order rejection_sample draws them (its uniforms, then its final
-  token), so a request's samples are what it gets alone, whatever its neighbours.
+- Rejection sampling, chains and trees (specdec.verify.rejection_sample_ragged, the one rejection
+  sampler): the first acceptance tests and the residual distributions of every request at once;
+  the random numbers come from each request's own generator, so a request's samples are what it
+  gets alone, whatever its neighbours. Lossy acceptance rules (specdec.acceptance) join it too.
 
-``verify_step`` sorts an engine step's requests into those passes. Trees under rejection sampling
-(recursive, sibling by sibling) and the coupled rule (noise keyed by position) stay with each
-request's rule (specdec.rules: ``ragged_chains`` says which rule's chains join the pass). So do the
-requests that asked for LOSSY acceptance (specdec.acceptance): verify_request applies its rule.
+``verify_step`` sorts an engine step's requests into those passes. The coupled rule (noise keyed
+by position) and greedy requests under a lossy acceptance rule stay with each request's rule
+(specdec.rules: ``ragged`` says which rule's drafts join the pass): verify_request applies it.
+Verification reads a narrow view of a request (``RequestView``), not the engine's Request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+import itertools
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 import torch
 
 from specdec.acceptance import parse_acceptance, relaxation_for
-from specdec.sampling import logits_to_probs
-from specdec.drafting.base import block_depths
-from specdec.verify import (greedy_tree_verify_tokens, greedy_verify_tokens, point_mass_probs,
-                            residual_distribution)
+from specdec.drafting.base import Draft, block_depths
+from specdec.rules import SamplingRule
+from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.verify import (RaggedDrafts, RejectionDecision, greedy_tree_verify_tokens, greedy_verify_tokens,
+                            rejection_sample_ragged)
 
-if TYPE_CHECKING:
-    from specdec.drafting.base import Draft
-    from specdec.engine import Request
+
+class RequestView(Protocol):
+    """What verification reads of a request (the engine's Request is one)."""
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+    @property
+    def rule(self) -> SamplingRule: ...  # how it verifies when sampling (specdec.rules)
+
+    @property
+    def length(self) -> int: ...  # tokens in its context: the output position of the first drafted token
+
+    @property
+    def generator(self) -> torch.Generator: ...  # its own random numbers (rejection sampling)
 
 
 class Verdict(NamedTuple):
@@ -41,40 +54,7 @@ class Verdict(NamedTuple):
     emitted: torch.Tensor  # [m + 1] int64: the accepted drafts, then the target's token
     path: torch.Tensor | None  # [m]: a tree's accepted nodes (None: a chain)
     relaxed: tuple[int, ...] = ()  # accepted draft nodes that only a lossy acceptance rule accepted
-
-
-@dataclass(frozen=True)
-class RaggedDrafts:
-    """Drafts of several requests, flattened. Request r owns nodes cu_nodes[r] .. cu_nodes[r + 1]
-    and rows cu_nodes[r] + r .. cu_nodes[r + 1] + r of the target's output (its block: the last
-    context token, then its nodes)."""
-
-    tokens: torch.Tensor  # [nodes] int64
-    parents: torch.Tensor  # [nodes] int64: the parent's index within its request, -1 for the root
-    cu_nodes: torch.Tensor  # [batch + 1] int64, cumulative node counts
-
-    @staticmethod
-    def of(tokens: Sequence[torch.Tensor],  # [nodes_r] int64 each
-           parents: Sequence[Sequence[int] | None],  # each request's tree parents; None for a chain
-           device: torch.device | str = "cpu") -> RaggedDrafts:
-        counts = [piece.shape[0] for piece in tokens]
-        flat_parents = [parent for count, tree in zip(counts, parents, strict=True)
-                        for parent in (range(-1, count - 1) if tree is None else tree)]
-        cu_nodes = torch.tensor([0, *counts], device=device).cumsum(0)
-        flat = torch.cat(list(tokens)).to(device) if tokens else torch.zeros(0, dtype=torch.long, device=device)
-        return RaggedDrafts(flat.long(), torch.tensor(flat_parents, dtype=torch.long, device=device), cu_nodes)
-
-    @property
-    def batch(self) -> int:
-        return self.cu_nodes.shape[0] - 1
-
-    def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per node: its request [nodes], its index within the request [nodes], and per request
-        the row of its block's first token in the target's output [batch]."""
-        counts = self.cu_nodes[1:] - self.cu_nodes[:-1]
-        request = torch.repeat_interleave(torch.arange(self.batch, device=counts.device), counts)
-        local = torch.arange(self.tokens.shape[0], device=counts.device) - self.cu_nodes[:-1][request]
-        return request, local, self.cu_nodes[:-1] + torch.arange(self.batch, device=counts.device)
+    decision: RejectionDecision | None = None  # the sampler's tests, when verify_step was asked to keep them
 
 
 def greedy_verify_ragged(
@@ -109,49 +89,15 @@ def greedy_verify_ragged(
     return list(zip(flat.split([len(tokens_out) for tokens_out in emitted]), paths))
 
 
-def rejection_sample_ragged(
-    drafts: RaggedDrafts,  # chains only
-    draft_probs: torch.Tensor,  # [nodes, vocab]: q each token was drawn from (point masses for deterministic drafts)
-    target_probs: torch.Tensor,  # [nodes + batch, vocab]
-    generators: Sequence[torch.Generator | None],  # [batch]: each request's own
-) -> list[torch.Tensor]:  # per request: emitted [n_accepted + 1] int64
-    """rejection_sample (Leviathan et al. 2023) for every request's chain at once: accept drafted
-    x with probability min(1, p(x) / q(x)) until the first rejection, then a token from
-    norm(max(0, p - q)) there, or from p after the last draft when all are accepted."""
-    request, local, block_start = drafts.layout()
-    nodes, counts = drafts.tokens.shape[0], (drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]).tolist()
-    target_probs = target_probs.to(draft_probs.dtype)
-    index = drafts.tokens[:, None]
-    p_x = target_probs[block_start[request] + local].gather(-1, index)[:, 0]  # [nodes]: row i predicts node i
-    q_x = draft_probs.gather(-1, index)[:, 0]
-    acceptance = torch.clamp(p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), max=1.0)
-    uniforms = torch.cat([torch.rand(count, generator=generator, device=draft_probs.device, dtype=draft_probs.dtype)
-                          for count, generator in zip(counts, generators, strict=True)]) if nodes else acceptance
-    rejected = torch.where(uniforms < acceptance, drafts.cu_nodes[1:][request] - drafts.cu_nodes[:-1][request], local)
-    num_accepted = (drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]).scatter_reduce(0, request, rejected, "amin")  # [batch]
-    all_accepted = num_accepted == drafts.cu_nodes[1:] - drafts.cu_nodes[:-1]
-    # q at the first rejected position, zeros after a fully accepted chain (so the residual is p).
-    q_rows = draft_probs[(drafts.cu_nodes[:-1] + num_accepted).clamp_max(max(0, nodes - 1))] if nodes else \
-        torch.zeros(drafts.batch, target_probs.shape[1], dtype=draft_probs.dtype, device=draft_probs.device)
-    p_rows = target_probs[block_start + num_accepted]
-    final = torch.where(all_accepted[:, None], p_rows, residual_distribution(q_rows, p_rows))  # [batch, vocab]
-    results = []
-    for row, (accepted, start, generator) in enumerate(zip(num_accepted.tolist(), drafts.cu_nodes.tolist(),
-                                                            generators)):
-        final_token = torch.multinomial(final[row], 1, generator=generator)
-        results.append(torch.cat([drafts.tokens[start : start + accepted], final_token]))
-    return results
-
-
-def draft_probs_of(draft: Draft, target_probs: torch.Tensor) -> torch.Tensor:  # [nodes, vocab]
-    """q of a chain's tokens: its own, or point masses (a deterministic drafter) in p's precision."""
+def node_draft_probs(draft: Draft) -> torch.Tensor | None:  # [nodes, vocab]
+    """q each drafted node was drawn from (a tree's rows are per parent), or None: guesses."""
     if draft.probs is None:
-        return point_mass_probs(draft.tokens, target_probs.shape[1]).to(target_probs.dtype)
-    return draft.probs[: draft.num_nodes]
+        return None
+    return draft.probs[: draft.num_nodes] if draft.parents is None else draft.probs[[p + 1 for p in draft.parents]]
 
 
 def verify_request(
-    request: Request,
+    request: RequestView,
     draft: Draft,
     target_logits: torch.Tensor,  # [gamma + 1, vocab]: after the last context token, after each draft node
     target_argmax: torch.Tensor | None,  # [gamma + 1], when greedy
@@ -181,27 +127,25 @@ def verify_request(
 
 
 def verify_step(
-    requests: Sequence[Request],
+    requests: Sequence[RequestView],
     drafts: Sequence[Draft],
     logits: torch.Tensor,  # [rows, vocab]: the step's target logits, every request's block
     argmax: torch.Tensor | None,  # [rows], taken when any request is greedy
     offsets: Sequence[int],  # [batch + 1]: request r's block is rows offsets[r] .. offsets[r + 1]
-    verify_one: Callable[[Request, Draft, torch.Tensor, torch.Tensor | None], Verdict] = verify_request,
-    one_pass: bool = True,
+    keep_decisions: bool = False,  # sampled verdicts keep the sampler's RejectionDecision (explain shows them)
 ) -> list[Verdict]:
-    """Each request's verdict: greedy requests (chains and trees) in one pass, sampled chains of a
-    rule that allows it in one pass per sampling setting (the target's probabilities are computed
-    for all their rows at once), the rest (lossy acceptance among them) by ``verify_one``, request
-    by request (all of them without ``one_pass``)."""
+    """Each request's verdict: exact greedy requests (chains and trees) in one pass, the drafts of a
+    rule that allows it (rejection sampling) in one pass per sampling setting (the target's
+    probabilities are computed for all their rows at once), the rest (the coupled rule, lossy
+    greedy) by verify_request, request by request."""
     verdicts: list[Verdict | None] = [None] * len(requests)
     device = logits.device
 
     def rows_of(indices: list[int]) -> torch.Tensor:  # [rows of those requests' blocks]
         return torch.cat([torch.arange(offsets[i], offsets[i + 1], device=device) for i in indices])
 
-    # which requests may join a pass: all with one_pass, but those with a lossy acceptance rule
-    joins = [one_pass and parse_acceptance(request.sampling.acceptance).exact for request in requests]
-    greedy = [i for i, request in enumerate(requests) if request.sampling.greedy and joins[i]]
+    acceptances = [parse_acceptance(request.sampling.acceptance) for request in requests]
+    greedy = [i for i, request in enumerate(requests) if request.sampling.greedy and acceptances[i].exact]
     if greedy:
         assert argmax is not None  # taken whenever a request is greedy
         for i, (emitted, path) in zip(greedy, greedy_verify_ragged([drafts[i].tokens for i in greedy],
@@ -210,23 +154,28 @@ def verify_step(
             verdicts[i] = Verdict(emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long))
     groups: dict[tuple, list[int]] = {}
     for i, (request, draft) in enumerate(zip(requests, drafts)):
-        if joins[i] and not request.sampling.greedy and request.rule.ragged_chains and draft.parents is None:
+        if not request.sampling.greedy and request.rule.ragged:
             sampling = request.sampling
-            # q's precision is the arithmetic's (rejection_sample's); point masses take p's (float32).
+            # q's precision is the arithmetic's; point masses take p's (float32, logits_to_probs).
             precision = torch.float32 if draft.probs is None else draft.probs.dtype
             key = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, precision)
             groups.setdefault(key, []).append(i)
     for group in groups.values():
-        if len(group) == 1:  # alone, the per-request path is the same verdict with fewer operations
-            continue
         target_probs = logits_to_probs(logits[rows_of(group)], requests[group[0]].sampling)  # [rows, vocab]
-        draft_probs = torch.cat([draft_probs_of(drafts[i], target_probs) for i in group])
-        ragged = RaggedDrafts.of([drafts[i].tokens for i in group], [None] * len(group), device)
-        for i, emitted in zip(group, rejection_sample_ragged(ragged, draft_probs, target_probs,
-                                                             [requests[i].generator for i in group])):
-            verdicts[i] = Verdict(emitted, None)
+        starts = [0, *itertools.accumulate(drafts[i].num_nodes + 1 for i in group)]  # each block's rows
+        relaxations = [relaxation_for(acceptances[i], target_probs[start:end], drafts[i].tokens, drafts[i].parents)
+                       for i, start, end in zip(group, starts, starts[1:])]
+        decisions: list[RejectionDecision] | None = [] if keep_decisions else None
+        results = rejection_sample_ragged(RaggedDrafts.of([drafts[i].tokens for i in group],
+                                                          [drafts[i].parents for i in group], device),
+                                          [node_draft_probs(drafts[i]) for i in group], target_probs,
+                                          [requests[i].generator for i in group], relaxations, decisions)
+        for k, (i, (emitted, path), relaxation) in enumerate(zip(group, results, relaxations)):
+            verdicts[i] = Verdict(emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long),
+                                  () if relaxation is None else tuple(relaxation.used),
+                                  None if decisions is None else decisions[k])
     for i, (request, draft) in enumerate(zip(requests, drafts)):
         if verdicts[i] is None:
-            start, end = offsets[i], offsets[i + 1]
-            verdicts[i] = verify_one(request, draft, logits[start:end], None if argmax is None else argmax[start:end])
+            rows = slice(offsets[i], offsets[i + 1])
+            verdicts[i] = verify_request(request, draft, logits[rows], None if argmax is None else argmax[rows])
     return [verdict for verdict in verdicts if verdict is not None]

@@ -241,11 +241,11 @@ def test_logprobs_are_the_targets_own_whatever_drafted_them(tiny_pair, temperatu
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @pytest.mark.parametrize("kind", ["model", "tree"])
 def test_a_step_verifies_its_batch_in_one_pass(tiny_pair, monkeypatch, kind, temperature):
-    """Greedy chains and trees, and rejection-sampled chains, of 5 requests are verified without a
-    call per request (Engine.verify is the per-request path: sampled trees, the coupled rule), and
-    the texts are what each request gets alone. Mutation, checked: routing every request to
-    Engine.verify fails the count."""
-    from specdec.engine import Engine
+    """Greedy chains and trees, and rejection-sampled chains and trees, of 5 requests are verified
+    without a call per request (verify_batch.verify_request is the per-request path: the coupled
+    rule, lossy greedy), and the texts are what each request gets alone. Mutation, checked: routing
+    every request to verify_request fails the count."""
+    from specdec import verify_batch
 
     target = load(tiny_pair["target"], dtype="float64")
     drafter = make_drafter(kind, load(tiny_pair["perturbed"], dtype="float64"), tree_budget=6)
@@ -255,9 +255,10 @@ def test_a_step_verifies_its_batch_in_one_pass(tiny_pair, monkeypatch, kind, tem
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
     alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings)]
     calls = []
-    per_request = Engine.verify
-    monkeypatch.setattr(Engine, "verify", staticmethod(lambda *args: calls.append(1) or per_request(*args)))
+    per_request = verify_batch.verify_request
+    monkeypatch.setattr(verify_batch, "verify_request", lambda *args: calls.append(1) or per_request(*args))
     together = [result.token_ids for result in decoder.generate(prompts, samplings)]
     assert together == alone
-    sampled_trees = kind == "tree" and temperature > 0
-    assert (len(calls) > 0) == sampled_trees
+    assert not calls
+    decoder.generate(prompts[0], SamplingParams(temperature=0.9, seed=0, sampling_rule="coupled", max_new_tokens=4))
+    assert calls  # the coupled rule's path is the one counted

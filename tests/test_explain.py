@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from specdec.cli import main
 from specdec.defaults import default_model
 from specdec.explain.lossless import check_lossless, chi_square_against
-from specdec.explain.record import StepRecord, chosen_step, record_generation, replay_chain_step
+from specdec.explain.record import StepRecord, chain_decision, chosen_step, record_generation
 from specdec.explain.report import report_html, run_costs
 from specdec.explain.steps import step_view
 from specdec.explain.view import step_renderable
@@ -40,10 +40,29 @@ def test_records_agree_with_the_engine_and_its_stats(sampled_run):
     assert sum(record.num_accepted for record in records) == result.stats.accepted
     emitted = [token for record in records for token in record.emitted]
     assert emitted[: len(result.token_ids)] == result.token_ids
-    for record in records:  # the replayed draws reach the engine's own decision
-        decision = replay_chain_step(record)
-        assert record.draft_tokens[: decision.num_accepted] + [decision.final_token] == record.emitted
+    for record in records:
+        assert_decision_explains(record)
     assert any(record.rejected for record in records) and chosen_step(records, None).rejected
+
+
+def assert_decision_explains(record: StepRecord) -> None:
+    """A sampled chain step's recorded decision is Algorithm 1 on the record's own p and q, checked
+    here from their definitions: min(1, p(x)/q(x)) per draft, the first uniform at or above it ends
+    the accepted drafts (unless a LOSSY rule kept the draft), and the target's token comes from
+    norm(max(0, p - q)) there, or from p after the last draft. (Mutation, checked: judging without
+    the clamp at 1 in specdec.verify.judge fails.)"""
+    decision, gamma = chain_decision(record), record.gamma
+    q, p = record.draft_probs().double(), record.p.double()
+    x = torch.tensor(record.draft_tokens, dtype=torch.long)
+    naive = (p[torch.arange(gamma), x] / q[torch.arange(gamma), x]).clamp(max=1.0)
+    torch.testing.assert_close(torch.tensor(decision.acceptance, dtype=torch.float64), naive, rtol=1e-5, atol=1e-6)
+    tests = zip(decision.uniforms, decision.acceptance)
+    passed = [uniform < acceptance or node in record.relaxed for node, (uniform, acceptance) in enumerate(tests)]
+    accepted = passed.index(False) if False in passed else gamma
+    assert decision.num_accepted == accepted and record.emitted[:accepted] == record.draft_tokens[:accepted]
+    final = p[gamma] if accepted == gamma else (p[accepted] - q[accepted]).clamp(min=0)
+    torch.testing.assert_close(decision.final_dist.double(), final / final.sum(), rtol=1e-4, atol=1e-6)
+    assert decision.final_token == record.emitted[-1] and float(decision.final_dist[decision.final_token]) > 0
 
 
 def naive_probs(folder, ids, rows):  # the last `rows` positions' processed distributions
@@ -152,12 +171,19 @@ def test_cli_explain_writes_a_report(tmp_path, capsys, monkeypatch):
 def test_tree_steps_record_the_tree_mask_and_path(pair):
     from specdec.drafting import make_drafter
 
-    run = record_generation(pair[0], make_drafter("tree", pair[1], tree_budget=6), PROMPT,
-                            SamplingParams(temperature=TEMPERATURE, seed=1, max_new_tokens=12))
+    run = record_generation(pair[0], make_drafter("tree", pair[1], tree_budget=10), PROMPT,
+                            SamplingParams(temperature=TEMPERATURE, seed=3, max_new_tokens=12))
     assert sum(record.num_accepted for record in run.records) == run.result.stats.accepted
     for record in run.records:
         view = step_view(record)
         assert sum(row.decision == "on the path" for row in view.rows) == record.num_accepted
+        # the sampler's own tests: a tried node is on the path exactly when its uniform is below the
+        # acceptance it was judged by (a later sibling's against updated p and q; this seed tries
+        # three later siblings. Mutation, checked: recording a later sibling's first-sibling
+        # acceptance in RejectionDecision fails)
+        tried = [row for row in view.rows if row.uniform is not None]
+        assert all((row.uniform < row.acceptance) == (row.decision == "on the path") for row in tried)
+        assert len(tried) >= len(record.path or []) and float(view.record.decision.final_dist[record.emitted[-1]]) > 0
         for node, parent in enumerate(record.parents or ()):  # a node sees itself and its parent, not its siblings
             assert record.mask[node + 1, node + 1] and record.mask[node + 1, parent + 1]
             siblings = [other for other, p in enumerate(record.parents) if p == parent and other != node]

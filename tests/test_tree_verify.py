@@ -62,6 +62,25 @@ def empirical_first_tokens(tree_tokens_fn, parents, q_rows, p_rows, samples, see
     return counts
 
 
+@pytest.mark.parametrize("guesses", [False, True])
+def test_a_chain_walked_as_a_tree_draws_what_the_chain_sampler_draws(guesses):
+    """One sampler for chains and trees: a chain given as a tree (parents -1, 0, 1, ...) emits, seed
+    for seed, what rejection_sample emits, with q and with guesses (point masses). (Checked: main's
+    tree_rejection_sample before the one sampler, which drew a uniform per sibling as it went and
+    guesses in float64, fails this.)"""
+    generator = torch.Generator().manual_seed(8)
+    vocab = 5
+    for trial in range(200):
+        gamma = trial % 5
+        q, p = random_dist(generator, gamma, vocab), random_dist(generator, gamma + 1, vocab)
+        draft = torch.multinomial(q, 1, generator=generator)[:, 0] if gamma else torch.zeros(0, dtype=torch.long)
+        tree_q = None if guesses else torch.cat([q, torch.zeros(1, vocab, dtype=torch.float64)])
+        chain = rejection_sample(draft, None if guesses else q, p, torch.Generator().manual_seed(trial))
+        tree, path = tree_rejection_sample(draft, list(range(-1, gamma - 1)), tree_q, p,
+                                           torch.Generator().manual_seed(trial))
+        assert tree.tolist() == chain.tolist() and path.tolist() == list(range(chain.shape[0] - 1)), trial
+
+
 @pytest.mark.slow
 def test_a_chain_has_rejection_samples_law():
     """On a chain, the tree sampler's law of (accepted count, first token) is rejection_sample's."""

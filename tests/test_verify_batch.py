@@ -1,14 +1,21 @@
-"""The one-pass verifier of a ragged batch (specdec/verify_batch.py) against the request-by-request
-verifiers it replaces: the same tokens and paths for every request of random batches of chains
-and trees (greedy), the same samples from the same generators (rejection sampling), and the
-target's law per row of a batch (chi-square)."""
+"""The one-pass verifiers of a ragged batch against a batch of one: the same tokens and paths for
+every request of random batches of chains and trees (greedy, specdec/verify_batch.py), the same
+samples from the same generators (the one rejection sampler, specdec/verify.py, chains and trees),
+the target's law per row of a batch (chi-square), and the engine's step verified in one pass."""
+
+from types import SimpleNamespace
 
 import torch
 from hypothesis import given, settings, strategies as st
 from scipy.stats import chisquare
 
-from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample
-from specdec.verify_batch import RaggedDrafts, greedy_verify_ragged, rejection_sample_ragged
+from specdec.drafting.base import Draft
+from specdec.rules import CoupledRule, RejectionRule
+from specdec.sampling import SamplingParams
+
+from specdec.verify import (RaggedDrafts, greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample,
+                            rejection_sample_ragged, tree_rejection_sample)
+from specdec.verify_batch import greedy_verify_ragged, verify_request, verify_step
 
 VOCAB = 5  # small, so that drafts often match and siblings often repeat a token
 
@@ -79,11 +86,39 @@ def test_rejection_ragged_draws_what_each_request_draws_alone():
         seeds = [1000 * trial + index for index in range(len(counts))]
         alone = [rejection_sample(tokens[i], None if point_mass else q[i], p[i],
                                   torch.Generator().manual_seed(seeds[i])).tolist() for i in range(len(counts))]
-        flat_q = torch.cat([torch.nn.functional.one_hot(t, vocab).double() if point_mass else rows
-                            for t, rows in zip(tokens, q)])
-        batched = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * len(counts)), flat_q, torch.cat(p),
+        batched = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * len(counts)),
+                                          [None if point_mass else rows for rows in q], torch.cat(p),
                                           [torch.Generator().manual_seed(seed) for seed in seeds])
-        assert [emitted.tolist() for emitted in batched] == alone, trial
+        assert [emitted.tolist() for emitted, _ in batched] == alone, trial
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(drafted_block(), st.booleans(), st.integers(0, 2**31)), min_size=1, max_size=5))
+def test_rejection_ragged_samples_trees_as_each_alone(blocks):
+    """Chains and trees side by side, with q (per parent row, as drafters give it) and without
+    (guesses): every request gets from its own seed what tree_rejection_sample (a chain:
+    rejection_sample) gives it alone, sibling rejections included. Mutation, checked: starting an
+    accepted node's p at its row within the request and not within the batch (no + r) fails."""
+    source = torch.Generator().manual_seed(len(blocks))
+    tokens, parents, node_q, p, alone = [], [], [], [], []
+    for (draft, tree, _), guesses, seed in blocks:
+        count = draft.shape[0]
+        rows = None if guesses else random_probs(count + 1, VOCAB, source)  # q at the root, then after each node
+        target = random_probs(count + 1, VOCAB, source)
+        if tree is None:
+            emitted = rejection_sample(draft, None if rows is None else rows[:count], target,
+                                       torch.Generator().manual_seed(seed))
+            alone.append((emitted.tolist(), list(range(emitted.shape[0] - 1))))
+        else:
+            emitted, path = tree_rejection_sample(draft, tree, rows, target, torch.Generator().manual_seed(seed))
+            alone.append((emitted.tolist(), path.tolist()))
+        tokens.append(draft)
+        parents.append(tree)
+        node_q.append(None if rows is None else rows[[parent + 1 for parent in (tree or range(-1, count - 1))]])
+        p.append(target)
+    batched = rejection_sample_ragged(RaggedDrafts.of(tokens, parents), node_q, torch.cat(p),
+                                      [torch.Generator().manual_seed(seed) for _, _, seed in blocks])
+    assert [(emitted.tolist(), path) for emitted, path in batched] == alone
 
 
 def test_every_row_of_a_ragged_batch_has_the_targets_law():
@@ -99,9 +134,45 @@ def test_every_row_of_a_ragged_batch_has_the_targets_law():
     for _ in range(steps):
         tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
                   for rows, count in zip(q, counts)]
-        emitted = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * 3), torch.cat(q), torch.cat(p), generators)
-        for index, tokens_out in enumerate(emitted):
+        emitted = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * 3), q, torch.cat(p), generators)
+        for index, (tokens_out, _) in enumerate(emitted):
             firsts[index, int(tokens_out[0])] += 1
     for index in range(len(counts)):
         expected = p[index][0].float() * steps
         assert chisquare(firsts[index], expected / expected.sum() * steps).pvalue > 1e-3, index
+
+
+def test_verify_step_reads_a_narrow_view_of_a_request():
+    """verify_step needs of a request only its sampling settings, rule, length and generator (no
+    engine Request): plain namespaces with those four, greedy and sampled, chains and trees, the
+    coupled rule and a lossy one among them, get each what verify_request gives it alone (the
+    sampled ones from a fresh generator of the same seed). Mutation, checked: reading
+    request.tokens in verify_step fails with AttributeError."""
+    source = torch.Generator().manual_seed(3)
+    settings_ = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams(temperature=0.9),
+                 SamplingParams(temperature=0.9, acceptance="lossy"), SamplingParams(temperature=0.9)]
+    parents = [None, (-1, -1, 0), None, None, (-1, 0)]
+    coupled = [False, False, False, False, True]
+
+    def views():
+        generators = [torch.Generator().manual_seed(seed) for seed in range(len(settings_))]
+        return [SimpleNamespace(sampling=sampling, length=7, generator=generator,
+                                rule=CoupledRule(seed) if couple else RejectionRule(generator))
+                for seed, (sampling, generator, couple) in enumerate(zip(settings_, generators, coupled))]
+
+    drafts = []
+    for tree in parents:
+        count = 3 if tree is None else len(tree)
+        q = random_probs(count + 1, VOCAB, source)
+        drafts.append(Draft(torch.multinomial(q[:count], 1, generator=source)[:, 0], q if tree else q[:count], tree))
+    offsets = [0]
+    for draft in drafts:
+        offsets.append(offsets[-1] + draft.num_nodes + 1)
+    logits = torch.randn(offsets[-1], VOCAB, generator=source)
+    argmax = logits.argmax(-1)
+    together = verify_step(views(), drafts, logits, argmax, offsets)
+    alone = [verify_request(view, draft, logits[start:end], argmax[start:end])
+             for view, draft, start, end in zip(views(), drafts, offsets, offsets[1:])]
+    for mine, theirs in zip(together, alone, strict=True):
+        assert mine.emitted.tolist() == theirs.emitted.tolist() and mine.relaxed == theirs.relaxed
+        assert (mine.path is None) == (theirs.path is None) and (mine.path is None or mine.path.equal(theirs.path))

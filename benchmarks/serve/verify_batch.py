@@ -1,6 +1,6 @@
 """What verifying a step costs once the target's forward is done: the one pass over the ragged batch
-(specdec/verify_batch.py verify_step) against a call per request (Engine.verify, what a step did
-before), on random logits of a real vocabulary, chains of gamma drafted tokens, greedy and
+(specdec/verify_batch.py verify_step) against a call per request (verify_batch.verify_request, what
+a step did before), on random logits of a real vocabulary, chains of gamma drafted tokens, greedy and
 rejection-sampled (temperature 0.8, top-p 0.95), for several batch sizes; the median of repeats,
 both sides in one run. The verdicts are checked equal before anything is timed.
 
@@ -21,10 +21,9 @@ import torch
 
 from specdec.bench.suite import machine_description
 from specdec.drafting.base import Draft
-from specdec.engine import Engine
 from specdec.rules import RejectionRule
 from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify_batch import verify_step
+from specdec.verify_batch import verify_request, verify_step
 
 
 def step_inputs(batch: int, gamma: int, vocab: int, sampling: SamplingParams, device: str, seed: int):
@@ -55,11 +54,11 @@ def run(batch: int, gamma: int, vocab: int, sampling: SamplingParams, device: st
             started = time.perf_counter()
             argmax = logits.argmax(-1) if sampling.greedy else None
             if side == "one pass":
-                out = verify_step(requests, drafts, logits, argmax, offsets, Engine.verify)
+                out = verify_step(requests, drafts, logits, argmax, offsets)
             else:
-                out = [Engine.verify(r, d, logits[a:b], None if argmax is None else argmax[a:b])
+                out = [verify_request(r, d, logits[a:b], None if argmax is None else argmax[a:b])
                        for r, d, a, b in zip(requests, drafts, offsets, offsets[1:])]
-            emitted = [tokens.tolist() for tokens, _ in out]  # the host sync a step makes
+            emitted = [verdict.emitted.tolist() for verdict in out]  # the host sync a step makes
             if repeat:
                 timings[side].append(time.perf_counter() - started)
             verdicts[side] = emitted

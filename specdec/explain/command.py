@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
         raise ValueError("no prompt: specdec explain \"PROMPT\" (or --calculator --alpha A --c C)")
     if args.seeds < 100:
         raise ValueError(f"--seeds must be at least 100 for a histogram, got {args.seeds}")
-    from specdec.decoder import SpeculativeDecoder
+    from specdec.decoder import GenerationResult, SpeculativeDecoder
     from specdec.explain.lossless import check_lossless
     from specdec.explain.record import chosen_step, record_generation
     from specdec.explain.steps import step_view
@@ -82,11 +82,13 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens)
     with waiting(errors, "generating, every step recorded"):
         run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy, warm_up=True)
-    alone = None
+    alone: GenerationResult | None = None
     if args.compare:
         with waiting(errors, "running the target alone on the same prompt, for the measured speedup"):
-            alone = SpeculativeDecoder(target).generate(args.prompt, sampling)
-    baseline = alone and alone.stats
+            result = SpeculativeDecoder(target).generate(args.prompt, sampling)
+        assert isinstance(result, GenerationResult)  # one prompt, one result
+        alone = result
+    baseline = None if alone is None else alone.stats
     tokenizer = target.tokenizer
     console.print(Text(args.prompt, style="dim") + Text(run.result.text))
     view = step_view(chosen_step(run.records, args.step))

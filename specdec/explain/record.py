@@ -1,9 +1,9 @@
 """One generation with every verify step recorded: what the engine already knows, kept.
 
-RecordingEngine overrides the engine's two per-step seams (verify, commit) and leaves the
-speculative loop itself untouched: before verification it saves the request's generator state,
-so a chain step's uniform draws and decision can be replayed exactly afterwards
-(replay_chain_step), by the same functions and the same generator the engine used.
+StepRecorder is the engine's verify hook (Engine(verify_hook=...)): the speculative loop is the
+engine's own, untouched. A sampled step's record keeps the rejection sampler's own decision (its
+acceptance tests, uniforms and final distribution, specdec.verify.RejectionDecision), so what
+explain shows is what the sampler did, not a replay of it.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.decoder import GenerationResult, SpeculativeDecoder
-from specdec.drafting.base import Draft, Drafter, StepOutcome
+from specdec.drafting.base import Draft, Drafter
 from specdec.drafting.base import block_depths, block_parents
 from specdec.engine import Engine, Request
 from specdec.models.base import LanguageModel, tree_visibility
 from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import acceptance_probs, point_mass_probs, residual_distribution
+from specdec.verify import RejectionDecision, point_mass_probs
 from specdec.verify_batch import Verdict
 
 
@@ -36,7 +36,7 @@ class StepRecord:
     q: torch.Tensor | None  # chain [gamma, vocab] / tree [gamma + 1, vocab]; None: point masses or greedy
     p: torch.Tensor  # [gamma + 1, vocab], the target's processed distributions over the block
     greedy: bool
-    generator_state: torch.Tensor | None  # the request's generator before verification (sampling only)
+    decision: RejectionDecision | None  # the rejection sampler's tests (sampling only)
     emitted: list[int] = field(default_factory=list)
     path: list[int] | None = None  # accepted tree nodes (None: a chain)
     from_cache: tuple[bool, ...] | None = None  # per draft node: copied from earlier requests' outputs
@@ -82,41 +82,29 @@ def verify_mask(draft: Draft) -> torch.Tensor:  # [gamma + 1, gamma + 1] bool
     return tree_visibility(parents)
 
 
-class RecordingEngine(Engine):
-    """The engine, keeping a StepRecord per step (for a single request)."""
+class StepRecorder:
+    """The engine's verify hook: a StepRecord per verified step (of a single request)."""
 
-    one_pass_verify = False  # every verdict goes through verify, which records it
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
         self.records: list[StepRecord] = []
 
-    def verify(self, request: Request, draft: Draft, target_logits: torch.Tensor,
-               target_argmax: torch.Tensor | None) -> Verdict:
-        sampling = request.sampling
-        state = None if sampling.greedy else request.generator.get_state()
-        verdict = Engine.verify(request, draft, target_logits, target_argmax)
-        emitted, path = verdict.emitted, verdict.path
-        length = request.length
+    def __call__(self, request: Request, draft: Draft, target_logits: torch.Tensor,  # [nodes + 1, vocab]
+                 verdict: Verdict, draft_seconds: float, verify_seconds: float) -> None:
+        length, sampling = request.length, request.sampling
         self.records.append(StepRecord(
             index=len(self.records) + 1, context_length=length,
             block_tokens=[int(request.tokens[length - 1])] + draft.tokens.tolist(), parents=draft.parents,
             positions=[length - 1 + depth for depth in block_depths(draft)], mask=verify_mask(draft),
             q=None if draft.probs is None else draft.probs.detach().cpu(),
-            p=logits_to_probs(target_logits, sampling).cpu(), greedy=sampling.greedy, generator_state=state,
-            emitted=emitted.tolist(), path=None if path is None else path.tolist(), from_cache=draft.from_cache,
-            drafter=draft.drafter, relaxed=list(verdict.relaxed)))
-        return verdict
-
-    def advance(self, request: Request, outcome: StepOutcome, draft_seconds: float, verify_seconds: float) -> None:
-        super().advance(request, outcome, draft_seconds, verify_seconds)
-        self.records[-1].draft_ms = draft_seconds * 1000
-        self.records[-1].verify_ms = verify_seconds * 1000
+            p=logits_to_probs(target_logits, sampling).cpu(), greedy=sampling.greedy, decision=verdict.decision,
+            emitted=verdict.emitted.tolist(), path=None if verdict.path is None else verdict.path.tolist(),
+            from_cache=draft.from_cache, drafter=draft.drafter, relaxed=list(verdict.relaxed),
+            draft_ms=draft_seconds * 1000, verify_ms=verify_seconds * 1000))
 
 
 @dataclass(frozen=True)
 class ChainDecision:
-    """A chain step's verification, replayed: Leviathan et al.'s Algorithm 1 in the open."""
+    """A chain step's verification: Leviathan et al.'s Algorithm 1 in the open."""
 
     acceptance: list[float]  # min(1, p(x_i) / q(x_i)) for each drafted x_i
     uniforms: list[float]  # u_i: x_i is accepted when u_i < acceptance_i
@@ -125,30 +113,21 @@ class ChainDecision:
     final_token: int  # drawn from final_dist (greedy: the target's argmax)
 
 
-def replay_chain_step(record: StepRecord) -> ChainDecision:
-    """Recompute a chain step's decision from its record with the engine's generator state:
-    the same draws as verify.rejection_sample (uniforms first, then one multinomial). The drafts a
-    LOSSY acceptance rule kept are the record's (what the engine's Relaxation used)."""
+def chain_decision(record: StepRecord) -> ChainDecision:
+    """A chain step's decision: the sampler's own (recorded), or greedy's comparison of argmaxes
+    (nothing is drawn). The drafts a LOSSY acceptance rule kept are the record's."""
     if record.parents is not None:
-        raise ValueError("replay_chain_step takes chain steps; this one drafted a tree")
-    gamma, p = record.gamma, record.p
-    tokens = torch.tensor(record.draft_tokens, dtype=torch.long)
-    relaxed = torch.zeros(gamma, dtype=torch.bool)
-    relaxed[record.relaxed] = True
-    if record.greedy:  # greedy verification compares argmaxes; there is nothing to draw
-        best = p.argmax(-1)
-        matches = ((tokens == best[:gamma]) | relaxed).int()
-        accepted = int(matches.cumprod(0).sum()) if gamma else 0
-        return ChainDecision(matches.float().tolist(), [], accepted, p[accepted], int(best[accepted]))
-    q = record.draft_probs()
-    p = p.to(q.dtype)
-    generator = torch.Generator().set_state(record.generator_state)
-    uniforms = torch.rand(gamma, generator=generator, dtype=q.dtype)
-    acceptance = acceptance_probs(tokens, q, p)
-    accepted = int(((uniforms < acceptance) | relaxed).cumprod(0).sum()) if gamma else 0
-    final = residual_distribution(q[accepted], p[accepted]) if accepted < gamma else p[gamma]
-    token = int(torch.multinomial(final, 1, generator=generator))
-    return ChainDecision(acceptance.tolist(), uniforms.tolist(), accepted, final, token)
+        raise ValueError("chain_decision takes chain steps; this one drafted a tree")
+    gamma, p, accepted = record.gamma, record.p, record.num_accepted
+    if record.decision is not None:
+        decision = record.decision
+        return ChainDecision(decision.acceptance.tolist(), decision.uniforms.tolist(), accepted,
+                             decision.final_dist.cpu(), record.emitted[-1])
+    if not record.greedy:
+        raise ValueError("a sampled step recorded without the sampler's decision (the coupled rule?)")
+    matches = (torch.tensor(record.draft_tokens, dtype=torch.long) == p.argmax(-1)[:gamma]).float()
+    matches[record.relaxed] = 1.0
+    return ChainDecision(matches.tolist(), [], accepted, p[accepted], int(p[accepted].argmax()))
 
 
 @dataclass
@@ -161,20 +140,22 @@ class RecordedRun:
 def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | None, prompt: str | list[int],
                       sampling: SamplingParams, gamma: int = 4, policy: str = "fixed",
                       warm_up: bool = False) -> RecordedRun:
-    """Generate once with every step recorded (the decoder's own loop, on a recording engine).
+    """Generate once with every step recorded (the decoder's own loop; the engine's verify hook records).
     warm_up: first a two-token generation, so the first recorded step's times are not those of
-    the models' first calls (hundreds of ms). Sampled steps run rejection sampling, whose draws
-    a record replays (the coupled rule's decisions are the target's own draws: nothing to show)."""
+    the models' first calls (hundreds of ms). Sampled steps run rejection sampling, whose tests
+    a record keeps (the coupled rule's decisions are the target's own draws: nothing to show)."""
     if sampling.sampling_rule == "coupled":
-        raise ValueError("explain replays rejection sampling's draws; it does not explain the coupled sampling rule")
+        raise ValueError("explain shows rejection sampling's draws; it does not explain the coupled sampling rule")
     sampling = dataclasses.replace(sampling, sampling_rule="rejection")
     decoder = SpeculativeDecoder(target)
-    decoder.engine = engine = RecordingEngine(target, drafter, gamma, policy)
+    recorder = StepRecorder()
+    decoder.engine = Engine(target, drafter, gamma, policy, verify_hook=recorder)
     if warm_up:
         decoder.generate(prompt, dataclasses.replace(sampling, max_new_tokens=2))
-        engine.records.clear()
+        recorder.records.clear()
     result = decoder.generate(prompt, sampling)
-    return RecordedRun(result, engine.records, sampling)
+    assert isinstance(result, GenerationResult)  # one prompt, one result
+    return RecordedRun(result, recorder.records, sampling)
 
 
 def chosen_step(records: list[StepRecord], step: int | None) -> StepRecord:

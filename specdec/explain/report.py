@@ -86,7 +86,7 @@ def run_figures(run: RecordedRun, costs: RunCosts, gamma: int) -> dict[str, Any]
     axes.legend()
     figures["tau over the run"] = figure
 
-    if costs.c is not None:
+    if costs.c is not None and costs.verify_ratio is not None and costs.measured_speedup is not None:  # all or none
         rows = speedup_table(costs.alpha, costs.c, max(10, gamma), [costs.verify_ratio])
         figure, axes = plt.subplots(figsize=(5, 3))
         axes.plot([r.gamma for r in rows], [r.speedup for r in rows], marker=".",

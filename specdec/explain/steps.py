@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from specdec.explain.record import ChainDecision, StepRecord, replay_chain_step
+from specdec.explain.record import ChainDecision, StepRecord, chain_decision
 
 
 def token_text(tokenizer: Any, token: int) -> str:
@@ -26,8 +26,8 @@ class DraftRow:
     token: int
     q: float  # q(x) where it was drawn (1 for a guess with no q)
     p: float  # p(x) at the same place
-    acceptance: float | None  # min(1, p/q) (a tree's later siblings are judged against updated p, q: None)
-    uniform: float | None  # the draw u (None: greedy, or a tree)
+    acceptance: float | None  # min(1, p/q) it was judged by (a tree's later siblings: against updated p, q)
+    uniform: float | None  # the draw u (None: greedy, or not tried)
     # "accepted", "rejected", "not reached" (a chain); "on the path" / "off the path" (a tree); " (relaxed)"
     # after an accepted one that only a LOSSY acceptance rule kept
     decision: str
@@ -73,14 +73,35 @@ def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
     return rows
 
 
+def tried_nodes(parents: tuple[int, ...], path: list[int], relaxed: list[int]) -> list[int]:
+    """The tree nodes verification judged: at the root and at each accepted node, its children in
+    the order drawn, up to the one accepted (all of them where the path ends, or where a LOSSY
+    rule kept one after the exact test turned them all down)."""
+    tried = []
+    for node, accepted in zip([-1, *path], [*path, None]):
+        children = [child for child, parent in enumerate(parents) if parent == node]
+        if accepted is None or accepted in relaxed:
+            tried += children
+        else:
+            tried += children[: children.index(accepted) + 1]
+    return tried
+
+
 def tree_rows(record: StepRecord) -> list[DraftRow]:
-    path = set(record.path or [])
+    assert record.parents is not None  # a tree step
+    path, decision = record.path or [], record.decision
+    tried = tried_nodes(record.parents, path, record.relaxed)
     rows = []
+    acceptance: float | None
     for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents)):
         q = 1.0 if record.q is None else float(record.q[parent + 1, token])
         p = float(record.p[parent + 1, token])
-        first_sibling = record.parents.index(parent) == node
-        rows.append(DraftRow(node, parent, token, q, p, min(1.0, p / q) if first_sibling and q > 0 else None, None,
+        if decision is not None and node in tried:  # the sampler's own test (later siblings: updated p, q)
+            acceptance, uniform = float(decision.acceptance[node]), float(decision.uniforms[node])
+        else:  # greedy, or not tried: as a first sibling would be judged
+            first_sibling = record.parents.index(parent) == node
+            acceptance, uniform = (min(1.0, p / q) if first_sibling and q > 0 else None), None
+        rows.append(DraftRow(node, parent, token, q, p, acceptance, uniform,
                              ("on the path" + (" (relaxed)" if node in record.relaxed else "")) if node in path
                              else "off the path",
                              bool(record.from_cache and record.from_cache[node])))
@@ -89,13 +110,14 @@ def tree_rows(record: StepRecord) -> list[DraftRow]:
 
 def step_view(record: StepRecord, top: int = 6) -> StepView:
     if record.parents is None:
-        decision = replay_chain_step(record)
+        decision = chain_decision(record)
         rows, at = chain_rows(record, decision), decision.num_accepted
         final = decision.final_dist
     else:
         decision, rows = None, tree_rows(record)
         at = record.path[-1] + 1 if record.path else 0
-        final = record.p[at]  # after the siblings' rejections the tree draws from an updated p
+        # after the siblings' rejections the tree draws from an updated p: the sampler's
+        final = record.p[at] if record.decision is None else record.decision.final_dist
     q = record.draft_probs() if record.parents is None else record.q
     q_top = top_tokens(q[at], top) if q is not None and at < q.shape[0] else []
     return StepView(record, decision, rows, at, q_top, top_tokens(record.p[at], top), top_tokens(final, top))
