@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
-from typing import cast
+from typing import Any, cast, overload
 
 from specdec.drafting.base import Drafter
 from specdec.engine import Engine
@@ -72,9 +72,18 @@ class SpeculativeDecoder:
         for _, chunk in self.run([prompt], [sampling_params(sampling, options)]):
             yield chunk
 
+    @overload
+    def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
+                 **options: Any) -> GenerationResult: ...
+
+    @overload
+    def generate(self, prompt: list[str] | list[Sequence[int]] | list[list[int]],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 **options: Any) -> list[GenerationResult]: ...
+
     def generate(
         self, prompt: Prompt | Sequence[Prompt], sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-        **options,
+        **options: Any,
     ) -> GenerationResult | list[GenerationResult]:
         """Decode to the end. A list of prompts is decoded as one batch (one target forward per
         step for all of them) and gives a list of results in order; sampling may then be a list

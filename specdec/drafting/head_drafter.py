@@ -42,6 +42,12 @@ class HeadState:
         self.root_logits: torch.Tensor | None = None  # [1, vocab]
         self.root_features: torch.Tensor | None = None  # [1, hidden]
 
+    def root(self) -> tuple[torch.Tensor, torch.Tensor]:  # logits [1, vocab], features [1, hidden]
+        """What the last feed left: the first draft token's logits, the features the next position reads."""
+        if self.root_logits is None or self.root_features is None:
+            raise RuntimeError("a head drafts from a request only after a feed")
+        return self.root_logits, self.root_features
+
     def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:  # [m], [m, features]
         if hidden is None or hidden.shape[0] != tokens.shape[0]:
             raise ValueError("a head drafter needs the target's hidden states of every emitted token "
@@ -75,7 +81,7 @@ class HeadDrafter(BaseDrafter):
 
     def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab]
         """Logits over the target's vocabulary: -inf outside the draft vocabulary (q = 0 there)."""
-        logits = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
+        logits = draft_logits.new_full((draft_logits.shape[0], self.head.config.vocab_size), float("-inf"))
         return logits.index_copy_(1, self.head.draft_token_ids, draft_logits)
 
     def feed(self, states: Sequence[HeadState]) -> None:
@@ -120,8 +126,8 @@ class HeadDrafter(BaseDrafter):
         drafts = [Draft.empty(request.context.device) for request in requests]
         drafting = self.drafting(requests, gammas)
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
-        features = [state.root_features for state in states]  # [1, hidden] each: what the next position reads
-        routines = [chain_steps(state.root_logits, gamma, requests[index])
+        features = [state.root()[1] for state in states]  # [1, hidden] each: what the next position reads
+        routines = [chain_steps(state.root()[0], gamma, requests[index])
                     for state, (index, gamma) in zip(states, drafting)]
 
         def score(asking: list[int], blocks: list[torch.Tensor]) -> list[torch.Tensor]:  # blocks [k] -> [1, vocab]
@@ -162,7 +168,7 @@ class HeadTreeDrafter(HeadDrafter):
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
         samplings = [requests[index].sampling for index, _ in drafting]
         node_features: list[list[torch.Tensor]] = [[] for _ in drafting]  # [hidden] per node: the head's output
-        routines = [tree_steps(draft_distribution(state.root_logits, sampling), gammas[index], budget,
+        routines = [tree_steps(draft_distribution(state.root()[0], sampling), gammas[index], budget,
                                self.branching, requests[index])
                     for state, sampling, (index, budget) in zip(states, samplings, drafting)]
 
@@ -172,7 +178,7 @@ class HeadTreeDrafter(HeadDrafter):
                 state, written, depths = states[i], new_nodes[0], tree_depths(parents)
                 blocks.append(torch.tensor(tokens[written:], dtype=torch.long, device=self.device))
                 positions.append(torch.tensor([state.fed + depths[node] for node in new_nodes], device=self.device))
-                features.append(torch.cat([state.root_features if parents[node] < 0
+                features.append(torch.cat([state.root()[1] if parents[node] < 0
                                            else node_features[i][parents[node]][None] for node in new_nodes]))
                 segments.append(Segment(state.row, len(new_nodes), tuple(parents), written))
             attention = Attention(tuple(segments))

@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter,
-                                   node_paths, propose_many, suffix_caches)
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, StopRule,
+                                   describe_drafter, node_paths, propose_many, suffix_caches)
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
@@ -70,7 +70,8 @@ def cache_flags(drafts: Sequence[Draft], tokens: list[int], parents: list[int]) 
     cache-guessed node has its root path and no other drafter's node has it too."""
     if all(draft.from_cache is None for draft in drafts):
         return None
-    cached, plain = set(), set()
+    cached: set[tuple[int, ...]] = set()  # root paths some drafter guessed from the cache
+    plain: set[tuple[int, ...]] = set()  # root paths some drafter guessed otherwise
     for draft in drafts:
         chain = list(range(-1, draft.num_nodes - 1))
         paths = node_paths(draft.tokens.tolist(), chain if draft.parents is None else draft.parents)
@@ -131,7 +132,7 @@ class MergedDrafter(BaseDrafter):
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
         for drafter, state in zip(self.drafters, request.draft_state):
             if drafter.hidden_layers:
-                drafter.prefilled(SubRequest(request, state), hidden)
+                cast(ReadsHidden, drafter).prefilled(SubRequest(request, state), hidden)
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         for drafter, state in zip(self.drafters, request.draft_state):

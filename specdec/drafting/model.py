@@ -156,6 +156,7 @@ def token_confidence(
     """The draft's probability of its token: q(token), or the plain softmax when greedy (where q
     would be a point mass and says nothing about how sure the draft is)."""
     source = logits.float().softmax(-1) if sampling.greedy else probs
+    assert source is not None, "a sampled draft has its q"
     return float(source[0, token])
 
 
@@ -173,7 +174,9 @@ def chain_steps(
     (drafting/lockstep.py), so that a batch of requests can draft in lockstep."""
     sampling, stop_early, matcher = request.sampling, request.stop_early, request.matcher
     first_position = request.context.shape[0]
-    tokens, probs, chain_probability = [], [], 1.0
+    tokens: list[torch.Tensor] = []  # [1] each
+    probs: list[torch.Tensor] = []  # q rows: [1, vocab] each, or [k, vocab] for forced blocks
+    chain_probability = 1.0
     try:
         while True:
             forced = matcher.forced()[: gamma - len(tokens)] if matcher is not None and matcher.draft_forced else []
