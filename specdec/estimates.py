@@ -144,12 +144,13 @@ def fitted_line(points: Sequence[tuple[float, float]],
     one x (no slope to fit)."""
     weights = weights or [1.0] * len(points)
     total = sum(weights)
-    mean_x = sum(w * px for w, (px, _) in zip(weights, points)) / total
-    mean_y = sum(w * py for w, (_, py) in zip(weights, points)) / total
-    variance = sum(w * (px - mean_x) ** 2 for w, (px, _) in zip(weights, points))
+    mean_x = sum(w * px for w, (px, _) in zip(weights, points, strict=True)) / total
+    mean_y = sum(w * py for w, (_, py) in zip(weights, points, strict=True)) / total
+    variance = sum(w * (px - mean_x) ** 2 for w, (px, _) in zip(weights, points, strict=True))
     if variance <= 1e-6 * total:
         return None
-    slope = max(0.0, sum(w * (px - mean_x) * (py - mean_y) for w, (px, py) in zip(weights, points)) / variance)
+    slope = max(0.0, sum(w * (px - mean_x) * (py - mean_y)
+                         for w, (px, py) in zip(weights, points, strict=True)) / variance)
     return lambda x: max(1e-9, mean_y + slope * (x - mean_x))
 
 
@@ -203,7 +204,7 @@ class VerifyCost:
             return lambda block: None
         points, weights = [(k, m.total / m.count) for k, m in measured], [m.count for _, m in measured]
         line = fitted_line(points, weights)
-        k0, t0 = max(zip(weights, points))[1]  # the size measured most
+        k0, t0 = max(zip(weights, points, strict=True))[1]  # the size measured most
 
         def seconds(block: int) -> float | None:
             if self.prefer_measured and block in self.by_block and self.by_block[block].count >= 1.0:

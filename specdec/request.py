@@ -100,3 +100,6 @@ class Isolation:
 
     def alive(self, request: Request) -> bool:
         return self.failed is None or request not in self.failed
+
+
+PROPAGATE = Isolation()  # no failed dict: every error raises (shared: it holds no state)

@@ -106,7 +106,7 @@ def greedy_verify_ragged(
         emitted.append([flat_drafts[start + node] for node in path] + [best[first_row + node + 1]])
         start += count
     flat = torch.tensor([token for tokens_out in emitted for token in tokens_out], dtype=torch.long, device=device)
-    return list(zip(flat.split([len(tokens_out) for tokens_out in emitted]), paths))
+    return list(zip(flat.split([len(tokens_out) for tokens_out in emitted]), paths, strict=True))
 
 
 def rejection_sample_ragged(
@@ -137,7 +137,7 @@ def rejection_sample_ragged(
     final = torch.where(all_accepted[:, None], p_rows, residual_distribution(q_rows, p_rows))  # [batch, vocab]
     results = []
     for row, (accepted, start, generator) in enumerate(zip(num_accepted.tolist(), drafts.cu_nodes.tolist(),
-                                                            generators)):
+                                                            generators, strict=False)):
         final_token = torch.multinomial(final[row], 1, generator=generator)
         results.append(torch.cat([drafts.tokens[start : start + accepted], final_token]))
     return results
@@ -206,10 +206,10 @@ def verify_step(
         assert argmax is not None  # taken whenever a request is greedy
         for i, (emitted, path) in zip(greedy, greedy_verify_ragged([drafts[i].tokens for i in greedy],
                                                                    [drafts[i].parents for i in greedy], argmax,
-                                                                   [offsets[i] for i in greedy])):
+                                                                   [offsets[i] for i in greedy]), strict=True):
             verdicts[i] = Verdict(emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long))
     groups: dict[tuple, list[int]] = {}
-    for i, (request, draft) in enumerate(zip(requests, drafts)):
+    for i, (request, draft) in enumerate(zip(requests, drafts, strict=True)):
         if joins[i] and not request.sampling.greedy and request.rule.ragged_chains and draft.parents is None:
             sampling = request.sampling
             # q's precision is the arithmetic's (rejection_sample's); point masses take p's (float32).
@@ -223,9 +223,9 @@ def verify_step(
         draft_probs = torch.cat([draft_probs_of(drafts[i], target_probs) for i in group])
         ragged = RaggedDrafts.of([drafts[i].tokens for i in group], [None] * len(group), device)
         for i, emitted in zip(group, rejection_sample_ragged(ragged, draft_probs, target_probs,
-                                                             [requests[i].generator for i in group])):
+                                                             [requests[i].generator for i in group]), strict=True):
             verdicts[i] = Verdict(emitted, None)
-    for i, (request, draft) in enumerate(zip(requests, drafts)):
+    for i, (request, draft) in enumerate(zip(requests, drafts, strict=True)):
         if verdicts[i] is None:
             start, end = offsets[i], offsets[i + 1]
             verdicts[i] = verify_one(request, draft, logits[start:end], None if argmax is None else argmax[start:end])

@@ -185,9 +185,9 @@ class AutoDrafter(BaseDrafter):
                        for draft in own]
             state.shadows = [None if draft is None else draft.tokens.tolist() for draft in own]
             free.append(own)
-        choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas)]
+        choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas, strict=True)]
         result = [Draft.empty(request.context.device) for request in requests]
-        for position, (request, choice) in enumerate(zip(requests, choices)):
+        for position, (request, choice) in enumerate(zip(requests, choices, strict=True)):
             request.draft_state.chosen = choice.candidate
             if choice.candidate is not None and (copied := free[position][choice.candidate]) is not None:
                 result[position] = replace(copied.truncated(choice.length),
@@ -204,7 +204,7 @@ class AutoDrafter(BaseDrafter):
             if drafted:
                 candidate.seconds_per_token.forget(self.decay)
                 candidate.seconds_per_token.add((time.perf_counter() - began) / drafted)
-            for position, draft in zip(asking, drafts):
+            for position, draft in zip(asking, drafts, strict=True):
                 result[position] = replace(draft, drafter=candidate.name)
         return [draft if draft.num_nodes else replace(draft, drafter=NO_DRAFT) for draft in result]
 

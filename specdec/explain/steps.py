@@ -56,7 +56,7 @@ class StepView:
 
 def top_tokens(dist: torch.Tensor, count: int) -> list[TopToken]:  # dist [vocab]
     values, tokens = torch.topk(dist.double(), min(count, dist.shape[-1]))
-    return [TopToken(int(t), float(v)) for t, v in zip(tokens, values) if v > 0]
+    return [TopToken(int(t), float(v)) for t, v in zip(tokens, values, strict=True) if v > 0]
 
 
 def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
@@ -76,7 +76,7 @@ def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
 def tree_rows(record: StepRecord) -> list[DraftRow]:
     path = set(record.path or [])
     rows = []
-    for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents)):
+    for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents, strict=True)):
         q = 1.0 if record.q is None else float(record.q[parent + 1, token])
         p = float(record.p[parent + 1, token])
         first_sibling = record.parents.index(parent) == node

@@ -138,14 +138,15 @@ class PaddedChains:
         committed = [cache.lengths[r] for r in rows]
         counts = [s.count for s in segments]
         width = max(counts)
-        key_length = max(c + n for c, n in zip(committed, counts))
+        key_length = max(c + n for c, n in zip(committed, counts, strict=True))
         clamped = [[min(i, n - 1) for i in range(width)] for n in counts]  # padded query -> real query of its row
-        gather = [start + i for start, row in zip(offsets, clamped) for i in row]
+        gather = [start + i for start, row in zip(offsets, clamped, strict=False) for i in row]
         scatter = [r * width + i for r, n in enumerate(counts) for i in range(n)]
-        token_rows = [row for row, n in zip(rows, counts) for _ in range(n)]
-        token_slots = [c + i for c, n in zip(committed, counts) for i in range(n)]
+        token_rows = [row for row, n in zip(rows, counts, strict=True) for _ in range(n)]
+        token_slots = [c + i for c, n in zip(committed, counts, strict=True) for i in range(n)]
         # [R, C]
-        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped)], device=device)
+        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped, strict=True)],
+                                   device=device)
         slots = torch.arange(key_length, device=device)  # [L]
         visible = slots[None, None, :] <= query_slots[:, :, None]  # [R, C, L]
         masks: dict[int | None, torch.Tensor | None] = {}
@@ -252,7 +253,7 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
     by_length: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
     for plan in plans:
         if plan.per_query is not None:
-            for token, slots in zip(range(plan.start, plan.end), plan.per_query[window]):
+            for token, slots in zip(range(plan.start, plan.end), plan.per_query[window], strict=True):
                 padded = -(-slots.shape[0] // QUERY_BUCKET) * QUERY_BUCKET
                 by_length.setdefault(padded, []).append((token, plan.row, slots))
     groups = []
@@ -308,8 +309,8 @@ class AttentionPlan:
         """The per-query segments' queries for `window` as one list (the compiled attention's input)."""
         if window not in self.query_lists:
             queries = [(token, plan.row, slots) for plan in self.segments if plan.per_query is not None
-                       for token, slots in zip(range(plan.start, plan.end), plan.per_query[window])]
-            self.query_lists[window] = query_list(*map(list, zip(*queries)))
+                       for token, slots in zip(range(plan.start, plan.end), plan.per_query[window], strict=True)]
+            self.query_lists[window] = query_list(*map(list, zip(*queries, strict=True)))
         return self.query_lists[window]
 
 
@@ -333,7 +334,7 @@ def plan_attention(
             windows,
             per_query=per_query and cache.lengths[segment.row] > 0,
         )
-        for segment, start, end in zip(attention.segments, offsets, offsets[1:])
+        for segment, start, end in zip(attention.segments, offsets, offsets[1:], strict=False)
     ]
     if not any(plan.per_query is not None for plan in plans):
         return AttentionPlan(plans)
