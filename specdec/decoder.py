@@ -109,7 +109,7 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         tokenizer = self.target.tokenizer
         requests = [self.engine.new_request(encode_prompt(tokenizer, prompt, self.target.name), sampling, row)
-                    for row, (prompt, sampling) in enumerate(zip(prompts, samplings))]
+                    for row, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True))]
         texts = [TextStream(tokenizer, sampling.stop) for sampling in samplings]
         cache = self.target.new_cache(rows=len(requests))
         self.engine.prefill(requests, cache)
@@ -117,6 +117,6 @@ class SpeculativeDecoder:
         while active:
             lengths = [request.length for request in active]
             outcomes = self.engine.step(active, cache)
-            for request, outcome, length in zip(active, outcomes, lengths):
+            for request, outcome, length in zip(active, outcomes, lengths, strict=True):
                 yield request.row, step_chunk(request, outcome, length, texts[request.row], started)
             active = [request for request in active if request.finish_reason is None]

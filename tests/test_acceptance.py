@@ -104,7 +104,7 @@ def run(decoder: SpeculativeDecoder, prompts: list[list[int]], settings: Samplin
               for index in range(len(prompts))]
     if batch:
         return decoder.generate(prompts, chosen)
-    return [decoder.generate(prompt, setting) for prompt, setting in zip(prompts, chosen)]
+    return [decoder.generate(prompt, setting) for prompt, setting in zip(prompts, chosen, strict=True)]
 
 
 def same_runs(got: list, expected: list) -> None:
@@ -139,7 +139,7 @@ def test_each_scheme_at_its_strictest_equals_exact(models, mode, acceptance):
     bar lowered below epsilon fails both typical cases. Typical's ">" made ">=" passes: p(x) = 1
     exactly is a draft the exact test keeps anyway.)"""
     prompts = cases(models["target"].vocab_size)
-    for name, decoder in decoders(models).items():
+    for decoder in decoders(models).values():
         exact = run(decoder, prompts, MODES[mode], "exact")
         same_runs(run(decoder, prompts, MODES[mode], acceptance), exact)
         # a batch of both: the exact requests go through the one-pass verifiers, the strict ones through the rule
@@ -160,7 +160,7 @@ def test_a_relaxed_setting_keeps_more_and_marks_what_it_kept(models, mode):
     loose = run(decoder, prompts, MODES[mode], LOOSE)
     assert sum(r.stats.relaxed_accepted for r in loose) > 0
     assert sum(r.stats.accepted for r in loose) > sum(r.stats.accepted for r in exact)
-    assert any(a.token_ids != b.token_ids for a, b in zip(loose, exact))
+    assert any(a.token_ids != b.token_ids for a, b in zip(loose, exact, strict=True))
     assert all(r.stats.acceptance == LOOSE and r.stats.to_dict()["lossy"] for r in loose)
     assert [r.token_ids for r in run(decoder, prompts, MODES[mode], LOOSE, batch=True)] == \
         [r.token_ids for r in loose]  # the rule reads the request alone: a batch changes nothing

@@ -71,7 +71,7 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
         layer.fused = False
     network.fused_output = False
     in_torch = [model.extend(tokens[:10], cache := model.new_cache()), model.extend(tokens[10:], cache)]
-    for fast, slow in zip(compiled, in_torch):
+    for fast, slow in zip(compiled, in_torch, strict=True):
         assert (fast - slow).abs().max() < (0.02 if quantize == "int4" else 1e-5) * slow.abs().max()
 
 

@@ -71,16 +71,16 @@ def test_rejection_ragged_draws_what_each_request_draws_alone():
         vocab = 6
         q = [random_probs(count, vocab, source) for count in counts]
         tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
-                  for rows, count in zip(q, counts)]
+                  for rows, count in zip(q, counts, strict=True)]
         p = [random_probs(count + 1, vocab, source) for count in counts]
         if trial % 3 == 0:  # like p in places, so that long prefixes get accepted
-            p = [0.8 * target + 0.2 * torch.cat([rows, target[-1:]]) for rows, target in zip(q, p)]
+            p = [0.8 * target + 0.2 * torch.cat([rows, target[-1:]]) for rows, target in zip(q, p, strict=True)]
         point_mass = trial % 4 == 1
         seeds = [1000 * trial + index for index in range(len(counts))]
         alone = [rejection_sample(tokens[i], None if point_mass else q[i], p[i],
                                   torch.Generator().manual_seed(seeds[i])).tolist() for i in range(len(counts))]
         flat_q = torch.cat([torch.nn.functional.one_hot(t, vocab).double() if point_mass else rows
-                            for t, rows in zip(tokens, q)])
+                            for t, rows in zip(tokens, q, strict=True)])
         batched = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * len(counts)), flat_q, torch.cat(p),
                                           [torch.Generator().manual_seed(seed) for seed in seeds])
         assert [emitted.tolist() for emitted in batched] == alone, trial
@@ -98,7 +98,7 @@ def test_every_row_of_a_ragged_batch_has_the_targets_law():
     firsts = torch.zeros(len(counts), vocab)
     for _ in range(steps):
         tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
-                  for rows, count in zip(q, counts)]
+                  for rows, count in zip(q, counts, strict=True)]
         emitted = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * 3), torch.cat(q), torch.cat(p), generators)
         for index, tokens_out in enumerate(emitted):
             firsts[index, int(tokens_out[0])] += 1

@@ -64,9 +64,8 @@ def bench_batch(target, draft, prompts: list[str], batch_sizes: list[int], max_n
                     progress(f"{name}, batch {batch}")
             ids = [o.token_ids for o in outputs]
             reference = reference or ids
-            mismatches += [
-                f"{name}, batch {batch}, prompt {i}" for i, (a, b) in enumerate(zip(ids, reference)) if a != b
-            ]
+            mismatches += [f"{name}, batch {batch}, prompt {i}"
+                           for i, (a, b) in enumerate(zip(ids, reference, strict=True)) if a != b]
             tokens = sum(len(o.token_ids) for o in outputs)
             rows.append(
                 {

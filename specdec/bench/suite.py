@@ -360,7 +360,7 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
     colours = ["#888888" if s.method == REFERENCE else "#4c72b0" if s.engine == "specdec" else "#dd8452"
                for s in rows]
     bars = axis.bar([s.method for s in rows], [s.tokens_per_second for s in rows], color=colours)
-    for bar, summary in zip(bars, rows):
+    for bar, summary in zip(bars, rows, strict=True):
         tau = summary.to_dict()["tau"]
         label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "") + (
             f"\npass@1 {summary.pass_at_1:.2f}" if summary.checked else "")

@@ -351,7 +351,7 @@ def plot_synthetic(payload: dict, path: Path) -> None:
 
     results = payload["precisions"]
     figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
-    for axis, result in zip(axes[0], results):
+    for axis, result in zip(axes[0], results, strict=True):
         gammas = sorted({run["gamma"] for run in result["runs"]})
         for index, gamma in enumerate(gammas):
             runs = [run for run in result["runs"] if run["gamma"] == gamma]

@@ -94,12 +94,13 @@ class HeadDrafter(BaseDrafter):
         blocks = [torch.cat(state.pending_tokens) for state in feeding]
         hidden = torch.cat([piece for state in feeding for piece in state.pending_hidden])  # [sum m, features]
         positions = torch.cat([torch.arange(state.fed, state.fed + block.shape[0], device=block.device)
-                               for state, block in zip(feeding, blocks)])
-        attention = Attention(tuple(Segment(state.row, block.shape[0]) for state, block in zip(feeding, blocks)))
+                               for state, block in zip(feeding, blocks, strict=True)])
+        attention = Attention(tuple(Segment(state.row, block.shape[0])
+                                    for state, block in zip(feeding, blocks, strict=True)))
         last_rows = torch.tensor(attention.offsets[1:], device=self.device) - 1  # only they are drafted from
         logits, features = self.head(torch.cat(blocks), self.head.fuse(hidden, batch_invariant=True), positions,
                                      self.cache, attention, logit_rows=last_rows)
-        for index, (state, block, end) in enumerate(zip(feeding, blocks, attention.offsets[1:])):
+        for index, (state, block, end) in enumerate(zip(feeding, blocks, attention.offsets[1:], strict=True)):
             self.cache.commit(state.row, block.shape[0])
             state.fed += block.shape[0]
             state.pending_tokens, state.pending_hidden = [], []
@@ -128,7 +129,7 @@ class HeadDrafter(BaseDrafter):
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
         features = [state.root()[1] for state in states]  # [1, hidden] each: what the next position reads
         routines = [chain_steps(state.root()[0], gamma, requests[index])
-                    for state, (index, gamma) in zip(states, drafting)]
+                    for state, (index, gamma) in zip(states, drafting, strict=True)]
 
         def score(asking: list[int], blocks: list[torch.Tensor]) -> list[torch.Tensor]:  # blocks [k] -> [1, vocab]
             # A block of forced tokens goes one token per forward: each position reads the output before it.
@@ -140,12 +141,12 @@ class HeadDrafter(BaseDrafter):
                 draft_logits, out = self.head(torch.cat([blocks[i][depth : depth + 1] for i in live]),
                                               torch.cat([features[asking[i]] for i in live]), positions, self.cache,
                                               Attention(tuple(Segment(row, 1) for row in rows)))
-                for j, (i, row) in enumerate(zip(live, rows)):
+                for j, (i, row) in enumerate(zip(live, rows, strict=True)):
                     self.cache.commit(row, 1)  # dropped again by the next feed
                     features[asking[i]], logits[i] = out[j : j + 1], draft_logits[j : j + 1]
             return list(self.to_target(torch.cat(logits)).split(1))  # one mapping for the batch
 
-        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
+        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score), strict=True):
             drafts[index] = draft
         return drafts
 
@@ -170,11 +171,11 @@ class HeadTreeDrafter(HeadDrafter):
         node_features: list[list[torch.Tensor]] = [[] for _ in drafting]  # [hidden] per node: the head's output
         routines = [tree_steps(draft_distribution(state.root()[0], sampling), gammas[index], budget,
                                self.branching, requests[index])
-                    for state, sampling, (index, budget) in zip(states, samplings, drafting)]
+                    for state, sampling, (index, budget) in zip(states, samplings, drafting, strict=True)]
 
         def score(asking: list[int], questions: list[NewNodes]) -> list[torch.Tensor]:  # -> q [new, vocab] each
             blocks, positions, features, segments = [], [], [], []
-            for i, (tokens, parents, new_nodes) in zip(asking, questions):
+            for i, (tokens, parents, new_nodes) in zip(asking, questions, strict=True):
                 state, written, depths = states[i], new_nodes[0], tree_depths(parents)
                 blocks.append(torch.tensor(tokens[written:], dtype=torch.long, device=self.device))
                 positions.append(torch.tensor([state.fed + depths[node] for node in new_nodes], device=self.device))
@@ -186,11 +187,11 @@ class HeadTreeDrafter(HeadDrafter):
                                           attention)
             target_logits = self.to_target(draft_logits)  # one mapping for the batch
             scores = []
-            for i, start, end in zip(asking, attention.offsets, attention.offsets[1:]):
+            for i, start, end in zip(asking, attention.offsets, attention.offsets[1:], strict=False):
                 node_features[i].extend(out[start:end])
                 scores.append(draft_distribution(target_logits[start:end], samplings[i]))
             return scores
 
-        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
+        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score), strict=True):
             drafts[index] = draft
         return drafts

@@ -76,7 +76,7 @@ def cache_flags(drafts: Sequence[Draft], tokens: list[int], parents: list[int]) 
         chain = list(range(-1, draft.num_nodes - 1))
         paths = node_paths(draft.tokens.tolist(), chain if draft.parents is None else draft.parents)
         flags = draft.from_cache or (False,) * len(paths)
-        for path, flag in zip(paths, flags):
+        for path, flag in zip(paths, flags, strict=True):
             (cached if flag else plain).add(path)
     return tuple(path in cached and path not in plain for path in node_paths(tokens, parents))
 
@@ -113,7 +113,8 @@ class MergedDrafter(BaseDrafter):
         member_drafts = [propose_many(drafter, [SubRequest(request, request.draft_state[member])
                                                 for request in requests], gammas)
                          for member, drafter in enumerate(self.drafters)]
-        return [self.merge(request, list(drafts)) for request, drafts in zip(requests, zip(*member_drafts))]
+        return [self.merge(request, list(drafts))
+                for request, drafts in zip(requests, zip(*member_drafts, strict=True), strict=True)]
 
     def merge(self, request: DraftRequest, drafts: list[Draft]) -> Draft:
         device = request.context.device
@@ -130,10 +131,10 @@ class MergedDrafter(BaseDrafter):
         return [cache for drafter in self.drafters for cache in suffix_caches(drafter)]
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
-        for drafter, state in zip(self.drafters, request.draft_state):
+        for drafter, state in zip(self.drafters, request.draft_state, strict=True):
             if drafter.hidden_layers:
                 cast(ReadsHidden, drafter).prefilled(SubRequest(request, state), hidden)
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
-        for drafter, state in zip(self.drafters, request.draft_state):
+        for drafter, state in zip(self.drafters, request.draft_state, strict=True):
             drafter.observe(SubRequest(request, state), outcome)

@@ -119,7 +119,7 @@ def score_blocks(blocks: Sequence[RowBlock]) -> list[torch.Tensor]:  # logits [k
         out = state.model.forward(torch.cat([blocks[i].tokens for i in indices]),
                                   torch.cat([blocks[i].positions for i in indices]), state.cache, attention).logits
         assert out is not None  # want_logits defaults to True
-        for i, start, end in zip(indices, attention.offsets, attention.offsets[1:]):
+        for i, start, end in zip(indices, attention.offsets, attention.offsets[1:], strict=False):
             if blocks[i].parents is None:
                 blocks[i].state.cache.commit(blocks[i].state.row, end - start)
             logits[i] = out[start:end]
@@ -129,7 +129,7 @@ def score_blocks(blocks: Sequence[RowBlock]) -> list[torch.Tensor]:  # logits [k
 def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
     """How many leading tokens the two sequences share."""
     count = 0
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=False):
         if a != b:
             break
         count += 1
@@ -236,7 +236,7 @@ class DraftModelDrafter(BaseDrafter):
                     if (routine := self.routine(request, gamma)) is not None]
         batch = run_in_lockstep([routine for _, routine in drafting],
                                 lambda asking, blocks: score_blocks(blocks))
-        for (index, _), draft in zip(drafting, batch):
+        for (index, _), draft in zip(drafting, batch, strict=True):
             requests[index].draft_state.drafted = draft.tokens.tolist()
             drafts[index] = draft
         return drafts

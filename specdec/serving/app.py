@@ -176,7 +176,7 @@ def open_sessions(scheduler: Scheduler, prompt_ids: list[int], sampling: Samplin
         raise ApiError(429, str(error), code="queue_full", kind="server_overloaded") from error
     except ValueError as error:
         raise ApiError(400, str(error), "prompt") from error
-    for session, ticket in zip(sessions, tickets):
+    for session, ticket in zip(sessions, tickets, strict=True):
         session.ticket = ticket
     return sessions
 

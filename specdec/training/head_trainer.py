@@ -106,7 +106,7 @@ def evaluate(
         losses.append(float(result.loss) * size)
         agreements.append([value * size for value in result.agreement])
         count += size
-    per_step = [sum(values) / count for values in zip(*agreements)]
+    per_step = [sum(values) / count for values in zip(*agreements, strict=True)]
     return HeadLoss(torch.tensor(sum(losses) / count), per_step)
 
 

@@ -58,7 +58,7 @@ def run(batch: int, gamma: int, vocab: int, sampling: SamplingParams, device: st
                 out = verify_step(requests, drafts, logits, argmax, offsets, Engine.verify)
             else:
                 out = [Engine.verify(r, d, logits[a:b], None if argmax is None else argmax[a:b])
-                       for r, d, a, b in zip(requests, drafts, offsets, offsets[1:])]
+                       for r, d, a, b in zip(requests, drafts, offsets, offsets[1:], strict=False)]
             emitted = [tokens.tolist() for tokens, _ in out]  # the host sync a step makes
             if repeat:
                 timings[side].append(time.perf_counter() - started)
