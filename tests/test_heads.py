@@ -241,8 +241,7 @@ def test_a_specforge_layout_head_loads_and_drafts_losslessly(tmp_path, float64_t
     # specdec's own writer round-trips too, with a model card
     save_head(loaded, tmp_path / "again", card="# card\n")
     again = load_head(tmp_path / "again", target, dtype=torch.float64)
-    assert all(torch.equal(a, b)
-               for a, b in zip(eagle3_tensors(again).values(), eagle3_tensors(loaded).values(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(*(eagle3_tensors(h).values() for h in (again, loaded)), strict=True))
     assert (tmp_path / "again" / "README.md").read_text() == "# card\n"
 
 
