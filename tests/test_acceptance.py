@@ -25,6 +25,9 @@ STRICTEST = {"greedy": ["topk:k=1,delta=0", "topk:k=1,delta=0.5", "topk:k=50,del
              "rejection": ["topk:k=50,delta=1", "typical:epsilon=1,alpha=inf"],
              "coupled": ["topk:k=50,delta=1", "typical:epsilon=1,alpha=inf"]}
 LOOSE = "topk:k=10,delta=0"  # any of the target's 10 most likely tokens: relaxes a lot
+# The sweeps below run in the slow tier; these cases stay in the fast one: greedy, where exact must
+# equal the target alone, and the strictest case that two of the mutations below fail.
+FAST_MODE, FAST_STRICTEST = "greedy", ("rejection", "typical:epsilon=1,alpha=inf")
 
 
 @pytest.mark.parametrize("spelled, canonical", [
@@ -115,7 +118,8 @@ def same_runs(got: list, expected: list) -> None:
         assert a.stats.relaxed_accepted == 0
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [pytest.param(mode, marks=() if mode == FAST_MODE else pytest.mark.slow)
+                                  for mode in MODES])
 def test_exact_acceptance_is_the_default_bit_for_bit(models, mode):
     """acceptance="exact" gives the default's tokens and counts, alone and in a batch (whose greedy
     requests and sampled chains are verified in one pass); greedy equals the target alone's."""
@@ -130,7 +134,9 @@ def test_exact_acceptance_is_the_default_bit_for_bit(models, mode):
             assert [r.token_ids for r in default] == [r.token_ids for r in alone], name
 
 
-@pytest.mark.parametrize("mode, acceptance", [(mode, spec) for mode in MODES for spec in STRICTEST[mode]])
+@pytest.mark.parametrize("mode, acceptance", [
+    pytest.param(mode, spec, marks=() if (mode, spec) == FAST_STRICTEST else pytest.mark.slow)
+    for mode in MODES for spec in STRICTEST[mode]])
 def test_each_scheme_at_its_strictest_equals_exact(models, mode, acceptance):
     """Tokens and acceptance counts equal exact's, alone and in a batch beside exact requests.
     (Mutations checked, each failing here: topk's rank "< k" made "<= k" fails greedy topk:k=1;

@@ -172,7 +172,8 @@ def collect(scheduler: Scheduler, prompt, sampling: SamplingParams, results: dic
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-@pytest.mark.parametrize("kind, count, max_batch", [("model", 10, 4), ("tree", 10, 4), ("model", 40, 32)])
+@pytest.mark.parametrize("kind, count, max_batch", [("model", 10, 4), ("tree", 10, 4),
+                                                    pytest.param("model", 40, 32, marks=pytest.mark.slow)])
 def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, temperature, kind, count, max_batch):
     """Requests join and leave a running batch (up to 32 rows, drafting in lockstep): each gets
     the tokens it gets alone, greedy and seeded, chains and trees."""
