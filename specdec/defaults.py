@@ -144,8 +144,8 @@ def fastest_default_target(
 
     Where the compiled kernels run, w8a32: SmolLM2's weights come from a Q4_1 / Q8_0 GGUF, which
     8-bit groups hold exactly, so with float32 activations the target prints the float32 target's
-    text (int8 and int4 round activations to 8 bits and drift from it in near-ties: 0 of 9 texts
-    equal on an AVX2 EPYC; docs/benchmarks.md) at a fraction of float32's cost. Without a compiler:
+    text (int8 and int4 round activations to 8 bits and drift from it in near-ties: docs/default-pair.md)
+    at a fraction of float32's cost. Without a compiler:
     its folder on the own forward in int8, or its GGUF on llama.cpp's kernels (only with llama_cpp,
     when llama-cpp-python is installed), whichever is fastest here and exact (measured once per
     machine: specdec/models/backend_choice.py)."""

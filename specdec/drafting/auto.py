@@ -247,8 +247,7 @@ def judged(guess: list[int] | None, emitted: list[int]) -> tuple[int, int] | Non
     agrees with all of them, only that much is known (a longer guess is judged on what was seen).
     Judging only the first token (every step reaches it; deeper ones only after easy text) was
     tried: it starved the deeper positions of a copy, where a copy that started goes on, and auto's
-    drafts fell short (real pair, bundled suite: auto the slowest method of its run, 1.21x target-only;
-    judged this way, the fastest of the runs before and after it, 1.34x and 1.23x)."""
+    drafts fell short (measured on the real pair: docs/design.md, "auto")."""
     if not guess:
         return None
     agree = common_prefix(guess, emitted)

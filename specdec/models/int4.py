@@ -4,7 +4,7 @@ Why: decoding one token streams every weight once, so the weights' bytes set the
 one-token forward on a CPU (the 1.5B target's int8 linears take ~80% of its step). 4-bit groups
 halve them, the precision llama.cpp users run (Q4_K_M); torch's own int4 kernel
 (`_weight_int4pack_mm_for_cpu`) is fast for one row but compute-bound from two (measured with
-docs/benchmarks/cpu/int4_kernels.py: a step's linears 3.2x slower for 5 rows than for 1), which
+benchmarks/cpu/int4_kernels.py; docs/design.md, "Correct and fast on every CPU"), which
 would make verify blocks expensive.
 
 The scheme: weights in groups of 32 inputs, w ~ scale * q + min with q in 0..15 (scale and min in

@@ -1,9 +1,9 @@
 """An int4 (or w8a32) model's decoder layer in three compiled calls (kernels/layer_ops.cpp), not ~20 torch ops.
 
-Why: on a 2-core AVX2 EPYC the Qwen2.5-Coder-1.5B target's one-token int4 step took ~96 ms, of
-which its 113 int4 matmuls took ~56; the rest was the small ops around them (RMSNorm alone ~12 ms,
-attention's cache writes and one-query SDPA calls ~9, RoPE's rotate ~4.5): per-op dispatch and
-threading on vectors of a few thousand floats. Here each layer is: norm + q/k/v matmul + bias +
+Why: a one-token int4 step spent ~40% of its time in the small ops around its matmuls (RMSNorm,
+attention's cache writes and one-query SDPA calls, RoPE's rotate): per-op dispatch and threading
+on vectors of a few thousand floats (measured: docs/design.md, "Correct and fast on every CPU";
+docs/benchmarks/archive/notebook.md, "The int4 layer compiled"). Here each layer is: norm + q/k/v matmul + bias +
 RoPE (one call), attention (per-query segments in one call; a prefill's masked segments still
 run SDPA), and o matmul + residual + norm + gate/up matmul + SiLU gate + down matmul + residual
 (one call).

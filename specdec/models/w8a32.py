@@ -1,6 +1,6 @@
 """8-bit weight groups with float32 activations (`--quantize w8a32`): a 4- or 8-bit GGUF computed
-as float32 computes it (on a 2-core AVX2 EPYC, SmolLM2's token at 2x int4's cost, 8x less than
-float32's exact blocks: docs/benchmarks.md).
+as float32 computes it, at a fraction of float32's exact blocks' cost (measured: docs/design.md,
+"Correct and fast on every CPU").
 
 Why: int8 and int4 round each activation row to 8 bits, so a quantized model's greedy text drifts
 from its float32 text in near-ties (measured on the default SmolLM2-135M, a Q4_1 GGUF dequantized
@@ -102,8 +102,8 @@ class Packed:
 def pack_weight(weight: torch.Tensor) -> Packed:
     """weight [out, in] (in a multiple of 32) -> its records. Outputs are padded to a multiple of
     16 with zero weights. (q in nibbles for a Q4_1 GGUF's weights, 6 bits a weight instead of 10,
-    was measured and dropped: on the Zen 1 EPYC SmolLM2's T(1) 23.8 vs 24.0 ms, T(5) 50.8 vs 47.5:
-    the kernel is bound by decoding q, not by reading it.)"""
+    was measured and dropped: no faster, since the kernel is bound by decoding q, not by reading it;
+    docs/design.md, "Correct and fast on every CPU".)"""
     out_features, in_features = weight.shape
     padded, groups = -(-out_features // COLS) * COLS, in_features // GROUP
     q = torch.zeros(padded, groups, GROUP, dtype=torch.int8)

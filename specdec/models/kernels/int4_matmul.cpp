@@ -31,7 +31,7 @@ constexpr int kCols = 16, kGroup = 32, kRecord = 320;
 // Software prefetch distance in bytes (8 groups ahead). Why: a block's records span several 4 KiB
 // pages and the hardware prefetchers stop at page boundaries; once a verify block of 8 rows makes
 // the kernel compute-bound, each such miss stalled it (VNNI, 1.5B int4, 8 rows: 62 -> 44 ms of
-// matmuls a step, docs/benchmarks/cpu/roofline.py).
+// matmuls a step, benchmarks/cpu/roofline.py).
 constexpr int kAhead = 8 * kRecord;
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -74,7 +74,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
 #elif defined(__AVX2__) && defined(__F16C__)
 // 4 rows x 16 columns: 16 accumulators in 16 ymm registers, so some spill; still faster than 3
 // rows, which split a 4-token block in two passes (Zen 4 capped to AVX2, 1.5B int4: T(4) 53.7 vs
-// 59.3 ms, T(8) 104 vs 117; docs/benchmarks/cpu/flat-blocks-epyc-vnni).
+// 59.3 ms, T(8) 104 vs 117; docs/benchmarks/archive/cpu/flat-blocks-epyc-vnni).
 constexpr int kRows = 4;
 template <int rows>
 void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,

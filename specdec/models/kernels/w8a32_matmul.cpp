@@ -27,18 +27,26 @@ namespace {
 constexpr int kCols = 16, kGroup = 32, kRecord = 640, kScales = 512, kMins = 576;
 
 #if defined(__AVX2__) && defined(__FMA__)
-constexpr int kRows = 3;
+constexpr int kRows = 6;
 // `rows` rows x one column block of 16 (columns are independent: each output's arithmetic is the
 // same whichever others share the loop). A row alone takes one block at a time too: its records
 // are then read as one sequential stream per thread. Four blocks at once (8 fma chains to hide the
 // fma latency) measured a third slower for a one-token forward once the weights stream from memory
 // (docs/design.md, "The default pair's one-token forward").
+// The 16 ymm registers hold 2 fma chains a row, the weights and a broadcast: 6 rows a pass. Up to
+// 3 rows the running totals stay in registers too; past that they wait in y between groups (the
+// same additions in the same order), so a 4- to 6-token block reads the weights once, not twice.
 template <int rows>
 void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, int64_t N, int64_t K, int64_t block) {
+  constexpr bool totals_in_registers = rows <= 3;
   const int64_t groups = K / kGroup;
+  float* out = y + block * kCols;
   __m256 total[rows][2];
   for (int r = 0; r < rows; ++r)
-    for (int h = 0; h < 2; ++h) total[r][h] = _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      total[r][h] = _mm256_setzero_ps();
+      if constexpr (!totals_in_registers) _mm256_storeu_ps(out + r * N + 8 * h, total[r][h]);
+    }
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* record = w + (block * groups + g) * kRecord;
     for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + 4 * kRecord + line, _MM_HINT_T0);
@@ -57,13 +65,18 @@ void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, i
     for (int h = 0; h < 2; ++h) {
       const __m256 scale = _mm256_loadu_ps((const float*)(record + kScales) + 8 * h);
       const __m256 mins = _mm256_loadu_ps((const float*)(record + kMins) + 8 * h);
-      for (int r = 0; r < rows; ++r)
+      for (int r = 0; r < rows; ++r) {
+        float* kept = out + r * N + 8 * h;
+        const __m256 before = totals_in_registers ? total[r][h] : _mm256_loadu_ps(kept);
         total[r][h] = _mm256_add_ps(
-            total[r][h], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), _mm256_mul_ps(dot[r][h], scale)));
+            before, _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[r * groups + g]), _mm256_mul_ps(dot[r][h], scale)));
+        if constexpr (!totals_in_registers) _mm256_storeu_ps(kept, total[r][h]);
+      }
     }
   }
-  for (int r = 0; r < rows; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + r * N + block * kCols + 8 * h, total[r][h]);
+  if constexpr (totals_in_registers)
+    for (int r = 0; r < rows; ++r)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * N + 8 * h, total[r][h]);
 }
 #else
 constexpr int kRows = 1;

@@ -1,0 +1,90 @@
+"""A draft head's cost per draft token as a fraction of the target's T(1), on this machine.
+
+    python benchmarks/cpu/head_cost.py --head DIR [--target DIR] [--quantize int8|int4|w8a32|none]
+        [--head-quantize auto|none|int8|int4] [--out FILE.json]
+
+Times, after a 200-token context (medians of --repeats): the target's one-token forward T(1), one
+chain draft step of the head (a one-token head forward and the mapping of its logits into the
+target's vocabulary, as HeadDrafter does), and one tree depth of 4 nodes. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specdec import load
+from specdec.drafting import load_head
+from specdec.drafting.head_format import head_quantization
+from specdec.drafting.head_drafter import HeadDrafter
+from specdec.machine import isa_summary, write_measurement
+from specdec.models.base import Attention, Segment
+from specdec.models.timing import prefilled_cache, time_block
+
+
+def median_seconds(run, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head", required=True)
+    parser.add_argument("--target", help="default: the default pair's target")
+    parser.add_argument("--quantize", default="int8", choices=["int8", "int4", "w8a32", "none"])
+    parser.add_argument("--head-quantize", default="auto", choices=["auto", "none", "int8", "int4"],
+                        help="the head's linears (auto: as the drafters load it, like the target)")
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--out", default="runs/head-cost.json")
+    args = parser.parse_args()
+    if args.target is None:
+        from specdec.defaults import default_pair
+
+        args.target = str(default_pair().target)
+    target = load(args.target, quantize=None if args.quantize == "none" else args.quantize)
+    head_quantize = {"auto": head_quantization(target), "none": None}.get(args.head_quantize, args.head_quantize)
+    head = load_head(args.head, target, quantize=head_quantize)
+    t1 = time_block(target, prefilled_cache(target, 1, args.context), 1, args.repeats)
+
+    # The forwards the drafters run, for one request (batch-invariant, as every draft is).
+    drafter = HeadDrafter(head, target.max_context)
+    context = torch.arange(args.context) % target.vocab_size
+    state = drafter.start(context)
+    state.queue(context, torch.randn(args.context, head.config.feature_size))
+    drafter.feed([state])
+    token, position = torch.tensor([5]), torch.tensor([state.fed])
+
+    def chain_step():
+        logits, _ = head(token, state.root_features, position, drafter.cache, Attention.chain(1, state.row))
+        drafter.to_target(logits).argmax(-1).tolist()
+
+    nodes = torch.tensor([5, 6, 7, 8])
+    segment = Segment(state.row, 4, (-1, -1, -1, -1))
+
+    def tree_depth():
+        logits, _ = head(nodes, state.root_features.expand(4, -1), position.expand(4), drafter.cache,
+                         Attention((segment,)))
+        drafter.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
+
+    chain, tree = median_seconds(chain_step, args.repeats), median_seconds(tree_depth, args.repeats)
+    result = {"target": target.name, "quantize": args.quantize, "head": str(args.head), "head_quantize": head_quantize,
+              "draft_vocab": head.config.draft_vocab_size, "target_T1_ms": 1000 * t1,
+              "head_chain_step_ms": 1000 * chain, "head_tree_depth4_ms": 1000 * tree,
+              "chain_step_over_T1": chain / t1, "tree_depth4_over_T1": tree / t1}
+    print(f"| target T(1) ms | head chain step ms | c = step / T(1) | tree depth of 4 nodes ms | / T(1) |\n"
+          f"|---|---|---|---|---|\n| {1000 * t1:.2f} | {1000 * chain:.2f} | {chain / t1:.3f} | {1000 * tree:.2f} | "
+          f"{tree / t1:.3f} |")
+    write_measurement(args.out, result)
+    print(f"wrote {args.out} ({isa_summary()})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A/B of the int4 kernel's source: a git revision's int4_matmul.cpp against the working tree's, both
+compiled with the flags specdec uses on this machine, in one process, interleaved call by call; the
+linears of one Qwen2.5-Coder-1.5B layer (fused gate/up, down, fused q/k/v: 44M random weights,
+28 MB of records, more than a 2-core VM's L3) for 1, 3, 5 and 8 rows; the best of 7 per source.
+
+    python benchmarks/cpu/int4_kernel_ab.py [--base REV] [--out FILE.json]
+"""
+
+import argparse
+import ctypes
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.machine import write_measurement
+from specdec.models import int4
+
+SHAPES = [(2 * 8960, 1536), (1536, 8960), (2048, 1536)]  # gate/up, down, q/k/v: [out, in]
+ROWS = (1, 3, 5, 8)
+
+
+def build(source: Path, folder: Path, name: str) -> ctypes.CDLL:
+    library = folder / f"{name}.so"
+    subprocess.run(["g++", *int4._flags(), str(source), "-o", str(library)], check=True)
+    handle = ctypes.CDLL(str(library))
+    handle.specdec_int4_linear.restype = None
+    handle.specdec_int4_linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+    return handle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="HEAD", help="git revision of the source to compare against")
+    parser.add_argument("--out", default="runs/int4_kernel_ab.json")
+    args = parser.parse_args()
+    relative = int4.SOURCE.relative_to(Path(__file__).resolve().parents[2])
+    with tempfile.TemporaryDirectory() as folder:
+        base = Path(folder) / "base.cpp"
+        base.write_bytes(subprocess.run(["git", "show", f"{args.base}:{relative}"], check=True,
+                                        capture_output=True).stdout)
+        kernels = {"base": build(base, Path(folder), "base"), "tree": build(int4.SOURCE, Path(folder), "tree")}
+        torch.manual_seed(0)
+        weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES]
+        rows_table = []
+        for rows in ROWS:
+            inputs = [torch.randn(rows, k) for _, _, k in weights]
+            outputs = [torch.empty(rows, n) for _, n, _ in weights]
+            best = dict.fromkeys(kernels, float("inf"))
+            for _ in range(7):
+                for name, kernel in kernels.items():
+                    start = time.perf_counter()
+                    for (records, n, k), x, y in zip(weights, inputs, outputs, strict=True):
+                        kernel.specdec_int4_linear(x.data_ptr(), records.data_ptr(), y.data_ptr(), rows, n, k)
+                    best[name] = min(best[name], time.perf_counter() - start)
+            row = {"rows": rows, "base_ms": round(best["base"] * 1e3, 3), "tree_ms": round(best["tree"] * 1e3, 3),
+                   "tree_over_base": round(best["tree"] / best["base"], 3)}
+            rows_table.append(row)
+            print(f"{rows} rows: base {row['base_ms']:.2f} ms, tree {row['tree_ms']:.2f} ms, "
+                  f"tree/base {row['tree_over_base']:.2f}")
+    print(f"-> {write_measurement(args.out, {'base': args.base, 'flags': int4._flags(), 'rows': rows_table})}")
+
+
+if __name__ == "__main__":
+    main()
