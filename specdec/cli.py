@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from specdec.progress import output_console, waiting
+from specdec.progress import dim_lines, output_console, waiting
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +98,11 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
         help="suffix drafters: most tokens of earlier outputs kept for later requests (0: none)",
     )
     parser.add_argument(
+        "--index", action="append", metavar="DIR|default|none", help="a datastore (specdec index build) for the "
+        "corpus drafters and auto (repeatable); default: this Python's standard library, built once per tokenizer; "
+        "none: no datastore (unset: default for a code target, such as Qwen2.5-Coder, else none)",
+    )
+    parser.add_argument(
         "--draft-head",
         metavar="DIR",
         help="an EAGLE-3 draft head folder for --drafter head|head-tree (specdec train-head; "
@@ -151,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_serve.add_parser(commands, add_model_options, add_drafting_options)
     server.add_parser(commands, add_model_options, add_drafting_options)
+    from specdec import index_command
+
+    index_command.add_parser(commands)
     return parser
 
 
@@ -246,8 +254,10 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     (``suffix_cache_tokens=0``). Each drafter has its own state shared across requests (a suffix
     cache), so servers compared side by side each get one. Unset --drafter is auto: every drafter
     available here (a head found for the target by itself, the --draft model when given)."""
+    from specdec.corpus_index import datastores_for
     from specdec.drafting import make_drafter, reads_target
-    from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds, default_gamma, default_policy
+    from specdec.drafting.base import running_banner
+    from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds, default_gamma, default_policy, drafts_trees, uses_corpus
 
     # --tree with no --drafter: the draft model's tree, else the n-gram's (auto drafts chains)
     args.drafter = args.drafter or (("model" if args.draft else "ngram") if args.tree else AUTO)
@@ -272,8 +282,9 @@ def load_drafting(args: argparse.Namespace, errors: Console):
         from specdec.drafting.head_finder import find_head
 
         head = find_head(target)
-        if head is not None:
-            chosen = f" (draft head found for this target: {head})"
+        chosen = f" (draft head found for this target: {head})" if head is not None else chosen
+    corpus = [] if args.no_draft or not uses_corpus(args.drafter) else datastores_for(args.index, target,
+                                                                                        dim_lines(errors))
     said = False  # what runs is said once, for the first drafter made
 
     def make(**overrides):
@@ -283,7 +294,7 @@ def load_drafting(args: argparse.Namespace, errors: Console):
         else:
             options = dict(max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree, tree_budget=args.tree_budget,
                            target=target, vocab_rule=args.vocab_rule, head=head,
-                           suffix_cache_tokens=args.suffix_cache_tokens)
+                           suffix_cache_tokens=args.suffix_cache_tokens, corpus=corpus)
             drafter = make_drafter(args.drafter, draft, **{**options, **overrides})
         if not said:
             banner = running_banner(target, drafter, args.policy, args.gamma)
@@ -292,20 +303,6 @@ def load_drafting(args: argparse.Namespace, errors: Console):
         return drafter
 
     return target, make
-
-
-def drafts_trees(drafter: str) -> bool:
-    kinds = drafter.split("+")
-    return len(kinds) > 1 or any(kind.endswith("tree") for kind in kinds)
-
-
-def running_banner(target, drafter, policy: str, gamma: int) -> str:
-    """What runs, in one line, from the loaded objects (the target, the drafter) and the policy."""
-    from specdec.drafting.base import describe_drafter
-
-    if drafter is None:
-        return f"target {target.describe()}, alone (no drafter)"
-    return f"target {target.describe()}; drafter: {describe_drafter(drafter)}; {policy} policy, gamma {gamma}"
 
 
 def load_own_target(args: argparse.Namespace, errors: Console):
@@ -382,6 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specdec.bench import serve as bench_serve
 
             return bench_serve.run(args, console, errors, load_drafting)
+        if args.command == "index":
+            from specdec import index_command
+
+            return index_command.run(args, console, errors)
         if args.command == "bench-batch":
             from specdec.bench import batch
 

@@ -25,6 +25,7 @@ SOURCE_STYLES = {
     "draft": "green",
     "branch": "cyan",
     "cache": "magenta",
+    "corpus": "bright_magenta",
     "relaxed": "bold dark_orange",
     "forced": "yellow",
     "correction": "bold red",
@@ -58,7 +59,8 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
                                "magenta = accepted draft copied from an earlier request's output (suffix drafters' "
-                               "cache), yellow = forced by the grammar, orange = kept by a lossy --acceptance only, "
+                               "cache), bright magenta = retrieved from a datastore (--index), yellow = forced by "
+                               "the grammar, orange = kept by a lossy --acceptance only, "
                                "red = target's correction, blue = bonus")
     generate.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                           help="then run the target alone on the same prompt: measured speedup, and whether the text "

@@ -4,12 +4,16 @@ that implement each name import them from here."""
 
 SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules
 DRAFTERS = ("auto", "model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
-            "suffix-tree", "ngram-edit")  # specdec.drafting
+            "suffix-tree", "ngram-edit", "corpus", "corpus-tree")  # specdec.drafting
 # what --tree turns a chain drafter into
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree",
-              "suffix": "suffix-tree"}
-# drafters that copy from text seen before: no draft model, no target features
-TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree", "ngram-edit")
+              "suffix": "suffix-tree", "corpus": "corpus-tree"}
+# drafters that copy from text seen before (the corpus drafters: from a datastore, --index): no
+# draft model, no target features
+TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree", "ngram-edit", "corpus", "corpus-tree")
+CORPUS_DRAFTERS = ("corpus", "corpus-tree")
+NO_INDEX = "none"  # --index none: no datastore, not even the default one
+NO_INDEX_FLAG = "noindex"  # a bench method's flag: "auto@noindex" drafts without the run's datastores
 # "suffix-or-X": the suffix draft where the match is long, drafter X's elsewhere
 SUFFIX_FIRST = "suffix-or-"
 
@@ -61,3 +65,14 @@ def help_formatter():
             return super()._get_help_string(action) or text
 
     return DefaultsWhereUseful
+
+
+def drafts_trees(drafter: str) -> bool:
+    """Whether a --drafter spec drafts token trees (a merge, or a tree kind)."""
+    kinds = drafter.split("+")
+    return len(kinds) > 1 or any(kind.endswith("tree") for kind in kinds)
+
+
+def uses_corpus(drafter: str) -> bool:
+    """Whether a --drafter spec drafts from datastores (--index): a corpus drafter, or auto."""
+    return any(kind in (AUTO, *CORPUS_DRAFTERS) for kind in base_kinds(drafter))

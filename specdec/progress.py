@@ -28,3 +28,8 @@ def waiting(console: Console, message: str) -> Iterator[Callable[[str], None]]:
         return
     console.print(f"[dim]{message}...[/]", highlight=False, soft_wrap=True)
     yield lambda text: console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
+
+
+def dim_lines(console: Console) -> Callable[[str], None]:
+    """A function that prints a line on ``console``, dim: what a command says as it goes."""
+    return lambda text: console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.drafting.base import StepOutcome
+from specdec.drafting.corpus import CORPUS
 from specdec.engine import Request
 from specdec.metrics import SpecStats
 from specdec.sampling import TokenLogprob
@@ -29,6 +30,7 @@ class TokenSource(str, enum.Enum):
     DRAFT = "draft"  # proposed by the drafter, accepted by the target
     BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
     CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
+    CORPUS = "corpus"  # an accepted draft retrieved from a datastore of code (the corpus drafter, --index)
     RELAXED = "relaxed"  # a draft the exact test rejected, kept by a LOSSY acceptance rule (specdec.acceptance)
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
@@ -52,6 +54,8 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
         first_children = {parent: parents.index(parent) for parent in set(parents)}
         accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
                     for node in path.tolist()]
+    if outcome.drafter == CORPUS:
+        accepted = [TokenSource.CORPUS] * len(accepted)
     if outcome.from_cache is not None:
         accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
                     for node, source in zip(outcome.accepted_nodes, accepted, strict=True)]

@@ -38,6 +38,9 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
         metavar="DIR",
         help="EAGLE-3 head for the head:POLICY and head-tree:POLICY methods (default: the default pair's shipped head)",
     )
+    bench.add_argument("--index", action="append", metavar="DIR|default|none",
+                       help="datastores for auto and the corpus methods, as generate's --index (unset: the default "
+                       "datastore for a code target); the method auto@noindex runs auto without them")
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
     from specdec.names import BENCH_SUITES
@@ -148,6 +151,13 @@ def run(
         args.methods = ["auto", "ngram:cost", "suffix:cost", *(["head:cost", "suffix-or-head:cost"] if head else []),
                         *(["model:cost"] if args.draft else [])]
     extra: dict = {"suite": args.prompts or args.suite or "bundled"}
+    from specdec.corpus_index import datastores_for
+    from specdec.names import uses_corpus
+    from specdec.progress import dim_lines
+
+    corpus = datastores_for(args.index, target, dim_lines(errors)) if any(
+        uses_corpus(name.partition("@")[0].partition(":")[0]) for name in args.methods) else []
+    extra.update(indexes=[str(store.folder) for store in corpus])
     default_budget = 128
     if humaneval:
         from specdec.bench import humaneval as he
@@ -191,6 +201,7 @@ def run(
             llama_tools=llama_tools,
             head=head,
             extra=extra,
+            corpus=corpus,
         )
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)

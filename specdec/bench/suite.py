@@ -22,7 +22,8 @@ from specdec.bench.runner import (
 from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
 from specdec.constraint import Constraint
 from specdec.decoder import SpeculativeDecoder
-from specdec.names import default_gamma, default_policy
+from specdec.names import NO_INDEX_FLAG, default_gamma, default_policy
+from specdec.drafting.datastore import Datastore
 from specdec.drafting.vocab import vocabulary_mismatch
 from specdec.sampling import SamplingParams
 from specdec.models.base import LanguageModel
@@ -147,17 +148,19 @@ def all_speculative_methods() -> list[str]:
     from specdec.drafting import DRAFTERS
     from specdec.policy import POLICIES
 
-    # Heads need a trained head for the target (--draft-head): name them explicitly. auto chooses its own lengths.
-    return ["auto", *(f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith("head") and
+    # Heads need a trained head (--draft-head), corpus drafters a datastore (--index): name them explicitly.
+    # auto chooses its own lengths.
+    return ["auto", *(f"{drafter}:{policy}" for drafter in DRAFTERS if not drafter.startswith(("head", "corpus")) and
                       drafter != "auto" for policy in POLICIES if policy != "auto")]
 
 
 def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, gamma: int | None,
                 ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
-                head=None) -> Method:
+                head=None, corpus: Sequence[Datastore] = ()) -> Method:
     """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
     transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools).
-    specdec's own methods take flags: "@unforced" and "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3")."""
+    specdec's own methods take flags: "@unforced", "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3") and
+    "@noindex" (auto without the datastores in ``corpus``: "auto@noindex")."""
     from specdec.drafting import make_drafter
 
     if is_llama_cpp_method(name):
@@ -169,12 +172,15 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
     method, *flags = name.split("@")
+    corpus = () if NO_INDEX_FLAG in flags else corpus
+    flags = [flag for flag in flags if flag != NO_INDEX_FLAG]
     unforced, acceptance = method_flags(name, flags)
     if method == REFERENCE:
         return speculative_method(name, SpeculativeDecoder(target, draft_forced=not unforced), acceptance=acceptance)
     drafter_kind, _, policy = method.partition(":")
     policy = policy or default_policy(drafter_kind)
-    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head)
+    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head,
+                           corpus=corpus)
     return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=default_gamma(policy) if gamma is None
                                                        else gamma, policy=policy, draft_forced=not unforced),
                               acceptance=acceptance)
@@ -201,8 +207,9 @@ def needs_draft_model(names: Sequence[str]) -> bool:
 
 def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageModel | None, gamma: int | None,
                   ngram_max: int = 4, ngram_min: int = 1, llama_tools: LlamaCppTools | None = None,
-                  head=None) -> list[Method]:
-    """head: a DraftHead or an EAGLE-3 folder for the head methods (loaded once, shared)."""
+                  head=None, corpus: Sequence[Datastore] = ()) -> list[Method]:
+    """head: a DraftHead or an EAGLE-3 folder for the head methods (loaded once, shared); corpus: the
+    datastores of the corpus drafters and auto (read-only, shared)."""
     from specdec.drafting import DraftHead, load_head
     from specdec.drafting.head_format import head_quantization
 
@@ -211,7 +218,8 @@ def build_methods(names: Sequence[str], target: LanguageModel, draft: LanguageMo
         llama_tools.check([name for name in names if is_llama_cpp_method(name)])
     if head is not None and not isinstance(head, DraftHead):
         head = load_head(head, target, quantize=head_quantization(target))
-    return [make_method(name, target, draft, gamma, ngram_max, ngram_min, llama_tools, head) for name in names]
+    return [make_method(name, target, draft, gamma, ngram_max, ngram_min, llama_tools, head, corpus)
+            for name in names]
 
 
 def expand_method_names(names: Sequence[str]) -> list[str]:
@@ -250,9 +258,10 @@ def run_bench(
     repeats: int = 1,
     llama_tools: LlamaCppTools | None = None,
     head=None,
+    corpus: Sequence[Datastore] = (),
 ) -> dict:
     check_constrained_methods(methods, prompts)
-    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools, head)
+    built = build_methods(methods, target, draft, gamma, ngram_max, ngram_min, llama_tools, head, corpus)
     encode = lambda text: target.tokenizer.encode(text)  # noqa: E731
     names = {m.name for m in built}
     # Each engine's methods are checked against that engine's own target-only decoding: other
@@ -288,6 +297,8 @@ def run_bench(
                      **({"drafted_at": m.stats.drafted_at, "accepted_at": m.stats.accepted_at,
                          "draft_seconds": m.stats.draft_seconds, "verify_seconds": m.stats.verify_seconds,
                          "target_forwards": m.stats.target_forwards} if m.stats else {}),
+                     # auto's choices, candidate -> [steps, drafted, accepted] (the corpus's accepted tokens)
+                     **({"by_drafter": m.stats.by_drafter} if m.stats and m.stats.by_drafter else {}),
                      # a draft with another tokenizer: its own tokens drafted, and those translated
                      **({"source_drafted": m.stats.source_drafted, "source_kept": m.stats.source_kept}
                         if m.stats and m.stats.source_drafted else {}),

@@ -1,8 +1,11 @@
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
 from specdec.drafting.auto import AutoDrafter
 from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
+from specdec.drafting.corpus import CorpusDrafter
+from specdec.drafting.datastore import Datastore
 from specdec.drafting.edits import EditingNGramDrafter
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_drafter import HeadDrafter, HeadTreeDrafter
@@ -39,6 +42,7 @@ def make_drafter(
     vocab_rule: str = "point-mass",
     head: DraftHead | str | Path | None = None,
     suffix_cache_tokens: int = 100_000,
+    corpus: Sequence[Datastore] = (),
 ) -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
@@ -52,25 +56,27 @@ def make_drafter(
     folder, loaded for ``target``). "suffix" and "suffix-tree" copy from this request's text and from
     a cache of earlier outputs of at most ``suffix_cache_tokens`` tokens (0: no cache). "ngram-edit"
     is n-gram lookup that learns the edits the output makes to the text it copies (a renamed
-    identifier) and makes them in later copies. "auto" holds the text drafters, the head (when
-    given) and the draft model (when given) as candidates and picks each step's draft by measured
-    cost (specdec.drafting.auto)."""
+    identifier) and makes them in later copies. "corpus" and "corpus-tree" retrieve continuations
+    from the datastores in ``corpus`` (specdec.drafting.corpus). "auto" holds the text drafters
+    (the corpus drafter where datastores are given), the head (when given) and the draft model
+    (when given) as candidates and picks each step's draft by measured cost (specdec.drafting.auto)."""
     if kind == AUTO:
-        names = [*AUTO_TEXT_CANDIDATES, *(["head"] if head is not None and target is not None else []),
+        names = [*AUTO_TEXT_CANDIDATES, *(["corpus"] if corpus else []),
+                 *(["head"] if head is not None and target is not None else []),
                  *(["model"] if draft_model is not None else [])]
         return AutoDrafter({name: make_drafter(name, draft_model, max_n, min_n, False, tree_budget, target, vocab_rule,
-                                               head, suffix_cache_tokens) for name in names}, TEXT_DRAFTERS)
+                                               head, suffix_cache_tokens, corpus) for name in names}, TEXT_DRAFTERS)
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter(
             [make_drafter(k, draft_model, max_n, min_n, tree, tree_budget, target, vocab_rule, head,
-                          suffix_cache_tokens) for k in kinds],
+                          suffix_cache_tokens, corpus) for k in kinds],
             budget=tree_budget,
         )
     kind = TREE_KINDS.get(kind, kind) if tree else kind
     if kind.startswith(SUFFIX_FIRST):
         fallback = make_drafter(kind[len(SUFFIX_FIRST):], draft_model, max_n, min_n, tree, tree_budget, target,
-                                vocab_rule, head, suffix_cache_tokens)
+                                vocab_rule, head, suffix_cache_tokens, corpus)
         suffix_kind = "suffix-tree" if kind.endswith("tree") else "suffix"
         suffix = make_drafter(suffix_kind, tree_budget=tree_budget, suffix_cache_tokens=suffix_cache_tokens)
         return SuffixFirstDrafter(cast(SuffixDrafter, suffix), fallback)
@@ -83,6 +89,8 @@ def make_drafter(
     if kind in ("suffix", "suffix-tree"):  # each such drafter keeps its own cache of earlier outputs
         cache = SuffixCache(max_tokens=suffix_cache_tokens)
         return SuffixDrafter(cache, tree=kind == "suffix-tree", budget=tree_budget)
+    if kind in ("corpus", "corpus-tree"):  # the datastores are read-only: drafters may share them
+        return CorpusDrafter(corpus, tree=kind == "corpus-tree", budget=tree_budget)
     if kind in ("head", "head-tree"):
         if target is None or head is None:
             raise ValueError(f"the {kind!r} drafter needs a draft head (--draft-head DIR) and the target it reads")
@@ -114,6 +122,8 @@ def make_drafter(
 
 __all__ = [
     "AutoDrafter",
+    "CorpusDrafter",
+    "Datastore",
     "DRAFTERS",
     "Draft",
     "DraftHead",

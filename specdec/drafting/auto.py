@@ -53,6 +53,9 @@ class Candidate:
     name: str
     drafter: Drafter
     copies_text: bool  # drafts every step for free, judged on every outcome (no forward of its own)
+    # its draft's length sets the step's reach class: a copy of this request's text (a corpus
+    # drafter's retrieval is judged in every class but sets none: its reach says nothing of this text)
+    sets_reach: bool
     pooled: list[AcceptanceByPosition]  # [reach class]: acceptance by position over every request, each request's prior
     seconds_per_token: RunningMean = field(default_factory=RunningMean)  # drafting, for those that run a forward
 
@@ -66,11 +69,12 @@ class AutoState:
     shadows: list[list[int] | None]  # this step's draft of each text candidate (None: forward candidates)
     chosen: int | None = None  # the candidate whose draft this step verifies
     idle: list[int] = field(default_factory=list)  # steps since each candidate last drafted
+    sets_reach: list[bool] = field(default_factory=list)  # [candidate]: Candidate.sets_reach
 
     @property
     def reach_class(self) -> int:
-        """This step's class: how far the shortest copy reaches (0 without copies)."""
-        lengths = [len(shadow) for shadow in self.shadows if shadow is not None]
+        """This step's class: how far the shortest copy of the request's text reaches (0 without copies)."""
+        lengths = [len(shadow) for shadow, sets in zip(self.shadows, self.sets_reach) if shadow is not None and sets]
         return sum(min(lengths) >= bound for bound in REACH_CLASSES) if lengths else 0
 
     def estimates(self, index: int) -> AcceptanceByPosition:
@@ -105,6 +109,7 @@ class AutoDrafter(BaseDrafter):
         if len({d.hidden_layers for d in readers}) > 1:
             raise ValueError("the auto drafter's candidates read different target layers; give it at most one head")
         self.candidates = [Candidate(name, drafter, name in text_drafters,
+                                     name in text_drafters and not getattr(drafter, "retrieves", False),
                                      [AcceptanceByPosition(max_gamma=max_gamma, decay=decay)
                                       for _ in range(len(REACH_CLASSES) + 1)])
                            for name, drafter in candidates.items()]
@@ -124,6 +129,7 @@ class AutoDrafter(BaseDrafter):
                          for pooled in c.pooled] for c in self.candidates],
             shadows=[None] * len(self.candidates),
             idle=[0] * len(self.candidates),
+            sets_reach=[c.sets_reach for c in self.candidates],
         )
 
     def member(self, request: DraftRequest, index: int) -> SubRequest:

@@ -243,3 +243,10 @@ class ContextRequest:
     @staticmethod
     def started(drafter: Drafter, context: torch.Tensor, **fields: Any) -> ContextRequest:
         return ContextRequest(context, drafter.start(context), **fields)
+
+
+def running_banner(target: Any, drafter: Drafter | None, policy: str, gamma: int) -> str:
+    """What runs, in one line, from the loaded objects (the target, the drafter) and the policy."""
+    if drafter is None:
+        return f"target {target.describe()}, alone (no drafter)"
+    return f"target {target.describe()}; drafter: {describe_drafter(drafter)}; {policy} policy, gamma {gamma}"

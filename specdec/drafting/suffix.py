@@ -134,25 +134,27 @@ class SuffixState:
         return self.own.sequences[0]
 
 
-def trie_draft(continuations: list[list[int]], budget: int, chain: bool) -> list[tuple[int, ...]]:
+def trie_draft(continuations: list[list[int]], budget: int, chain: bool, least: int = 1) -> list[tuple[int, ...]]:
     """Continuations merged into a trie; the root paths of the nodes of the most frequent path
     (chain) or of the ``budget`` most frequent nodes (parents before children: a node is never
-    more frequent than its parent, and ties go to the shallower)."""
+    more frequent than its parent, and ties go to the shallower). A node found in fewer than
+    ``least`` continuations is left out (a corpus drafter's confidence: its counts)."""
     counts: dict[tuple[int, ...], int] = {}
     for continuation in continuations:
         for end in range(1, len(continuation) + 1):
             prefix = tuple(continuation[:end])
             counts[prefix] = counts.get(prefix, 0) + 1
     if chain:
+        best_child: dict[tuple[int, ...], tuple[int, tuple[int, ...]]] = {}  # node -> (count, child) of its best child
+        for node, count in counts.items():
+            if count >= least:
+                best_child[node[:-1]] = max(best_child.get(node[:-1], (0, ())), (count, node))
         path: tuple[int, ...] = ()
-        while len(path) < budget:
-            children = [(count, child) for child, count in counts.items() if len(child) == len(path) + 1
-                        and child[:-1] == path]
-            if not children:
-                break
-            path = max(children)[1]
+        while len(path) < budget and path in best_child:
+            path = best_child[path][1]
         return [path[:end] for end in range(1, len(path) + 1)]
-    return sorted(counts, key=lambda node: (-counts[node], len(node), node))[:budget]
+    kept = [node for node, count in counts.items() if count >= least]
+    return sorted(kept, key=lambda node: (-counts[node], len(node), node))[:budget]
 
 
 def tree_of(paths: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:

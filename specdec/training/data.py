@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,22 +17,31 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 
 
-def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",)) -> list[Path]:
+# folders whose files are not a project's own: installed packages and caches
+INSTALLED_FOLDERS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+
+
+def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",),
+                  skip_folders: Collection[str] = INSTALLED_FOLDERS, what: str = "training data",
+                  globs: Sequence[str] = ()) -> list[Path]:
     """Every file under the given files/folders with one of the suffixes, in a stable order.
-    Installed packages and caches are skipped: they are not the corpus, only next to it. So is a
-    file that quotes the benchmark suites (quotes_the_suites): a drafter is never trained on the
-    code it is measured on (the suites excerpt standard-library functions)."""
+    Files under a folder named in ``skip_folders`` are skipped: by default installed packages and
+    caches, which are not the corpus, only next to it. So is a file that quotes the benchmark
+    suites (quotes_the_suites): a drafter is never trained on (nor retrieves from) the code it is
+    measured on (the suites excerpt standard-library functions). ``what`` names the files in errors;
+    ``globs`` (patterns of file names, "*.js"), where given, take the place of the suffixes."""
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.exists():
-            raise FileNotFoundError(f"training data not found: {path}")
+            raise FileNotFoundError(f"{what} not found: {path}")
         candidates = [path] if path.is_file() else path.rglob("*")
         for file in candidates:
-            skipped = {"site-packages", "dist-packages", "__pycache__"} & set(file.parts)
-            if file.is_file() and file.suffix in suffixes and not skipped and not quotes_the_suites(file):
+            skipped = set(skip_folders) & set(file.parts)
+            wanted = any(fnmatch.fnmatch(file.name, glob) for glob in globs) if globs else file.suffix in suffixes
+            if file.is_file() and wanted and not skipped and not quotes_the_suites(file):
                 found.append(file)
     if not found:
-        raise ValueError(f"no {'/'.join(suffixes)} files under {', '.join(map(str, paths))} "
+        raise ValueError(f"no {' '.join(globs) or '/'.join(suffixes)} files under {', '.join(map(str, paths))} "
                          "(files that quote the benchmark suites are left out)")
     return sorted(found)
 
