@@ -74,7 +74,8 @@ class AutoState:
     @property
     def reach_class(self) -> int:
         """This step's class: how far the shortest copy of the request's text reaches (0 without copies)."""
-        lengths = [len(shadow) for shadow, sets in zip(self.shadows, self.sets_reach) if shadow is not None and sets]
+        lengths = [len(shadow) for shadow, sets in zip(self.shadows, self.sets_reach, strict=True)
+                   if shadow is not None and sets]
         return sum(min(lengths) >= bound for bound in REACH_CLASSES) if lengths else 0
 
     def estimates(self, index: int) -> AcceptanceByPosition:
