@@ -68,7 +68,7 @@ def main() -> None:
         row = {"prompt": prompt[:40], "same_text": same, "tokens": len(expected.token_ids)}
         if not same:
             first = next(
-                (i for i, (a, b) in enumerate(zip(got.token_ids, expected.token_ids)) if a != b),
+                (i for i, (a, b) in enumerate(zip(got.token_ids, expected.token_ids, strict=False)) if a != b),
                 min(len(got.token_ids), len(expected.token_ids)),
             )
             row["first_difference"] = first

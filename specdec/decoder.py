@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
-from typing import cast
+from typing import Any, cast, overload
 
 from specdec.drafting.base import Drafter
 from specdec.engine import Engine
@@ -72,9 +72,18 @@ class SpeculativeDecoder:
         for _, chunk in self.run([prompt], [sampling_params(sampling, options)]):
             yield chunk
 
+    @overload
+    def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None,
+                 **options: Any) -> GenerationResult: ...
+
+    @overload
+    def generate(self, prompt: list[str] | list[Sequence[int]] | list[list[int]],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 **options: Any) -> list[GenerationResult]: ...
+
     def generate(
         self, prompt: Prompt | Sequence[Prompt], sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-        **options,
+        **options: Any,
     ) -> GenerationResult | list[GenerationResult]:
         """Decode to the end. A list of prompts is decoded as one batch (one target forward per
         step for all of them) and gives a list of results in order; sampling may then be a list
@@ -100,7 +109,7 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         tokenizer = self.target.tokenizer
         requests = [self.engine.new_request(encode_prompt(tokenizer, prompt, self.target.name), sampling, row)
-                    for row, (prompt, sampling) in enumerate(zip(prompts, samplings))]
+                    for row, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True))]
         texts = [TextStream(tokenizer, sampling.stop) for sampling in samplings]
         cache = self.target.new_cache(rows=len(requests))
         self.engine.prefill(requests, cache)
@@ -108,6 +117,6 @@ class SpeculativeDecoder:
         while active:
             lengths = [request.length for request in active]
             outcomes = self.engine.step(active, cache)
-            for request, outcome, length in zip(active, outcomes, lengths):
+            for request, outcome, length in zip(active, outcomes, lengths, strict=True):
                 yield request.row, step_chunk(request, outcome, length, texts[request.row], started)
             active = [request for request in active if request.finish_reason is None]

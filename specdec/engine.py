@@ -26,7 +26,7 @@ from specdec.metrics import SpecStats
 from specdec.names import AUTO, default_gamma
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
-from specdec.request import NOT_ISOLATED, Isolation, Request, VerifyHook
+from specdec.request import NOT_ISOLATED, PASS_THROUGH, Isolation, Request, VerifyHook
 from specdec.rules import make_rule
 from specdec.sampling import SamplingParams, token_logprobs
 from specdec.verify_batch import verify_step
@@ -190,7 +190,7 @@ class Engine:
         output = self.target.forward(tokens, positions, cache, attention, want_logits=False,
                                      hidden_layers=self.hidden_layers)
         seconds = time.perf_counter() - started
-        for (request, count), start in zip(pieces, attention.offsets):
+        for (request, count), start in zip(pieces, attention.offsets, strict=False):
             cache.commit(request.row, count)
             request.fed += count
             request.stats.prefill_seconds += seconds
@@ -226,7 +226,7 @@ class Engine:
         proposed, draft_seconds = self.propose_all(requests, draft_lengths, isolation)
         drafts: list[Draft] = []
         masks: list[torch.Tensor | None] = []
-        for index, (request, draft) in enumerate(zip(requests, proposed)):
+        for index, (request, draft) in enumerate(zip(requests, proposed, strict=False)):
             began = time.perf_counter()
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.max_context - request.length))
@@ -245,20 +245,16 @@ class Engine:
             return []
         drafted_at = time.perf_counter()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
-        device = self.target.device
-        tokens = torch.cat(
-            [piece for r, d in zip(requests, drafts) for piece in (r.tokens[r.length - 1 : r.length], d.tokens)]
-        )
-        positions = torch.tensor(
-            [r.length - 1 + depth for r, d in zip(requests, drafts) for depth in block_depths(d)], device=device
-        )
+        device, pairs = self.target.device, list(zip(requests, drafts, strict=True))
+        tokens = torch.cat([piece for r, d in pairs for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
+        positions = torch.tensor([r.length - 1 + depth for r, d in pairs for depth in block_depths(d)], device=device)
         attention = Attention(
-            tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in zip(requests, drafts))
+            tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in pairs)
         )
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
         assert output.logits is not None  # asked for (want_logits defaults to True)
-        constrained = [(start, mask) for start, mask in zip(attention.offsets, masks) if mask is not None]
+        constrained = [(start, mask) for start, mask in zip(attention.offsets, masks, strict=False) if mask is not None]
         logits = mask_logits(output.logits, constrained)  # [n, vocab]
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
         stepped = []  # (request, outcome, draft seconds, verdict) of the requests that did not fail
@@ -297,7 +293,7 @@ class Engine:
         return outcomes
 
     def propose_all(self, requests: Sequence[Request], draft_lengths: Sequence[int] | None,
-                    isolation: Isolation = Isolation()) -> tuple[list[Draft], list[float]]:
+                    isolation: Isolation = PASS_THROUGH) -> tuple[list[Draft], list[float]]:
         """This step's drafts and the seconds each took: the tokens a request's grammar forces,
         else the drafter's (cut where the grammar refuses them), else nothing. The drafter drafts
         for all the requests that ask in one call (a head: one forward per depth for the batch),

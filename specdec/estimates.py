@@ -123,12 +123,13 @@ def fitted_line(points: Sequence[tuple[float, float]],
     one x (no slope to fit)."""
     weights = weights or [1.0] * len(points)
     total = sum(weights)
-    mean_x = sum(w * px for w, (px, _) in zip(weights, points)) / total
-    mean_y = sum(w * py for w, (_, py) in zip(weights, points)) / total
-    variance = sum(w * (px - mean_x) ** 2 for w, (px, _) in zip(weights, points))
+    mean_x = sum(w * px for w, (px, _) in zip(weights, points, strict=False)) / total
+    mean_y = sum(w * py for w, (_, py) in zip(weights, points, strict=False)) / total
+    variance = sum(w * (px - mean_x) ** 2 for w, (px, _) in zip(weights, points, strict=False))
     if variance <= 1e-6 * total:
         return None
-    slope = max(0.0, sum(w * (px - mean_x) * (py - mean_y) for w, (px, py) in zip(weights, points)) / variance)
+    pairs = zip(weights, points, strict=True)
+    slope = max(0.0, sum(w * (px - mean_x) * (py - mean_y) for w, (px, py) in pairs) / variance)
     return lambda x: max(1e-9, mean_y + slope * (x - mean_x))
 
 
@@ -191,7 +192,7 @@ def block_curve(cells: Mapping[float, RunningMean]) -> Callable[[float], float]:
     points, weights = [(block, cell.total / cell.count) for block, cell in cells.items()], [
         cell.count for cell in cells.values()]
     line = fitted_line(points, weights)
-    k0, t0 = max(zip(weights, points))[1]  # the size measured most
+    k0, t0 = max(zip(weights, points, strict=False))[1]  # the size measured most
     recent = {block: cell.total / cell.count for block, cell in cells.items() if cell.count >= 1.0}
 
     def seconds(block: float) -> float:

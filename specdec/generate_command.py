@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     if args.system and not args.chat:
         raise ValueError("--system needs --chat")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
-    from specdec.decoder import SpeculativeDecoder
+    from specdec.decoder import GenerationResult, SpeculativeDecoder
     from specdec.drafting.base import describe_drafter
     from specdec.text import chat_prompt_ids, encode_prompt
 
@@ -233,10 +233,11 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         return 0
     if not args.chat and not args.no_echo:
         write_text(console, [(text, "dim")])
-    result = None
+    streamed: GenerationResult | None = None
     for chunk in decoder.stream(prompt, sampling):
         write_text(console, [(piece, SOURCE_STYLES[source] if args.show else "") for piece, source in chunk.pieces])
-        result = chunk.result or result
+        streamed = chunk.result or streamed
+    assert streamed is not None, "a stream's last chunk holds the result"
     if console.is_terminal:
         console.print()
     if args.show:
@@ -249,16 +250,16 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         "target only"
         if drafter is None
         else f"speculative decoding: {describe_drafter(drafter)}; "
-        f"{decoder.engine.new_policy().name} policy, gamma {args.gamma}"
+        f"{getattr(decoder.engine.new_policy(), 'name', 'no')} policy, gamma {args.gamma}"
     )
     baseline = target_alone() if compare else None
     errors.print(
         stats_table(
-            result.stats,
+            streamed.stats,
             title,
-            result.finish_reason,
+            streamed.finish_reason,
             baseline and baseline.stats,
-            baseline is not None and baseline.text == result.text,
+            baseline is not None and baseline.text == streamed.text,
             args.temperature > 0,
         )
     )

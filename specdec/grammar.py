@@ -204,7 +204,7 @@ class TokenMatcher:
         parents = parents if parents is not None else tuple(range(-1, len(tokens) - 1))
         rows = [self.allowed()]
         paths: list[list[int] | None] = []
-        for token, parent in zip(tokens, parents):
+        for token, parent in zip(tokens, parents, strict=True):
             path = [] if parent < 0 else paths[parent]
             paths.append(None if path is None else [*path, token])
             walked = paths[-1]

@@ -92,12 +92,12 @@ class SpecStats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
 
     @property
     def mean_tree_width(self) -> list[float]:
         """Mean number of tree nodes at each depth, over the steps that reached it."""
-        return [n / d if d else 0.0 for n, d in zip(self.tree_nodes_at, self.drafted_at)]
+        return [n / d if d else 0.0 for n, d in zip(self.tree_nodes_at, self.drafted_at, strict=False)]
 
     def drafter_summary(self) -> str:
         """The auto drafter's choices in words: "suffix 12 steps (30/41 accepted), none 3 steps"."""
@@ -120,7 +120,8 @@ class SpecStats:
         for name, value in asdict(self).items():
             theirs = getattr(other, name)
             if isinstance(value, dict):
-                value = {name: [a + b for a, b in zip(value.get(name, [0, 0, 0]), theirs.get(name, [0, 0, 0]))]
+                value = {name: [a + b for a, b in zip(value.get(name, [0, 0, 0]), theirs.get(name, [0, 0, 0]),
+                                                      strict=True)]
                          for name in {**value, **theirs}}
                 setattr(merged, name, value)
             elif isinstance(value, str):  # the runs' acceptance settings, each once

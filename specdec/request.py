@@ -103,6 +103,9 @@ class Isolation:
         return self.failed is None or request not in self.failed
 
 
+PASS_THROUGH = Isolation()  # errors propagate (no failed dict): stateless, one instance serves every call
+
+
 class VerifyHook(Protocol):
     """Told of each request's verified step, before its tokens join the context (``specdec
     explain`` records steps through it); the verdict keeps the sampler's decision."""

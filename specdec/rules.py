@@ -151,7 +151,8 @@ class CoupledRule:
         return probs.double() / self.exponentials(position, probs.shape[-1], probs.device)
 
     def draw(self, probs: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
-        return torch.stack([self.scores(row, position).argmax() for row, position in zip(probs, positions)])
+        return torch.stack([self.scores(row, position).argmax()
+                            for row, position in zip(probs, positions, strict=True)])
 
     def draw_distinct(self, probs: torch.Tensor, position: int, count: int) -> torch.Tensor:
         # Gumbel-top-k: the k best scores are k draws without replacement, best first (so the

@@ -45,8 +45,8 @@ def token_logprobs(
     chosen = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
     best = logprobs.topk(top, dim=-1) if top else None
     return [TokenLogprob(token, value, () if best is None else
-                         tuple(zip(best.indices[row].tolist(), best.values[row].tolist())))
-            for row, (token, value) in enumerate(zip(tokens.tolist(), chosen))]
+                         tuple(zip(best.indices[row].tolist(), best.values[row].tolist(), strict=True)))
+            for row, (token, value) in enumerate(zip(tokens.tolist(), chosen, strict=True))]
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,10 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
         accepted = [TokenSource.CORPUS] * len(accepted)
     if outcome.from_cache is not None:
         accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
-                    for node, source in zip(outcome.accepted_nodes, accepted)]
+                    for node, source in zip(outcome.accepted_nodes, accepted, strict=True)]
     if outcome.relaxed:
         accepted = [TokenSource.RELAXED if node in outcome.relaxed else source
-                    for node, source in zip(outcome.accepted_nodes, accepted)]
+                    for node, source in zip(outcome.accepted_nodes, accepted, strict=True)]
     return accepted + [last]
 
 
@@ -98,7 +98,8 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[
     if not any(marker in message["content"] for message in messages for marker in markers):
         return list(tokenizer.encode(chat_text(tokenizer, messages), add_special_tokens=False))
     holders = {f"\ue000{index}\ue001": message["content"] for index, message in enumerate(messages)}
-    text = chat_text(tokenizer, [{**message, "content": holder} for holder, message in zip(holders, messages)])
+    text = chat_text(tokenizer, [{**message, "content": holder}
+                                 for holder, message in zip(holders, messages, strict=True)])
     ids: list[int] = []
     for piece in re.split("(\ue000\\d+\ue001)", text):
         if piece in holders:

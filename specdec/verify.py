@@ -245,7 +245,7 @@ def rejection_sample_ragged(
     as a chain or a tree. The tests of every first child are one tensor operation and one host
     sync; a later sibling (trees) costs a sync of its own."""
     starts = drafts.cu_nodes.tolist()
-    counts = [end - start for start, end in zip(starts, starts[1:])]
+    counts = [end - start for start, end in zip(starts, starts[1:], strict=False)]
     vocab, device = target_probs.shape[1], target_probs.device
     dtype = next((q.dtype for q in draft_probs if q is not None), target_probs.dtype)
     pieces = [point_mass_probs(tokens, vocab).to(dtype) if q is None else q[: tokens.shape[0]]
@@ -260,7 +260,7 @@ def rejection_sample_ragged(
     passed, tokens, parents = torch.stack([(uniforms < acceptance).long(), drafts.tokens, drafts.parents]).tolist()
     judged = JudgedBatch(passed, uniforms, tokens, node_q, target_probs)
     walks = []
-    for r, (start, count) in enumerate(zip(starts, counts)):
+    for r, (start, count) in enumerate(zip(starts, counts, strict=False)):
         children: dict[int, list[int]] = {}
         for node in range(count):
             children.setdefault(parents[start + node], []).append(node)
@@ -272,14 +272,14 @@ def rejection_sample_ragged(
     if rejected:
         rows = residual_distribution(node_q[[states[r].q_node for r in rejected]],
                                      target_probs[[states[r].p_row for r in rejected]])  # [rejected, vocab]
-        for r, row in zip(rejected, rows):
+        for r, row in zip(rejected, rows, strict=False):
             states[r].p = row
     if decisions is not None and judged.tried:  # a later sibling was judged against updated p and q
         acceptance = acceptance.clone()
         acceptance[list(judged.tried)] = torch.tensor(list(judged.tried.values()), dtype=acceptance.dtype,
                                                       device=device)
     results = []
-    for (path, state), start, count, generator in zip(walks, starts, counts, generators):
+    for (path, state), start, count, generator in zip(walks, starts, counts, generators, strict=False):
         final = target_probs[state.p_row] if state.p is None else state.p
         token = torch.multinomial(final, 1, generator=generator)
         chain = path == list(range(len(path)))

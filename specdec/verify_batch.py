@@ -86,7 +86,7 @@ def greedy_verify_ragged(
         emitted.append([flat_drafts[start + node] for node in path] + [best[first_row + node + 1]])
         start += count
     flat = torch.tensor([token for tokens_out in emitted for token in tokens_out], dtype=torch.long, device=device)
-    return list(zip(flat.split([len(tokens_out) for tokens_out in emitted]), paths))
+    return list(zip(flat.split([len(tokens_out) for tokens_out in emitted]), paths, strict=False))
 
 
 def node_draft_probs(draft: Draft) -> torch.Tensor | None:  # [nodes, vocab]
@@ -150,10 +150,10 @@ def verify_step(
         assert argmax is not None  # taken whenever a request is greedy
         for i, (emitted, path) in zip(greedy, greedy_verify_ragged([drafts[i].tokens for i in greedy],
                                                                    [drafts[i].parents for i in greedy], argmax,
-                                                                   [offsets[i] for i in greedy])):
+                                                                   [offsets[i] for i in greedy]), strict=False):
             verdicts[i] = Verdict(emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long))
     groups: dict[tuple, list[int]] = {}
-    for i, (request, draft) in enumerate(zip(requests, drafts)):
+    for i, (request, draft) in enumerate(zip(requests, drafts, strict=False)):
         if not request.sampling.greedy and request.rule.ragged:
             sampling = request.sampling
             # q's precision is the arithmetic's; point masses take p's (float32, logits_to_probs).
@@ -164,17 +164,17 @@ def verify_step(
         target_probs = logits_to_probs(logits[rows_of(group)], requests[group[0]].sampling)  # [rows, vocab]
         starts = [0, *itertools.accumulate(drafts[i].num_nodes + 1 for i in group)]  # each block's rows
         relaxations = [relaxation_for(acceptances[i], target_probs[start:end], drafts[i].tokens, drafts[i].parents)
-                       for i, start, end in zip(group, starts, starts[1:])]
+                       for i, start, end in zip(group, starts, starts[1:], strict=False)]
         decisions: list[RejectionDecision] | None = [] if keep_decisions else None
         results = rejection_sample_ragged(RaggedDrafts.of([drafts[i].tokens for i in group],
                                                           [drafts[i].parents for i in group], device),
                                           [node_draft_probs(drafts[i]) for i in group], target_probs,
                                           [requests[i].generator for i in group], relaxations, decisions)
-        for k, (i, (emitted, path), relaxation) in enumerate(zip(group, results, relaxations)):
+        for k, (i, (emitted, path), relaxation) in enumerate(zip(group, results, relaxations, strict=False)):
             verdicts[i] = Verdict(emitted, None if drafts[i].parents is None else torch.tensor(path, dtype=torch.long),
                                   () if relaxation is None else tuple(relaxation.used),
                                   None if decisions is None else decisions[k])
-    for i, (request, draft) in enumerate(zip(requests, drafts)):
+    for i, (request, draft) in enumerate(zip(requests, drafts, strict=False)):
         if verdicts[i] is None:
             rows = slice(offsets[i], offsets[i + 1])
             verdicts[i] = verify_request(request, draft, logits[rows], None if argmax is None else argmax[rows])

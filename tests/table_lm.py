@@ -56,7 +56,7 @@ class TableNetwork:
                  hidden_layers=()) -> ForwardOutput:  # logits [n, vocab]
         check_forward(tokens, positions, cache, attention)
         logits = []
-        for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:]):
+        for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:], strict=False):
             row, committed, written = segment.row, cache.lengths[segment.row], segment.written
             cache.tokens[row, committed + written : committed + written + segment.count] = tokens[start:end]
             history = cache.tokens[row, :committed].tolist()

@@ -25,6 +25,9 @@ STRICTEST = {"greedy": ["topk:k=1,delta=0", "topk:k=1,delta=0.5", "topk:k=50,del
              "rejection": ["topk:k=50,delta=1", "typical:epsilon=1,alpha=inf"],
              "coupled": ["topk:k=50,delta=1", "typical:epsilon=1,alpha=inf"]}
 LOOSE = "topk:k=10,delta=0"  # any of the target's 10 most likely tokens: relaxes a lot
+# The sweeps below run in the slow tier; these cases stay in the fast one: greedy, where exact must
+# equal the target alone, and the strictest case that two of the mutations below fail.
+FAST_MODE, FAST_STRICTEST = "greedy", ("rejection", "typical:epsilon=1,alpha=inf")
 
 
 @pytest.mark.parametrize("spelled, canonical", [
@@ -104,7 +107,7 @@ def run(decoder: SpeculativeDecoder, prompts: list[list[int]], settings: Samplin
               for index in range(len(prompts))]
     if batch:
         return decoder.generate(prompts, chosen)
-    return [decoder.generate(prompt, setting) for prompt, setting in zip(prompts, chosen)]
+    return [decoder.generate(prompt, setting) for prompt, setting in zip(prompts, chosen, strict=True)]
 
 
 def same_runs(got: list, expected: list) -> None:
@@ -115,7 +118,8 @@ def same_runs(got: list, expected: list) -> None:
         assert a.stats.relaxed_accepted == 0
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [pytest.param(mode, marks=() if mode == FAST_MODE else pytest.mark.slow)
+                                  for mode in MODES])
 def test_exact_acceptance_is_the_default_bit_for_bit(models, mode):
     """acceptance="exact" gives the default's tokens and counts, alone and in a batch (whose greedy
     requests and sampled chains are verified in one pass); greedy equals the target alone's."""
@@ -130,7 +134,9 @@ def test_exact_acceptance_is_the_default_bit_for_bit(models, mode):
             assert [r.token_ids for r in default] == [r.token_ids for r in alone], name
 
 
-@pytest.mark.parametrize("mode, acceptance", [(mode, spec) for mode in MODES for spec in STRICTEST[mode]])
+@pytest.mark.parametrize("mode, acceptance", [
+    pytest.param(mode, spec, marks=() if (mode, spec) == FAST_STRICTEST else pytest.mark.slow)
+    for mode in MODES for spec in STRICTEST[mode]])
 def test_each_scheme_at_its_strictest_equals_exact(models, mode, acceptance):
     """Tokens and acceptance counts equal exact's, alone and in a batch beside exact requests.
     (Mutations checked, each failing here: topk's rank "< k" made "<= k" fails greedy topk:k=1;
@@ -139,7 +145,7 @@ def test_each_scheme_at_its_strictest_equals_exact(models, mode, acceptance):
     bar lowered below epsilon fails both typical cases. Typical's ">" made ">=" passes: p(x) = 1
     exactly is a draft the exact test keeps anyway.)"""
     prompts = cases(models["target"].vocab_size)
-    for name, decoder in decoders(models).items():
+    for decoder in decoders(models).values():
         exact = run(decoder, prompts, MODES[mode], "exact")
         same_runs(run(decoder, prompts, MODES[mode], acceptance), exact)
         # a batch of both: the exact requests go through the one-pass verifiers, the strict ones through the rule
@@ -160,7 +166,7 @@ def test_a_relaxed_setting_keeps_more_and_marks_what_it_kept(models, mode):
     loose = run(decoder, prompts, MODES[mode], LOOSE)
     assert sum(r.stats.relaxed_accepted for r in loose) > 0
     assert sum(r.stats.accepted for r in loose) > sum(r.stats.accepted for r in exact)
-    assert any(a.token_ids != b.token_ids for a, b in zip(loose, exact))
+    assert any(a.token_ids != b.token_ids for a, b in zip(loose, exact, strict=True))
     assert all(r.stats.acceptance == LOOSE and r.stats.to_dict()["lossy"] for r in loose)
     assert [r.token_ids for r in run(decoder, prompts, MODES[mode], LOOSE, batch=True)] == \
         [r.token_ids for r in loose]  # the rule reads the request alone: a batch changes nothing

@@ -85,7 +85,7 @@ def test_per_request_seeds_give_the_same_samples_alone_and_in_any_batch(drafter_
     prompts = [[start, *PROMPT] for start in range(5)]
     samplings = [SamplingParams(temperature=1.0, seed=40 + i, max_new_tokens=12 + i, top_k=4 * (i % 2),
                                 sampling_rule=rule) for i in range(5)]
-    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings)]
+    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings, strict=True)]
     assert len(set(map(tuple, alone))) > 1
     together = [r.token_ids for r in decoder.generate(prompts, samplings)]
     order = [3, 0, 4, 1]  # another batch, another order, one request left out
@@ -104,14 +104,14 @@ def test_law_of_every_row_of_a_batch(rule):
     decoder = SpeculativeDecoder(target, table_drafter("model", vocab), gamma=2)
     cases = list(SAMPLING_CASES.values())[:4]
     prompts = [[row, *PROMPT] for row in range(4)]
-    laws = [exact_sequence_law(target, p, length, s) for p, s in zip(prompts, cases)]
+    laws = [exact_sequence_law(target, p, length, s) for p, s in zip(prompts, cases, strict=True)]
     counts = [dict.fromkeys(law, 0) for law in laws]
     for seed in range(samples):
         samplings = [dataclasses.replace(s, seed=seed * 4 + row, max_new_tokens=length, sampling_rule=rule)
                      for row, s in enumerate(cases)]
         for row, result in enumerate(decoder.generate(prompts, samplings)):
             counts[row][tuple(result.token_ids)] += 1
-    for row, (law, count) in enumerate(zip(laws, counts)):
+    for row, (law, count) in enumerate(zip(laws, counts, strict=True)):
         assert_matches_law(count, law, f"row {row}")
 
 
@@ -223,7 +223,7 @@ def test_logprobs_are_the_targets_own_whatever_drafted_them(tiny_pair, temperatu
     plain = SpeculativeDecoder(target).generate(prompts, samplings)
     for result in plain:
         assert len(result.logprobs) == len(result.token_ids)
-        for entry, token in zip(result.logprobs, result.token_ids):
+        for entry, token in zip(result.logprobs, result.token_ids, strict=True):
             assert entry.token == token and len(entry.top) == 3
             assert entry.top[0][1] >= entry.logprob and sum(math.exp(value) for _, value in entry.top) <= 1 + 1e-9
             if temperature == 0:
@@ -253,7 +253,7 @@ def test_a_step_verifies_its_batch_in_one_pass(tiny_pair, monkeypatch, kind, tem
     samplings = [SamplingParams(temperature=temperature, seed=i, sampling_rule="rejection", max_new_tokens=10)
                  for i in range(5)]
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
-    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings)]
+    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings, strict=True)]
     calls = []
     per_request = verify_batch.verify_request
     monkeypatch.setattr(verify_batch, "verify_request", lambda *args: calls.append(1) or per_request(*args))

@@ -185,7 +185,7 @@ def test_auto_judges_the_corpus_but_keeps_it_out_of_the_reach_classes(tmp_path):
     request = ContextRequest.started(auto, torch.tensor(seen * 2 + seen[:6]))
     auto.propose(request, 8)
     names = [c.name for c in auto.candidates]
-    shadows = dict(zip(names, request.draft_state.shadows))
+    shadows = dict(zip(names, request.draft_state.shadows, strict=True))
     assert shadows["corpus"] == [7] and all(len(shadows[name]) >= 8 for name in ("suffix", "ngram"))
     assert request.draft_state.reach_class == 2
     auto.observe(request, StepOutcome(torch.tensor([7, 8, 9]), 0))  # the corpus's guess was right

@@ -128,7 +128,7 @@ def test_the_servers_controller_decides_as_recorded():
         lengths = controller.draft_lengths(batch)
         decisions.append("".join(map(str, lengths)))
         outcomes = [(length, accepted_count([client.alpha] * 8, row, length))
-                    for client, length, row in zip(batch, lengths, draws)]
+                    for client, length, row in zip(batch, lengths, draws, strict=False)]
         tokens = len(batch) + sum(lengths)
         # a drafting step that also feeds a new prompt to the drafter costs 8 times its tokens
         draft_seconds = sum(lengths) * 0.0012 * draft_noise * (8 if backlog else 1)

@@ -145,7 +145,7 @@ def test_coupled_output_is_the_target_alone_whatever_drafts_it(float64_pair):
     expected = [alone_target.generate(prompt, sampling).token_ids for prompt, sampling, _ in cases]
     accepted = Counter()
     names = list(drafters)
-    for index, ((prompt, sampling, gamma), reference) in enumerate(zip(cases, expected)):
+    for index, ((prompt, sampling, gamma), reference) in enumerate(zip(cases, expected, strict=True)):
         name = names[index % len(names)]
         result = SpeculativeDecoder(target, drafters[name], gamma=gamma).generate(prompt, sampling)
         assert result.token_ids == reference, (name, gamma, prompt, sampling)
@@ -184,9 +184,9 @@ def test_a_seed_gives_one_text_under_every_policy_whatever_the_timings(float64_p
     samplings = [SamplingParams(temperature=0.9, top_k=8, seed=seed, max_new_tokens=40) for seed in range(3)]
     assert samplings[0].rule == "coupled"
     decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy)
-    idle = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings)]
+    idle = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings, strict=True)]
     monkeypatch.setattr("specdec.engine.time.perf_counter", SlowClock())
-    loaded = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings)]
+    loaded = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings, strict=True)]
     assert [r.token_ids for r in loaded] == [r.token_ids for r in idle]
     if policy != "heuristic":  # the cost policies read the clock: their drafts really changed
         assert [r.stats.drafted for r in loaded] != [r.stats.drafted for r in idle]
@@ -223,7 +223,7 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
             return emit
 
         try:
-            for index, (prompt, sampling) in enumerate(zip(prompts, samplings)):
+            for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
                 scheduler.submit(prompt, sampling, emitter(index))
             assert done.wait(120)
         finally:
@@ -234,6 +234,6 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
     loaded_text, loaded_drafted = serve(slope=0.05, draft_cost=0.02)
     assert loaded_text == idle_text
     assert loaded_drafted != idle_drafted
-    alone = [SpeculativeDecoder(target).generate(p, s).token_ids for p, s in zip(prompts, samplings)]
+    alone = [SpeculativeDecoder(target).generate(p, s).token_ids for p, s in zip(prompts, samplings, strict=True)]
     assert idle_text == alone
     assert np.mean(idle_drafted) > 0

@@ -94,7 +94,7 @@ def test_cuda_seeded_samples_do_not_depend_on_the_batch(cuda_pair):
     prompts = [[(start * 5 + i) % 96 for i in range(4 + start)] for start in range(4)]
     settings = [SamplingParams(temperature=1.0, seed=seed, max_new_tokens=20) for seed in range(4)]
     together = decoder.generate(prompts, sampling=settings)
-    for prompt, sampling, result in zip(prompts, settings, together):
+    for prompt, sampling, result in zip(prompts, settings, together, strict=True):
         assert decoder.generate(prompt, sampling=sampling).token_ids == result.token_ids
     assert len({tuple(result.token_ids) for result in together}) > 1
 

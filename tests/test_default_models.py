@@ -95,6 +95,7 @@ def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it
             assert decoder.generate(prompt, sampling).token_ids == expected, (kind, prompt)
 
 
+@pytest.mark.slow  # alone in the fast tier it would pay for the pair's GGUF conversion (its other users are slow)
 def test_the_cached_conversion_is_reused(smollm2_pair, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("converted again")

@@ -140,6 +140,21 @@ def test_end_to_end_law_of_three_tokens(drafter_kind, policy, case):
     assert_matches_law(counts, law, f"{drafter_kind} {policy} {case}")
 
 
+def test_end_to_end_law_of_two_tokens():
+    """The fast tier's sampled law end to end: chi-square of 2k seeded 2-token generations with a
+    draft model (fixed policy, temperature 1) against the enumerated target law (p = 0.43); the
+    slow tier runs 20k 3-token samples for every drafter, policy and sampling kind. Mutations:
+    rejection_sample_ragged accepting every draft (uniforms < 2) gives p = 0.0, and its
+    rejection drawing from p instead of the residual norm(max(0, p - q)) gives p = 2e-34."""
+    vocab, length, samples = 6, 2, 2000
+    sampling = SAMPLING_CASES["plain"]
+    target = table_model(vocab, seed=100)
+    decoder = SpeculativeDecoder(target, table_drafter("model", vocab), gamma=2, policy="fixed")
+    counts, accepted, drafted = sample_sequences(decoder, PROMPT, sampling, length, samples)
+    assert 0 < accepted < drafted  # speculation really happened, with rejections
+    assert_matches_law(counts, exact_sequence_law(target, PROMPT, length, sampling), "model fixed plain")
+
+
 @pytest.mark.parametrize("drafter_kind", DRAFTERS)
 def test_greedy_table_speculation_equals_target_only(drafter_kind):
     target = table_model(6, seed=100)

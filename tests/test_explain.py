@@ -56,7 +56,7 @@ def assert_decision_explains(record: StepRecord) -> None:
     x = torch.tensor(record.draft_tokens, dtype=torch.long)
     naive = (p[torch.arange(gamma), x] / q[torch.arange(gamma), x]).clamp(max=1.0)
     torch.testing.assert_close(torch.tensor(decision.acceptance, dtype=torch.float64), naive, rtol=1e-5, atol=1e-6)
-    tests = zip(decision.uniforms, decision.acceptance)
+    tests = zip(decision.uniforms, decision.acceptance, strict=False)
     passed = [uniform < acceptance or node in record.relaxed for node, (uniform, acceptance) in enumerate(tests)]
     accepted = passed.index(False) if False in passed else gamma
     assert decision.num_accepted == accepted and record.emitted[:accepted] == record.draft_tokens[:accepted]

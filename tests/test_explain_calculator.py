@@ -20,7 +20,7 @@ def test_rows_equal_the_closed_form(alpha, c):
 def test_a_verify_cost_curve_divides_each_gamma():
     costs = [1.0 + 0.1 * gamma for gamma in range(1, 5)]
     rows = speedup_table(0.7, 0.05, max_gamma=4, costs=costs)
-    for row, cost in zip(rows, costs):
+    for row, cost in zip(rows, costs, strict=True):
         assert row.speedup == pytest.approx(sum(0.7 ** i for i in range(row.gamma + 1)) / (row.gamma * 0.05 + cost))
 
 

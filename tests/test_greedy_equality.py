@@ -33,11 +33,11 @@ def random_cases(seed: int, vocab_size: int, count: int = NUM_PROMPTS):
         yield prompt, rng.randint(1, 24), rng.randint(1, 8)
 
 
-def check_equality(target, drafters: dict, policy: str, seed: int = 7) -> dict:
-    """Runs every case through every drafter; returns accepted/drafted counts per drafter."""
+def check_equality(target, drafters: dict, policy: str, seed: int = 7, count: int = NUM_PROMPTS) -> dict:
+    """Runs ``count`` cases through every drafter; returns accepted/drafted counts per drafter."""
     baseline = SpeculativeDecoder(target)
     counts = {name: [0, 0] for name in drafters}
-    for prompt, max_new_tokens, gamma in random_cases(seed, target.vocab_size):
+    for prompt, max_new_tokens, gamma in random_cases(seed, target.vocab_size, count):
         expected = baseline.generate(prompt, max_new_tokens=max_new_tokens)
         assert expected.stats.tau == 1.0
         for name, drafter in drafters.items():
@@ -48,6 +48,19 @@ def check_equality(target, drafters: dict, policy: str, seed: int = 7) -> dict:
             counts[name][0] += result.stats.accepted
             counts[name][1] += result.stats.drafted
     return counts
+
+
+def test_drafters_equal_target_only_on_a_few_prompts(lean_models):
+    """The fast tier's greedy identity: the slow tests' first 16 prompts, the three drafts and
+    n-gram lookup, the fixed policy (the slow tests: 200 prompts, every policy and drafter, each
+    backend and precision). Mutation: greedy_verify_ragged accepting every drafted child, matching
+    the target's argmax or not, fails it."""
+    target, drafts = lean_models
+    drafters = {kind: make_drafter("model", drafts[kind]) for kind in DRAFT_KINDS}
+    counts = check_equality(target, {**drafters, "ngram": make_drafter("ngram", max_n=3)}, "fixed", count=16)
+    assert counts["same"][0] == counts["same"][1] > 0
+    assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
+    assert counts["ngram"][1] > 0  # it did draft
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ def test_recorded_features_equal_a_teacher_forced_pass(float64_target):
     recorded = record_continuations(target, prompts, length, layers)
     assert recorded is not None and recorded.tokens.shape == (2, length)
     alone = SpeculativeDecoder(target)
-    for prompt, tokens in zip(prompts, recorded.tokens.tolist()):
+    for prompt, tokens in zip(prompts, recorded.tokens.tolist(), strict=True):
         result = alone.generate(prompt, SamplingParams(max_new_tokens=length - len(prompt)))
         assert tokens == prompt + result.token_ids  # the target's own greedy continuation
     forced = extract_features(target, recorded.tokens.tolist(), layers)

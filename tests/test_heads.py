@@ -241,7 +241,7 @@ def test_a_specforge_layout_head_loads_and_drafts_losslessly(tmp_path, float64_t
     # specdec's own writer round-trips too, with a model card
     save_head(loaded, tmp_path / "again", card="# card\n")
     again = load_head(tmp_path / "again", target, dtype=torch.float64)
-    assert all(torch.equal(a, b) for a, b in zip(eagle3_tensors(again).values(), eagle3_tensors(loaded).values()))
+    assert all(torch.equal(a, b) for a, b in zip(*(eagle3_tensors(h).values() for h in (again, loaded)), strict=True))
     assert (tmp_path / "again" / "README.md").read_text() == "# card\n"
 
 
@@ -415,5 +415,5 @@ def test_a_chunked_prefill_leaves_the_same_cache_and_head_however_its_calls_fall
         for whole_part, chunked_part in ((whole_cache.keys, chunked_cache.keys),
                                          (whole_cache.values, chunked_cache.values)):
             assert torch.equal(whole_part[:, request.row, :, :length], chunked_part[:, request.row, :, :length])
-    for alone, fed in zip(drafter.propose_many(whole, [3] * 3), drafter.propose_many(chunked, [3] * 3)):
+    for alone, fed in zip(drafter.propose_many(whole, [3] * 3), drafter.propose_many(chunked, [3] * 3), strict=True):
         assert torch.equal(alone.tokens, fed.tokens) and torch.equal(alone.probs, fed.probs)

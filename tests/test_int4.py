@@ -72,6 +72,7 @@ def test_int4_linear_matches_the_float_linear_closely():
     assert (got - expected).norm() / expected.norm() < 0.1
 
 
+@pytest.mark.slow  # two more builds of the kernels (g++) and a subprocess each
 @pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
 def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
     """The AVX-512 VNNI, AVX2 and portable builds (ATEN_CPU_CAPABILITY caps the build's -march)

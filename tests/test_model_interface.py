@@ -102,18 +102,19 @@ def test_a_ragged_batch_scores_each_row_as_alone(tiny_pair, tree_models, kind, b
     blocks = [torch.randint(0, model.vocab_size, (k,), generator=generator) for k in (3, 1, 5)]
     rows = (2, 0, 1)  # segment s lives in cache row rows[s]
     cache = model.new_cache(rows=3)
-    for row, prefix in zip(rows, prefixes):
+    for row, prefix in zip(rows, prefixes, strict=True):
         model.extend(prefix, cache, row)
     tokens = torch.cat(blocks)
-    positions = torch.cat([torch.arange(p.shape[0], p.shape[0] + b.shape[0]) for p, b in zip(prefixes, blocks)])
-    attention = Attention(tuple(Segment(row, b.shape[0]) for row, b in zip(rows, blocks)))
+    positions = torch.cat([torch.arange(p.shape[0], p.shape[0] + b.shape[0])
+                           for p, b in zip(prefixes, blocks, strict=True)])
+    attention = Attention(tuple(Segment(row, b.shape[0]) for row, b in zip(rows, blocks, strict=True)))
     logits = model.forward(tokens, positions, cache, attention).logits
-    for segment, (prefix, block) in enumerate(zip(prefixes, blocks)):
+    for segment, (prefix, block) in enumerate(zip(prefixes, blocks, strict=True)):
         start = attention.offsets[segment]
         expected = chain_logits(model, torch.cat([prefix, block]))[prefix.shape[0]:]
         torch.testing.assert_close(logits[start : start + block.shape[0]], expected, atol=1e-10, rtol=0)
     # keep two tokens of segment 0, none of segment 1, all of segment 2, then roll segment 2 back
-    for row, kept in zip(rows, (2, 0, 5)):
+    for row, kept in zip(rows, (2, 0, 5), strict=True):
         cache.commit(row, kept)
     assert cache.lengths == [1, 17, 7]
     cache.rollback(1, 14)

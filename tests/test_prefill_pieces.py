@@ -2,6 +2,7 @@
 or decoding, and the outputs stay what each request gets alone. Deterministic: loops are driven
 one by one here (no scheduler thread, no timing)."""
 
+import itertools
 import threading
 
 import pytest
@@ -50,7 +51,7 @@ def test_a_long_prompt_admitted_beside_a_short_one_goes_in_pieces_and_the_short_
     while long_ticket in scheduler.prefilling and short_ticket.request is not None:  # (alone, it goes in whole)
         one_loop(scheduler)
         fed.append(long_ticket.request.fed)
-    assert max(b - a for a, b in zip(fed, fed[1:])) <= CHUNK
+    assert max(b - a for a, b in itertools.pairwise(fed)) <= CHUNK
     assert len(fed) >= 4
 
 
@@ -80,7 +81,7 @@ def test_a_request_passed_over_goes_first_next_loop(tiny_pair):
         scheduler.submit([9, index + 1, 3, 4], SamplingParams(max_new_tokens=2), lambda item: None)
         one_loop(scheduler)
         fed.append(long_ticket.request.fed)
-    assert all(b > a for a, b in zip(fed[::2], fed[2::2])), fed
+    assert all(b > a for a, b in itertools.pairwise(fed[::2])), fed
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
@@ -93,12 +94,12 @@ def test_outputs_equal_alone_when_a_long_prompt_comes_with_a_burst(tiny_pair, te
     samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=12 + 5 * index)
                  for index in range(len(prompts))]
     alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=CHUNK)
-    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
+    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))}
     engine = Engine(target, drafter, gamma=3, prefill_chunk=CHUNK)
     scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=CHUNK))
     results, done = {}, threading.Event()
     done.expected = len(prompts)
-    for index, (prompt, sampling) in enumerate(zip(prompts, samplings)):  # queued before the loop starts
+    for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):  # queued before the loop starts
         collect(scheduler, prompt, sampling, results, done, index)
     scheduler.start()
     try:

@@ -19,10 +19,10 @@ SYSTEM = [(i * 5 + 2) % 96 for i in range(13)]  # a shared system prompt: three 
 def run_in_turn(scheduler: Scheduler, prompts, samplings) -> list[list[int]]:
     """Each request after the previous one ended (so the first is stored before the next comes)."""
     outputs = []
-    for prompt, sampling in zip(prompts, samplings):
+    for prompt, sampling in zip(prompts, samplings, strict=True):
         finished, result = threading.Event(), []
 
-        def emit(item):
+        def emit(item, result=result, finished=finished):  # this request's, bound now
             if isinstance(item, BaseException) or item.result is not None:
                 result.append(item if isinstance(item, BaseException) else item.result)
                 finished.set()
@@ -56,7 +56,7 @@ def test_a_shared_prefix_is_computed_once_and_the_outputs_do_not_change(tiny_pai
         scheduler.stop()
     assert scheduler.prefixes.hits == 2 and scheduler.prefixes.tokens_reused == 24
     alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=4)
-    for result, prompt, sampling in zip(served, prompts, samplings):
+    for result, prompt, sampling in zip(served, prompts, samplings, strict=True):
         expected = alone.generate(prompt, sampling)
         assert result.token_ids == expected.token_ids
         assert (result.stats.drafted, result.stats.accepted) == (expected.stats.drafted, expected.stats.accepted)

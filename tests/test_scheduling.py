@@ -61,7 +61,7 @@ def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
                                        acceptance=learned_acceptance(0.8), draft_cost=0.002)
     choices = {batch: sum(lengths_for(controller, batch)) / batch for batch in (1, 2, 4, 8, 16, 32)}
     assert choices[1] == 4 and choices[32] == 0
-    assert all(choices[a] >= choices[b] for a, b in zip((1, 2, 4, 8, 16), (2, 4, 8, 16, 32)))
+    assert all(choices[a] >= choices[b] for a, b in zip((1, 2, 4, 8, 16), (2, 4, 8, 16, 32), strict=True))
     assert lengths_for(controller, 1) == [4]  # and it returns when the batch empties
     # a slow drafter that is rarely right never pays
     poor = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(), acceptance=learned_acceptance(0.1),
@@ -192,7 +192,8 @@ def collect(scheduler: Scheduler, prompt, sampling: SamplingParams, results: dic
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-@pytest.mark.parametrize("kind, count, max_batch", [("model", 10, 4), ("tree", 10, 4), ("model", 40, 32)])
+@pytest.mark.parametrize("kind, count, max_batch", [("model", 10, 4), ("tree", 10, 4),
+                                                    pytest.param("model", 40, 32, marks=pytest.mark.slow)])
 def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, temperature, kind, count, max_batch):
     """Requests join and leave a running batch (up to 32 rows, drafting in lockstep): each gets
     the tokens it gets alone, greedy and seeded, chains and trees."""
@@ -202,13 +203,13 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, tem
     samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=8 + 3 * (index % 10))
                  for index in range(len(prompts))]
     alone = SpeculativeDecoder(target, drafter, gamma=3)
-    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
+    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))}
     scheduler = Scheduler(Engine(target, drafter, gamma=3), SpeculationController("on", 3),
                           max_batch=max_batch).start()
     results, done = {}, threading.Event()
     done.expected = len(prompts)
     try:
-        for index, (prompt, sampling) in enumerate(zip(prompts, samplings)):
+        for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
             collect(scheduler, prompt, sampling, results, done, index)
             if index == 2:  # let the first ones run a few steps before the rest arrive
                 while len(scheduler.running) < 3 and not results:
@@ -233,7 +234,7 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_the_running_streams_steps(
     samplings = [SamplingParams(temperature=temperature, seed=index, max_new_tokens=20 if index == 6 else 60)
                  for index in range(7)]
     alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=8)
-    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings))}
+    expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))}
     engine = Engine(target, drafter, gamma=3, prefill_chunk=8)
     scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=1))
     results, done = {}, threading.Event()
@@ -332,7 +333,7 @@ def test_choices_of_one_prompt_are_admitted_together_and_forked():
         done = threading.Event()
         done.expected = 3
 
-        def emit_to(index: int):
+        def emit_to(index: int, results: dict = results, done: threading.Event = done):  # this round's, bound now
             def emit(item):
                 if isinstance(item, BaseException) or item.result is not None:
                     results[index] = item if isinstance(item, BaseException) else item.result.token_ids

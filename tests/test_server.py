@@ -111,10 +111,10 @@ def test_a_hundred_concurrent_streams_all_complete_with_the_right_text(server, r
         return "".join([chunk.choices[0].text async for chunk in stream])
 
     async def everything():
-        return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths)))
+        return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths, strict=True)))
 
     texts = asyncio.run(everything())
-    assert texts == [reference(p, n) for p, n in zip(prompts, lengths)]
+    assert texts == [reference(p, n) for p, n in zip(prompts, lengths, strict=True)]
     assert scheduler.load == (0, 0)
 
 

@@ -121,6 +121,7 @@ EDGE_VALUES = [None, True, -1, 2**63, 10**30, 1e308, float("nan"), float("inf"),
                {"a": {"b": [None]}}]
 
 
+@pytest.mark.slow  # a sweep of malformed bodies; the fast tier keeps test_server's bad requests, test_server_guards
 def test_every_field_at_every_edge_value_gets_a_4xx_or_a_clean_200(server):
     cases = [(path, encoded({**base, field: value})) for path, base, fields in (
         ("/v1/completions", COMPLETION, COMPLETION_FIELDS),
@@ -130,6 +131,7 @@ def test_every_field_at_every_edge_value_gets_a_4xx_or_a_clean_200(server):
         list(pool.map(lambda case: check(server, *case), cases))
 
 
+@pytest.mark.slow  # a sweep of malformed bodies; the fast tier keeps test_server's bad requests, test_server_guards
 def test_random_malformed_bodies_get_a_4xx_and_harm_no_one(server):
     @settings(max_examples=100, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -217,7 +217,7 @@ class FailingDrafter(NGramDrafter):
     def propose_many(self, requests, gammas):
         if self.where == "propose":
             self.fail_for(requests)
-        return [self.propose(request, gamma) for request, gamma in zip(requests, gammas)]
+        return [self.propose(request, gamma) for request, gamma in zip(requests, gammas, strict=True)]
 
     def observe(self, request, outcome) -> None:
         if self.where == "observe":

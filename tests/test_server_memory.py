@@ -68,7 +68,7 @@ def run(scheduler, prompts, samplings):
     what the scheduler holds is read between loops, never during one)."""
     results, done = {}, threading.Event()
     done.expected = len(prompts)
-    for index, (prompt, sampling) in enumerate(zip(prompts, samplings)):
+    for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         collect(scheduler, prompt, sampling, results, done, index)
     while scheduler.waiting or scheduler.prefilling or scheduler.running:
         one_loop(scheduler)

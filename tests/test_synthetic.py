@@ -56,7 +56,7 @@ def test_corrupted_oracle_accepts_each_position_with_probability_alpha():
     for _ in range(400):
         tokens = drafter.propose(ContextRequest.started(drafter, context), 4).tokens.tolist()
         assert len(tokens) == 4 and all(0 <= t < TINY_TARGET.vocab for t in tokens)
-        correct += sum(a == b for a, b in zip(tokens, expected[20:24]))
+        correct += sum(a == b for a, b in zip(tokens, expected[20:24], strict=True))
         trials += 4
     sigma = math.sqrt(0.7 * 0.3 / trials)
     assert abs(correct / trials - 0.7) < 4 * sigma

@@ -120,7 +120,7 @@ class TextOracleNetwork:
     def __call__(self, tokens, positions, cache, attention, want_logits=True, want_hidden=False) -> ForwardOutput:
         check_forward(tokens, positions, cache, attention)
         logits = []
-        for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:]):
+        for segment, start, end in zip(attention.segments, attention.offsets, attention.offsets[1:], strict=False):
             committed = cache.lengths[segment.row]
             cache.tokens[segment.row, committed : committed + segment.count] = tokens[start:end]
             ids = cache.tokens[segment.row, : committed + segment.count].tolist()

@@ -78,10 +78,10 @@ def test_rejection_ragged_draws_what_each_request_draws_alone():
         vocab = 6
         q = [random_probs(count, vocab, source) for count in counts]
         tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
-                  for rows, count in zip(q, counts)]
+                  for rows, count in zip(q, counts, strict=False)]
         p = [random_probs(count + 1, vocab, source) for count in counts]
         if trial % 3 == 0:  # like p in places, so that long prefixes get accepted
-            p = [0.8 * target + 0.2 * torch.cat([rows, target[-1:]]) for rows, target in zip(q, p)]
+            p = [0.8 * target + 0.2 * torch.cat([rows, target[-1:]]) for rows, target in zip(q, p, strict=False)]
         point_mass = trial % 4 == 1
         seeds = [1000 * trial + index for index in range(len(counts))]
         alone = [rejection_sample(tokens[i], None if point_mass else q[i], p[i],
@@ -133,7 +133,7 @@ def test_every_row_of_a_ragged_batch_has_the_targets_law():
     firsts = torch.zeros(len(counts), vocab)
     for _ in range(steps):
         tokens = [torch.multinomial(rows, 1, generator=source)[:, 0] if count else torch.zeros(0, dtype=torch.long)
-                  for rows, count in zip(q, counts)]
+                  for rows, count in zip(q, counts, strict=False)]
         emitted = rejection_sample_ragged(RaggedDrafts.of(tokens, [None] * 3), q, torch.cat(p), generators)
         for index, (tokens_out, _) in enumerate(emitted):
             firsts[index, int(tokens_out[0])] += 1
@@ -158,7 +158,7 @@ def test_verify_step_reads_a_narrow_view_of_a_request():
         generators = [torch.Generator().manual_seed(seed) for seed in range(len(settings_))]
         return [SimpleNamespace(sampling=sampling, length=7, generator=generator,
                                 rule=CoupledRule(seed) if couple else RejectionRule(generator))
-                for seed, (sampling, generator, couple) in enumerate(zip(settings_, generators, coupled))]
+                for seed, (sampling, generator, couple) in enumerate(zip(settings_, generators, coupled, strict=False))]
 
     drafts = []
     for tree in parents:
@@ -172,7 +172,7 @@ def test_verify_step_reads_a_narrow_view_of_a_request():
     argmax = logits.argmax(-1)
     together = verify_step(views(), drafts, logits, argmax, offsets)
     alone = [verify_request(view, draft, logits[start:end], argmax[start:end])
-             for view, draft, start, end in zip(views(), drafts, offsets, offsets[1:])]
+             for view, draft, start, end in zip(views(), drafts, offsets, offsets[1:], strict=False)]
     for mine, theirs in zip(together, alone, strict=True):
         assert mine.emitted.tolist() == theirs.emitted.tolist() and mine.relaxed == theirs.relaxed
         assert (mine.path is None) == (theirs.path is None) and (mine.path is None or mine.path.equal(theirs.path))

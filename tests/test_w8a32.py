@@ -116,6 +116,7 @@ def test_the_notice_counts_the_groups_held_exactly():
     assert "80.0% of weight groups held exactly" in model.quantize_notice  # 64 of 80 groups: Q8_0's
 
 
+@pytest.mark.slow  # two more builds of the kernels (g++) and a subprocess each
 @pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
 def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
     """The AVX2 + FMA build and the portable one (std::fmaf) compute the same formula: the same

@@ -43,16 +43,16 @@ def main() -> None:
     for head in args.heads:
         decoder = SpeculativeDecoder(target, make_drafter("head", target=target, head=head), gamma=args.gamma)
         drafted, accepted = [0] * args.gamma, [0] * args.gamma
-        for prompt, reference in zip(prompts, references):
+        for prompt, reference in zip(prompts, references, strict=True):
             result = generated(decoder, prompt, settings)
             if result.token_ids != reference:
                 raise SystemExit(f"{head}: the text differs from the target alone's (a bug)")
-            for depth, (steps, hits) in enumerate(zip(result.stats.drafted_at, result.stats.accepted_at)):
+            for depth, (steps, hits) in enumerate(zip(result.stats.drafted_at, result.stats.accepted_at, strict=True)):
                 drafted[depth] += steps
                 accepted[depth] += hits
         print(json.dumps({
             "head": head, "prompts": len(prompts), "steps": drafted[0],
-            "reach_depth": [round(hits / max(steps, 1), 3) for steps, hits in zip(drafted, accepted)],
+            "reach_depth": [round(hits / max(steps, 1), 3) for steps, hits in zip(drafted, accepted, strict=True)],
             "tau": round(1 + sum(accepted) / max(drafted[0], 1), 3),
         }), flush=True)
 

@@ -52,7 +52,7 @@ def main() -> None:
             for _ in range(7):
                 for name, kernel in kernels.items():
                     start = time.perf_counter()
-                    for (records, n, k), x, y in zip(weights, inputs, outputs):
+                    for (records, n, k), x, y in zip(weights, inputs, outputs, strict=True):
                         kernel.specdec_int4_linear(x.data_ptr(), records.data_ptr(), y.data_ptr(), rows, n, k)
                     best[name] = min(best[name], time.perf_counter() - start)
             row = {"rows": rows, "base_ms": round(best["base"] * 1e3, 3), "tree_ms": round(best["tree"] * 1e3, 3),

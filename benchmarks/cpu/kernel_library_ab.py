@@ -35,7 +35,7 @@ def main() -> None:
     cache = prefilled_cache(model, 1, 64)
     times: dict[tuple[str, int], list[float]] = {(path, k): [] for path in paths for k in blocks}
     for _ in range(rounds):
-        for path, handle in zip(paths, handles):
+        for path, handle in zip(paths, handles, strict=False):
             fused_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
             time_block(model, cache, 1, 1)
             for k in blocks:

@@ -34,8 +34,10 @@ def main() -> None:
         weight_int8 = torch.randint(-127, 128, (out, inn), dtype=torch.int8)
         weight = torch.randn(out, inn)
         scales = torch.rand(out)
-        ways = {"float32 F.linear": lambda x: torch.nn.functional.linear(x, weight),
-                "_weight_int8pack_mm": lambda x: torch._weight_int8pack_mm(x, weight_int8, scales)}
+        # Each call bound to this shape's tensors (default arguments), not to the loop's last ones.
+        ways = {"float32 F.linear": lambda x, weight=weight: torch.nn.functional.linear(x, weight),
+                "_weight_int8pack_mm": lambda x, weight_int8=weight_int8, scales=scales: torch._weight_int8pack_mm(
+                    x, weight_int8, scales)}
         for kernel in exact:
             stored = kernel.prepare(weight_int8)
             ways[kernel.name] = lambda x, kernel=kernel, stored=stored: kernel.matmul(
@@ -43,7 +45,7 @@ def main() -> None:
         for rows in (1, 5):
             x = torch.randn(rows, inn) * 20
             for name, call in ways.items():
-                ms = median_ms(lambda: call(x))
+                ms = median_ms(lambda call=call, x=x: call(x))
                 entry = result.setdefault(name, {}).setdefault(f"{rows} rows", {"per shape": {}, "per token": 0.0})
                 entry["per shape"][f"{out}x{inn}"] = round(ms, 3)
                 entry["per token"] = round(entry["per token"] + ms * count, 1)

@@ -18,7 +18,7 @@ PRECISIONS = {"float32": dict(exact=False), "int8": dict(quantize="int8"), "int4
 
 
 def tokens_in_common(tokens: list[int], reference: list[int]) -> int:
-    for position, (token, expected) in enumerate(zip(tokens, reference)):
+    for position, (token, expected) in enumerate(zip(tokens, reference, strict=False)):
         if token != expected:
             return position
     return min(len(tokens), len(reference))
@@ -37,7 +37,8 @@ def main() -> None:
         outputs[name] = [decoder.generate(prompt, SamplingParams(max_new_tokens=args.tokens)).token_ids
                          for prompt in prompts]
     agreement = {name: [tokens_in_common(tokens, reference)
-                        for tokens, reference in zip(outputs[name], outputs["float32"])] for name in ("int8", "int4")}
+                        for tokens, reference in zip(outputs[name], outputs["float32"], strict=True)]
+                 for name in ("int8", "int4")}
     for name, counts in agreement.items():
         print(f"{name}: {counts} tokens before the first difference from float32 (of {args.tokens}); "
               f"{sum(count == args.tokens for count in counts)} of {len(counts)} prompts identical")

@@ -27,7 +27,7 @@ stored = {kernel.name: [kernel.prepare(plain[layer]) for layer in layers] for ke
 
 
 def use(kernel):
-    for layer, weight in zip(layers, stored[kernel.name]):
+    for layer, weight in zip(layers, stored[kernel.name], strict=True):
         layer.kernel, layer.weight_int8 = kernel, weight
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import statistics
 import threading
@@ -63,7 +64,7 @@ def run(target, chunk: int | None, prompts: list[list[int]], long_ids: list[int]
     first_token = times[len(prompts)][0]
     worst, typical, tokens = [], [], 0
     for index in range(len(prompts)):
-        pairs = [(a, b) for a, b in zip(times[index], times[index][1:]) if b > a]  # one gap a step
+        pairs = [(a, b) for a, b in itertools.pairwise(times[index]) if b > a]  # one gap a step
         steady = statistics.median([b - a for a, b in pairs if b < joined])  # before the long prompt
         during = [b - a for a, b in pairs if joined < b <= first_token + 1e-9]
         worst.append(max(during, default=0.0) / steady)

@@ -57,7 +57,7 @@ def run(batch: int, gamma: int, vocab: int, sampling: SamplingParams, device: st
                 out = verify_step(requests, drafts, logits, argmax, offsets)
             else:
                 out = [verify_request(r, d, logits[a:b], None if argmax is None else argmax[a:b])
-                       for r, d, a, b in zip(requests, drafts, offsets, offsets[1:])]
+                       for r, d, a, b in zip(requests, drafts, offsets, offsets[1:], strict=False)]
             emitted = [verdict.emitted.tolist() for verdict in out]  # the host sync a step makes
             if repeat:
                 timings[side].append(time.perf_counter() - started)

@@ -23,7 +23,7 @@ dec = SpeculativeDecoder(target, make_drafter("staged", draft), gamma=4, policy=
 prompt = (
     "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
 )
-for i in range(2):
+for _ in range(2):
     r = dec.generate(prompt, max_new_tokens=64)
     p = spy.last
     print("gammas", sorted(chosen.items()))

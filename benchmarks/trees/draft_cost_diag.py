@@ -17,8 +17,9 @@ for kind in ("model", "staged"):
         cls = type(policy)
         orig = cls.update
 
-        def update(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths=None, _orig=orig):
-            seen[num_drafted].append(draft_seconds)
+        def update(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths=None, _orig=orig,
+                   _seen=seen):
+            _seen[num_drafted].append(draft_seconds)
             return _orig(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths)
 
         cls.update = update

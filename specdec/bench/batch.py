@@ -11,12 +11,12 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec.names import help_formatter
 
 if TYPE_CHECKING:
-    from specdec.decoder import SpeculativeDecoder
+    from specdec.decoder import GenerationResult, SpeculativeDecoder
 
 
 def add_parser(commands, add_model_options) -> None:
@@ -32,9 +32,11 @@ def add_parser(commands, add_model_options) -> None:
     parser.add_argument("--out", default="runs/bench-batch")
 
 
-def measure(decoder: SpeculativeDecoder, prompts: list[str], batch: int, max_new_tokens: int) -> tuple[float, list]:
+def measure(decoder: SpeculativeDecoder, prompts: list[str], batch: int,
+            max_new_tokens: int) -> tuple[float, list[GenerationResult]]:
     """Seconds to decode every prompt in batches of ``batch``; the outputs in prompt order."""
-    outputs, started = [], time.perf_counter()
+    outputs: list[GenerationResult] = []
+    started = time.perf_counter()
     for start in range(0, len(prompts), batch):
         outputs += decoder.generate(prompts[start : start + batch], max_new_tokens=max_new_tokens)
     return time.perf_counter() - started, outputs
@@ -48,7 +50,8 @@ def bench_batch(target, draft, prompts: list[str], batch_sizes: list[int], max_n
     methods = {"target-only": SpeculativeDecoder(target)}
     if draft is not None:
         methods[f"model:fixed gamma {gamma}"] = SpeculativeDecoder(target, draft, gamma=gamma)
-    rows, mismatches = [], []
+    rows: list[dict[str, Any]] = []
+    mismatches: list[str] = []
     for name, decoder in methods.items():
         decoder.generate(prompts[:2], max_new_tokens=4)  # warm-up
         reference = None
@@ -61,9 +64,8 @@ def bench_batch(target, draft, prompts: list[str], batch_sizes: list[int], max_n
                     progress(f"{name}, batch {batch}")
             ids = [o.token_ids for o in outputs]
             reference = reference or ids
-            mismatches += [
-                f"{name}, batch {batch}, prompt {i}" for i, (a, b) in enumerate(zip(ids, reference)) if a != b
-            ]
+            mismatches += [f"{name}, batch {batch}, prompt {i}"
+                           for i, (a, b) in enumerate(zip(ids, reference, strict=True)) if a != b]
             tokens = sum(len(o.token_ids) for o in outputs)
             rows.append(
                 {

@@ -26,7 +26,7 @@ class CorruptedOracleDrafter:
     so that drafting costs what a real draft model costs. Deterministic proposals (no q), so
     verification treats them as point masses. For benchmarks only: it needs the answer."""
 
-    vocab_size = None  # proposes token ids, no q over a vocabulary
+    vocab_size: int | None = None  # None: proposes token ids, no q over a vocabulary
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, draft_model: LanguageModel, alpha: float, vocab_size: int, seed: int = 0) -> None:

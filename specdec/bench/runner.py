@@ -202,7 +202,8 @@ def peak_rss_mb() -> float:
 def first_difference(got: Sequence[int], expected: Sequence[int]) -> int | None:
     if list(got) == list(expected):
         return None
-    return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    return next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                min(len(got), len(expected)))
 
 
 def run_side_by_side(

@@ -28,6 +28,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from specdec.names import help_formatter
 
@@ -78,16 +79,16 @@ async def closed_loop(url: str, model: str, prompts: list[str], clients: int, pe
     import openai
 
     api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
-    records = []
+    records: list[dict[str, Any]] = []  # one per request: key, ttft, tpot, tokens, text
 
     async def request(prompt: str, seed: int, schema: str | None):  # -> a stream of (text, usage) chunks
-        options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+        options: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
                    "stream": True, "stream_options": {"include_usage": True}}
         if schema is None:
             async for chunk in await api.completions.create(prompt=prompt, **options):
                 yield (chunk.choices[0].text if chunk.choices else ""), chunk.usage
             return
-        response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": json.loads(schema)}}
+        response_format: Any = {"type": "json_schema", "json_schema": {"name": "answer", "schema": json.loads(schema)}}
         async for chunk in await api.chat.completions.create(messages=[{"role": "user", "content": prompt}],
                                                              response_format=response_format, **options):
             yield (chunk.choices[0].delta.content or "" if chunk.choices else ""), chunk.usage
@@ -180,7 +181,8 @@ def bench_serve(apps: dict, urls: dict, model: str, prompts: list[str], args: ar
         for app in apps.values():  # every measurement's first round starts with an empty cache
             for cache in suffix_caches(app.state.scheduler.engine.drafter):
                 cache.clear()
-        texts, rounds = {}, {label: [] for label in apps}
+        texts: dict[str, dict[str, str]] = {}  # per mode: request key -> its text
+        rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in apps}
         for round_number in range(args.repeats):
             for label, app in apps.items():
                 progress(f"concurrency {clients}, speculation {label}, round {round_number + 1}/{args.repeats}")
@@ -287,7 +289,7 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             if args.workload == "long-prompt":
                 from specdec.bench.serve_long import run_long_prompt
 
-                result = {"rows": run_long_prompt(args, apps, urls, progress, clients)}
+                result: dict[str, Any] = {"rows": run_long_prompt(args, apps, urls, progress, clients)}
             else:
                 result = bench_serve(apps, urls, "bench", prompts, args, progress, clients, schemas)
     result.update(

@@ -10,6 +10,7 @@ steps, never whole); for the long request: its time to first token.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import statistics
 import time
@@ -52,7 +53,7 @@ async def long_prompt_round(url: str, model: str, streams: int, max_tokens: int,
     await api.close()
     gaps = []
     for _, arrivals, _ in short:
-        own = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        own = [b - a for a, b in itertools.pairwise(arrivals)]
         if own:
             median, worst = statistics.median(own), max(own)
             at = arrivals[own.index(worst)] - began  # where the worst gap began, seconds into the round

@@ -10,6 +10,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,8 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
     the output must match); optionally the first N of each category."""
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
-    prompts, seen = [], {}
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}  # prompts kept per category
     for index, item in enumerate(json.loads(path.read_text())):
         category = item["category"]
         seen[category] = seen.get(category, 0) + 1
@@ -104,14 +106,17 @@ def transformers_method(name: str, target: LanguageModel, draft: LanguageModel |
     """transformers' own generate() on the same checkpoints (see transformers_options)."""
     from transformers import AutoModelForCausalLM
 
-    def load_hf(model: LanguageModel):
-        if model is None or model.path is None:
+    def load_hf(model: LanguageModel) -> Any:  # a transformers PreTrainedModel
+        if model.path is None:
             raise ValueError(f"{name} needs a model loaded from a folder")
-        return AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype).to(model.device).eval()
+        loaded: Any = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype)
+        return loaded.to(model.device).eval()
 
     hf_target = load_hf(target)
     extra = transformers_options(name)
     if "assistant" in extra:
+        if draft is None:
+            raise ValueError(f"{name} needs a draft model (--draft)")
         assistant = load_hf(draft)
         for key, value in extra.pop("assistant").items():
             setattr(assistant.generation_config, key, value)
@@ -366,7 +371,7 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
     colours = ["#888888" if s.method == REFERENCE else "#4c72b0" if s.engine == "specdec" else "#dd8452"
                for s in rows]
     bars = axis.bar([s.method for s in rows], [s.tokens_per_second for s in rows], color=colours)
-    for bar, summary in zip(bars, rows):
+    for bar, summary in zip(bars, rows, strict=True):
         tau = summary.to_dict()["tau"]
         label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "") + (
             f"\npass@1 {summary.pass_at_1:.2f}" if summary.checked else "")
@@ -394,7 +399,7 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
     axis.set_title(f"specdec bench: {subtitle}", fontsize=10)
     axis.tick_params(axis="x", rotation=45)
     for tick in axis.get_xticklabels():
-        tick.set_ha("right")
+        tick.set_horizontalalignment("right")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -119,11 +119,11 @@ def streamed_weight_bytes(network: nn.Module) -> int:
     for module in network.modules():
         if isinstance(module, nn.Embedding):
             continue
-        tensors = list(module.parameters(recurse=False))
-        if isinstance(module, Int8Linear):  # int8 weight and its per-channel scales live in buffers
-            tensors += [module.weight_int8, module.weight_scale]
-        if isinstance(module, Int4Linear):  # 4-bit codes, scales and minimums in one buffer
-            tensors += [module.records]
+        tensors: list[torch.Tensor] = list(module.parameters(recurse=False))
+        # Their weights live in buffers: int8's weight and per-channel scales; int4's codes, scales
+        # and minimums in one.
+        if isinstance(module, (Int8Linear, Int4Linear)):
+            tensors += module.buffers(recurse=False)
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 
@@ -165,7 +165,7 @@ def synthetic_method(name: str, decoder: SpeculativeDecoder, expected: dict[tupl
     drafter = decoder.drafter
 
     def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
-        if drafter is not None:
+        if isinstance(drafter, CorruptedOracleDrafter):
             drafter.expect(expected.get(tuple(prompt_ids), prompt_ids))
         return method.run(prompt_ids, settings)
 
@@ -260,6 +260,7 @@ def measure_precision(config: SyntheticConfig, precision: str, progress: Progres
                 }
             )
     bandwidth = streaming_bandwidth()
+    assert isinstance(target.network, nn.Module), "random_model builds specdec's own forward"
     weight_bytes = streamed_weight_bytes(target.network)
     return {
         "precision": precision,
@@ -352,7 +353,7 @@ def plot_synthetic(payload: dict, path: Path) -> None:
 
     results = payload["precisions"]
     figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
-    for axis, result in zip(axes[0], results):
+    for axis, result in zip(axes[0], results, strict=True):
         gammas = sorted({run["gamma"] for run in result["runs"]})
         for index, gamma in enumerate(gammas):
             runs = [run for run in result["runs"] if run["gamma"] == gamma]

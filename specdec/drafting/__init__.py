@@ -102,7 +102,7 @@ def make_drafter(
     if draft_model is None:
         raise ValueError(f"the {kind!r} drafter needs a draft model (--draft)")
     mismatch = None if target is None else vocabulary_mismatch(draft_model, target)
-    if mismatch is not None:
+    if target is not None and mismatch is not None:
         if draft_model.tokenizer is None or target.tokenizer is None:
             raise ValueError(mismatch)
         if kind != "model":

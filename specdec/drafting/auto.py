@@ -73,7 +73,8 @@ class AutoState:
     @property
     def reach_class(self) -> int:
         """This step's class: how far the shortest copy of the request's text reaches (0 without copies)."""
-        lengths = [len(shadow) for shadow, sets in zip(self.shadows, self.sets_reach) if shadow is not None and sets]
+        lengths = [len(shadow) for shadow, sets in zip(self.shadows, self.sets_reach, strict=True)
+                   if shadow is not None and sets]
         return sum(min(lengths) >= bound for bound in REACH_CLASSES) if lengths else 0
 
     def estimates(self, index: int) -> AcceptanceByPosition:
@@ -190,9 +191,9 @@ class AutoDrafter(BaseDrafter):
                        for draft in own]
             state.shadows = [None if draft is None else draft.tokens.tolist() for draft in own]
             free.append(own)
-        choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas)]
+        choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas, strict=False)]
         result = [Draft.empty(request.context.device) for request in requests]
-        for position, (request, choice) in enumerate(zip(requests, choices)):
+        for position, (request, choice) in enumerate(zip(requests, choices, strict=False)):
             request.draft_state.chosen = choice.candidate
             if choice.candidate is not None and (copied := free[position][choice.candidate]) is not None:
                 result[position] = replace(copied.truncated(choice.length),
@@ -207,7 +208,7 @@ class AutoDrafter(BaseDrafter):
                                   [choices[p].length for p in asking])
             drafted = sum(draft.num_nodes for draft in drafts)  # type: int
             self.costs.draft(candidate.name).add(time.perf_counter() - began, drafted)
-            for position, draft in zip(asking, drafts):
+            for position, draft in zip(asking, drafts, strict=False):
                 result[position] = replace(draft, drafter=candidate.name)
         return [draft if draft.num_nodes else replace(draft, drafter=NO_DRAFT) for draft in result]
 

@@ -208,7 +208,7 @@ class BaseDrafter:
 def node_paths(tokens: list[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
     """Each node's tokens from the root down to it (parents come before children)."""
     paths: list[tuple[int, ...]] = []
-    for token, parent in zip(tokens, parents):
+    for token, parent in zip(tokens, parents, strict=True):
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))
     return paths
 

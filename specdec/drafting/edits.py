@@ -61,7 +61,7 @@ def apply_edits(prefix: list[int], copied: list[int], edits: list[Edit]) -> tupl
             if (tuple(text[position : position + size]) == edit.before
                     and tuple(text[position : position + len(edit.after)]) != edit.after
                     and (inside <= 0 or edit.after[:inside] == tuple(text[position : len(prefix)]))):
-                common = next((k for k, (a, b) in enumerate(zip(edit.before, edit.after)) if a != b),
+                common = next((k for k, (a, b) in enumerate(zip(edit.before, edit.after, strict=False)) if a != b),
                               min(size, len(edit.after)))
                 for offset in range(max(0, inside), len(edit.after)):  # the shared start is still a copy
                     out.append(edit.after[offset])

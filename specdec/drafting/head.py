@@ -105,6 +105,12 @@ class DraftHead(nn.Module):
 
     Stateless between calls (its KV cache is the caller's), like the target's forward."""
 
+    # Buffers (register_buffer in __init__), named here so that type checkers see tensors.
+    embed_weight: torch.Tensor  # [vocab, hidden], the target's, frozen
+    d2t: torch.Tensor  # [draft_vocab] int64
+    t2d: torch.Tensor  # [vocab] bool
+    inv_freq: torch.Tensor  # [head_dim / 2] float32
+
     def __init__(self, config: HeadConfig, embed_weight: torch.Tensor) -> None:  # embed_weight [vocab, hidden]
         super().__init__()
         c = self.config = config

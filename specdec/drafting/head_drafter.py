@@ -42,6 +42,12 @@ class HeadState:
         self.root_logits: torch.Tensor | None = None  # [1, vocab]
         self.root_features: torch.Tensor | None = None  # [1, hidden]
 
+    def root(self) -> tuple[torch.Tensor, torch.Tensor]:  # logits [1, vocab], features [1, hidden]
+        """What the last feed left: the first draft token's logits, the features the next position reads."""
+        if self.root_logits is None or self.root_features is None:
+            raise RuntimeError("a head drafts from a request only after a feed")
+        return self.root_logits, self.root_features
+
     def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:  # [m], [m, features]
         if hidden is None or hidden.shape[0] != tokens.shape[0]:
             raise ValueError("a head drafter needs the target's hidden states of every emitted token "
@@ -75,7 +81,7 @@ class HeadDrafter(BaseDrafter):
 
     def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab]
         """Logits over the target's vocabulary: -inf outside the draft vocabulary (q = 0 there)."""
-        logits = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
+        logits = draft_logits.new_full((draft_logits.shape[0], self.head.config.vocab_size), float("-inf"))
         return logits.index_copy_(1, self.head.draft_token_ids, draft_logits)
 
     def feed(self, states: Sequence[HeadState]) -> None:
@@ -88,12 +94,13 @@ class HeadDrafter(BaseDrafter):
         blocks = [torch.cat(state.pending_tokens) for state in feeding]
         hidden = torch.cat([piece for state in feeding for piece in state.pending_hidden])  # [sum m, features]
         positions = torch.cat([torch.arange(state.fed, state.fed + block.shape[0], device=block.device)
-                               for state, block in zip(feeding, blocks)])
-        attention = Attention(tuple(Segment(state.row, block.shape[0]) for state, block in zip(feeding, blocks)))
+                               for state, block in zip(feeding, blocks, strict=True)])
+        attention = Attention(tuple(Segment(state.row, block.shape[0])
+                                    for state, block in zip(feeding, blocks, strict=True)))
         last_rows = torch.tensor(attention.offsets[1:], device=self.device) - 1  # only they are drafted from
         logits, features = self.head(torch.cat(blocks), self.head.fuse(hidden, batch_invariant=True), positions,
                                      self.cache, attention, logit_rows=last_rows)
-        for index, (state, block, end) in enumerate(zip(feeding, blocks, attention.offsets[1:])):
+        for index, (state, block, end) in enumerate(zip(feeding, blocks, attention.offsets[1:], strict=True)):
             self.cache.commit(state.row, block.shape[0])
             state.fed += block.shape[0]
             state.pending_tokens, state.pending_hidden = [], []
@@ -120,9 +127,9 @@ class HeadDrafter(BaseDrafter):
         drafts = [Draft.empty(request.context.device) for request in requests]
         drafting = self.drafting(requests, gammas)
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
-        features = [state.root_features for state in states]  # [1, hidden] each: what the next position reads
-        routines = [chain_steps(state.root_logits, gamma, requests[index])
-                    for state, (index, gamma) in zip(states, drafting)]
+        features = [state.root()[1] for state in states]  # [1, hidden] each: what the next position reads
+        routines = [chain_steps(state.root()[0], gamma, requests[index])
+                    for state, (index, gamma) in zip(states, drafting, strict=True)]
 
         def score(asking: list[int], blocks: list[torch.Tensor]) -> list[torch.Tensor]:  # blocks [k] -> [1, vocab]
             # A block of forced tokens goes one token per forward: each position reads the output before it.
@@ -134,12 +141,12 @@ class HeadDrafter(BaseDrafter):
                 draft_logits, out = self.head(torch.cat([blocks[i][depth : depth + 1] for i in live]),
                                               torch.cat([features[asking[i]] for i in live]), positions, self.cache,
                                               Attention(tuple(Segment(row, 1) for row in rows)))
-                for j, (i, row) in enumerate(zip(live, rows)):
+                for j, (i, row) in enumerate(zip(live, rows, strict=True)):
                     self.cache.commit(row, 1)  # dropped again by the next feed
                     features[asking[i]], logits[i] = out[j : j + 1], draft_logits[j : j + 1]
             return list(self.to_target(torch.cat(logits)).split(1))  # one mapping for the batch
 
-        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
+        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score), strict=True):
             drafts[index] = draft
         return drafts
 
@@ -162,17 +169,17 @@ class HeadTreeDrafter(HeadDrafter):
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
         samplings = [requests[index].sampling for index, _ in drafting]
         node_features: list[list[torch.Tensor]] = [[] for _ in drafting]  # [hidden] per node: the head's output
-        routines = [tree_steps(draft_distribution(state.root_logits, sampling), gammas[index], budget,
+        routines = [tree_steps(draft_distribution(state.root()[0], sampling), gammas[index], budget,
                                self.branching, requests[index])
-                    for state, sampling, (index, budget) in zip(states, samplings, drafting)]
+                    for state, sampling, (index, budget) in zip(states, samplings, drafting, strict=True)]
 
         def score(asking: list[int], questions: list[NewNodes]) -> list[torch.Tensor]:  # -> q [new, vocab] each
             blocks, positions, features, segments = [], [], [], []
-            for i, (tokens, parents, new_nodes) in zip(asking, questions):
+            for i, (tokens, parents, new_nodes) in zip(asking, questions, strict=True):
                 state, written, depths = states[i], new_nodes[0], tree_depths(parents)
                 blocks.append(torch.tensor(tokens[written:], dtype=torch.long, device=self.device))
                 positions.append(torch.tensor([state.fed + depths[node] for node in new_nodes], device=self.device))
-                features.append(torch.cat([state.root_features if parents[node] < 0
+                features.append(torch.cat([state.root()[1] if parents[node] < 0
                                            else node_features[i][parents[node]][None] for node in new_nodes]))
                 segments.append(Segment(state.row, len(new_nodes), tuple(parents), written))
             attention = Attention(tuple(segments))
@@ -180,11 +187,11 @@ class HeadTreeDrafter(HeadDrafter):
                                           attention)
             target_logits = self.to_target(draft_logits)  # one mapping for the batch
             scores = []
-            for i, start, end in zip(asking, attention.offsets, attention.offsets[1:]):
+            for i, start, end in zip(asking, attention.offsets, attention.offsets[1:], strict=False):
                 node_features[i].extend(out[start:end])
                 scores.append(draft_distribution(target_logits[start:end], samplings[i]))
             return scores
 
-        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score)):
+        for (index, _), draft in zip(drafting, run_in_lockstep(routines, score), strict=True):
             drafts[index] = draft
         return drafts

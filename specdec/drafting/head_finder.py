@@ -48,7 +48,8 @@ class TargetIdentity:
             if getattr(self, name) != getattr(other, name):
                 return f"{name} {getattr(other, name)} (the target's: {getattr(self, name)})"
         if len(self.probe) != len(other.probe) or any(
-                abs(a - b) > ABSOLUTE_TOLERANCE + RELATIVE_TOLERANCE * abs(a) for a, b in zip(self.probe, other.probe)):
+                abs(a - b) > ABSOLUTE_TOLERANCE + RELATIVE_TOLERANCE * abs(a)
+                for a, b in zip(self.probe, other.probe, strict=True)):
             return "another embedding (trained for another model of the same shape)"
         return None
 

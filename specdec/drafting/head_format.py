@@ -21,6 +21,7 @@ import torch
 from specdec.drafting.head import DraftHead, HeadConfig, default_feature_layers
 from specdec.drafting.head_finder import ARCHITECTURE, check_fits, target_embedding
 from specdec.models.base import LanguageModel
+from specdec.models.transformer import LlamaFamilyModel, TransformerConfig
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
 
@@ -125,8 +126,14 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists():
         raise FileNotFoundError(f"draft head not found: no {CONFIG_FILE} in {folder}")
-    num_layers = getattr(getattr(target.network, "config", None), "num_layers", None) or \
-        target.network.model.config.num_hidden_layers
+    network, config, num_layers = target.network, getattr(target.network, "config", None), None
+    if config is not None and hasattr(config, "num_layers"):  # own forward
+        num_layers = config.num_layers
+    elif hasattr(network, "model"):  # the transformers adapter
+        num_layers = network.model.config.num_hidden_layers
+    if not isinstance(num_layers, int):
+        raise ValueError(f"a draft head reads the target's hidden states; the {target.backend} backend gives none "
+                         "(load the target with --backend specdec)")
     config = head_config(json.loads((folder / CONFIG_FILE).read_text()), num_layers)
     check_fits(folder, target)  # a head that records another target is refused, whatever its shapes
     embedding = target_embedding(target)  # [vocab, hidden]
@@ -184,12 +191,19 @@ def draft_mask(head: DraftHead) -> torch.Tensor:  # [vocab] bool
     return mask
 
 
-def target_shape(target: LanguageModel):
+def target_shape(target: LanguageModel) -> TransformerConfig:
     """The target's TransformerConfig (own forward), which a new head copies its shape from."""
     config = getattr(target.network, "config", None)
     if config is None or not hasattr(config, "num_layers"):
         raise ValueError(f"a new draft head is built for a target on specdec's own forward, not {target.backend}")
     return config
+
+
+def own_network(target: LanguageModel) -> LlamaFamilyModel:
+    """The target's network on specdec's own forward, whose final norm and LM head a head's data reads."""
+    if not isinstance(target.network, LlamaFamilyModel):
+        raise ValueError(f"a draft head's data is read from a target on specdec's own forward, not {target.backend}")
+    return target.network
 
 
 def new_head(target: LanguageModel, draft_token_ids: torch.Tensor | None = None, intermediate_size: int | None = None,

@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, StepOutcome, StopRule, describe_drafter,
-                                   node_paths, propose_many, suffix_caches)
+from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, StopRule,
+                                   describe_drafter, node_paths, propose_many, suffix_caches)
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams
@@ -70,12 +70,13 @@ def cache_flags(drafts: Sequence[Draft], tokens: list[int], parents: list[int]) 
     cache-guessed node has its root path and no other drafter's node has it too."""
     if all(draft.from_cache is None for draft in drafts):
         return None
-    cached, plain = set(), set()
+    cached: set[tuple[int, ...]] = set()  # root paths some drafter guessed from the cache
+    plain: set[tuple[int, ...]] = set()  # root paths some drafter guessed otherwise
     for draft in drafts:
         chain = list(range(-1, draft.num_nodes - 1))
         paths = node_paths(draft.tokens.tolist(), chain if draft.parents is None else draft.parents)
         flags = draft.from_cache or (False,) * len(paths)
-        for path, flag in zip(paths, flags):
+        for path, flag in zip(paths, flags, strict=True):
             (cached if flag else plain).add(path)
     return tuple(path in cached and path not in plain for path in node_paths(tokens, parents))
 
@@ -112,7 +113,8 @@ class MergedDrafter(BaseDrafter):
         member_drafts = [propose_many(drafter, [SubRequest(request, request.draft_state[member])
                                                 for request in requests], gammas)
                          for member, drafter in enumerate(self.drafters)]
-        return [self.merge(request, list(drafts)) for request, drafts in zip(requests, zip(*member_drafts))]
+        return [self.merge(request, list(drafts))
+                for request, drafts in zip(requests, zip(*member_drafts, strict=True), strict=True)]
 
     def merge(self, request: DraftRequest, drafts: list[Draft]) -> Draft:
         device = request.context.device
@@ -129,10 +131,10 @@ class MergedDrafter(BaseDrafter):
         return [cache for drafter in self.drafters for cache in suffix_caches(drafter)]
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
-        for drafter, state in zip(self.drafters, request.draft_state):
+        for drafter, state in zip(self.drafters, request.draft_state, strict=True):
             if drafter.hidden_layers:
-                drafter.prefilled(SubRequest(request, state), hidden)
+                cast(ReadsHidden, drafter).prefilled(SubRequest(request, state), hidden)
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
-        for drafter, state in zip(self.drafters, request.draft_state):
+        for drafter, state in zip(self.drafters, request.draft_state, strict=True):
             drafter.observe(SubRequest(request, state), outcome)

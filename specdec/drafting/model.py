@@ -119,7 +119,7 @@ def score_blocks(blocks: Sequence[RowBlock]) -> list[torch.Tensor]:  # logits [k
         out = state.model.forward(torch.cat([blocks[i].tokens for i in indices]),
                                   torch.cat([blocks[i].positions for i in indices]), state.cache, attention).logits
         assert out is not None  # want_logits defaults to True
-        for i, start, end in zip(indices, attention.offsets, attention.offsets[1:]):
+        for i, start, end in zip(indices, attention.offsets, attention.offsets[1:], strict=False):
             if blocks[i].parents is None:
                 blocks[i].state.cache.commit(blocks[i].state.row, end - start)
             logits[i] = out[start:end]
@@ -129,7 +129,7 @@ def score_blocks(blocks: Sequence[RowBlock]) -> list[torch.Tensor]:  # logits [k
 def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
     """How many leading tokens the two sequences share."""
     count = 0
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=False):
         if a != b:
             break
         count += 1
@@ -156,6 +156,7 @@ def token_confidence(
     """The draft's probability of its token: q(token), or the plain softmax when greedy (where q
     would be a point mass and says nothing about how sure the draft is)."""
     source = logits.float().softmax(-1) if sampling.greedy else probs
+    assert source is not None, "a sampled draft has its q"
     return float(source[0, token])
 
 
@@ -173,7 +174,9 @@ def chain_steps(
     (drafting/lockstep.py), so that a batch of requests can draft in lockstep."""
     sampling, stop_early, matcher = request.sampling, request.stop_early, request.matcher
     first_position = request.context.shape[0]
-    tokens, probs, chain_probability = [], [], 1.0
+    tokens: list[torch.Tensor] = []  # [1] each
+    probs: list[torch.Tensor] = []  # q rows: [1, vocab] each, or [k, vocab] for forced blocks
+    chain_probability = 1.0
     try:
         while True:
             forced = matcher.forced()[: gamma - len(tokens)] if matcher is not None and matcher.draft_forced else []
@@ -233,7 +236,7 @@ class DraftModelDrafter(BaseDrafter):
                     if (routine := self.routine(request, gamma)) is not None]
         batch = run_in_lockstep([routine for _, routine in drafting],
                                 lambda asking, blocks: score_blocks(blocks))
-        for (index, _), draft in zip(drafting, batch):
+        for (index, _), draft in zip(drafting, batch, strict=True):
             requests[index].draft_state.drafted = draft.tokens.tolist()
             drafts[index] = draft
         return drafts

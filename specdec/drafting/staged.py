@@ -142,6 +142,8 @@ class StagedTreeDrafter(StagedDrafter):
         depth = trunk.tokens.shape[0]
         if depth == 0:
             return Draft(trunk.tokens)
+        trunk_logits, trunk_probs = trunk.logits, trunk.probs  # [depth, vocab] each; probs None when greedy
+        assert trunk_logits is not None, "only an empty trunk has no logits"
         width = max(1, (request.node_budget or self.budget) // depth)
         greedy = request.sampling.greedy
         first_position = request.context.shape[0]  # the output position of the first trunk token
@@ -155,10 +157,11 @@ class StagedTreeDrafter(StagedDrafter):
             parents.append(parent)
             trunk_nodes.append(len(tokens) - 1)
             if greedy:
-                ranked = trunk.logits[position].topk(min(width + 1, trunk.logits.shape[-1])).indices.tolist()
+                ranked = trunk_logits[position].topk(min(width + 1, trunk_logits.shape[-1])).indices.tolist()
                 leaves = [token for token in ranked if token != trunk_token][: width - 1]
             else:
-                q = trunk.probs[position]  # [vocab]
+                assert trunk_probs is not None, "a sampled trunk carries its q"
+                q = trunk_probs[position]  # [vocab]
                 q_rows.append(q)
                 rest = q.clone()
                 rest[trunk_token] = 0.0
@@ -172,7 +175,8 @@ class StagedTreeDrafter(StagedDrafter):
         if greedy:
             return Draft(block, None, tuple(parents))
         # Row 0: q at the root; row i + 1: q at node i (zeros at the leaves: they have no children).
-        probs = torch.zeros(len(tokens) + 1, trunk.probs.shape[-1], dtype=trunk.probs.dtype, device=block.device)
+        assert trunk_probs is not None, "a sampled trunk carries its q"
+        probs = torch.zeros(len(tokens) + 1, trunk_probs.shape[-1], dtype=trunk_probs.dtype, device=block.device)
         for position, q in enumerate(q_rows):
             probs[0 if position == 0 else trunk_nodes[position - 1] + 1] = q
         return Draft(block, probs, tuple(parents))

@@ -270,7 +270,7 @@ class SuffixFirstDrafter(BaseDrafter):
         rest = [index for index, draft in enumerate(drafts) if draft is None]
         fallback = propose_many(self.fallback, [SubRequest(requests[i], requests[i].draft_state[1]) for i in rest],
                                 [gammas[i] for i in rest])
-        for index, draft in zip(rest, fallback):
+        for index, draft in zip(rest, fallback, strict=True):
             drafts[index] = draft
         return cast(list[Draft], drafts)
 

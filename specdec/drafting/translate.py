@@ -111,6 +111,7 @@ class DraftTokenRequest(SubRequest):
 
     @property
     def context(self) -> torch.Tensor:
+        assert self.draft_context is not None, "a draft-token view is built with its context"
         return self.draft_context
 
     @property
@@ -133,7 +134,7 @@ class TranslatingDrafter(BaseDrafter):
     q restricted to the shared tokens. look_behind is the number of context tokens decoded and
     re-encoded with each piece of new text."""
 
-    vocab_size = None  # q, where there is one, is built over the target's rows
+    vocab_size: int | None = None  # q, where there is one, is built over the target's rows
 
     def __init__(self, draft: LanguageModel, target: LanguageModel, look_behind: int = 4,
                  vocab_rule: str = "point-mass") -> None:
@@ -185,12 +186,14 @@ class TranslatingDrafter(BaseDrafter):
         renormalized (q' = 0 off them), each drafted token is one target token, and q' moves
         to the target's rows: verification then sees the very q' the tokens were drawn from."""
         state: TranslationState = request.draft_state
+        assert self.shared_draft is not None, "only the intersection rule with shared tokens proposes here"
         state.inner.model = self.shared_draft  # the same weights and cache, logits off the shared tokens masked
         draft = self.inner.propose(view, gamma)
         state.drafted = draft.tokens.tolist()
         if draft.num_nodes == 0:
             return Draft.empty(request.context.device)
         tokens = self.to_target[draft.tokens]
+        assert draft.probs is not None, "a sampled draft carries its q"
         probs = draft.probs.new_zeros(draft.num_nodes, self.target_rows)  # [gamma, target rows]
         shared = self.to_target >= 0
         probs[:, self.to_target[shared]] = draft.probs[:, shared]

@@ -35,7 +35,7 @@ def allocate_children(scores: list[float], top_q: list[list[float]], slots: int)
     """How many children each frontier node gets: the ``slots`` best (node, j) pairs by expected
     score, scores[node] * top_q[node][j] (the j-th largest q at the node). Decided before any
     child is drawn. top_q: [frontier, branching], descending."""
-    candidates = [(score * value, node, j) for node, (score, values) in enumerate(zip(scores, top_q))
+    candidates = [(score * value, node, j) for node, (score, values) in enumerate(zip(scores, top_q, strict=True))
                   for j, value in enumerate(values) if value > 0]
     counts = [0] * len(scores)
     for _, node, _ in heapq.nlargest(slots, candidates):
@@ -72,7 +72,7 @@ def tree_steps(
         top = frontier_q.topk(min(branching, frontier_q.shape[-1]), dim=-1)  # [frontier, branching]
         counts = allocate_children(frontier_scores, top.values.tolist(), min(per_depth, budget - len(tokens)))
         new_nodes = []
-        for row, (node, count) in enumerate(zip(frontier, counts)):
+        for row, (node, count) in enumerate(zip(frontier, counts, strict=True)):
             if count == 0:
                 continue
             if sampling.greedy:  # the top tokens (any tree is exact when greedy)
@@ -81,7 +81,7 @@ def tree_steps(
                 q_rows[node] = frontier_q[row]
                 children = request.rule.draw_distinct(frontier_q[row], first_position + depth, count)
                 child_q = frontier_q[row, children]
-            for token, probability in zip(children.tolist(), child_q.tolist()):
+            for token, probability in zip(children.tolist(), child_q.tolist(), strict=True):
                 tokens.append(token)
                 parents.append(node)
                 scores.append(frontier_scores[row] * probability)

@@ -44,7 +44,7 @@ def speedup_table(alpha: float, c: float, max_gamma: int = 10,
     if max_gamma < 1:
         raise ValueError(f"--max-gamma must be >= 1, got {max_gamma}")
     return [GammaRow(gamma, expected_tokens_per_step(alpha, gamma), cost, predicted_speedup(alpha, gamma, c, cost))
-            for gamma, cost in zip(range(1, max_gamma + 1), verify_costs(costs, max_gamma))]
+            for gamma, cost in zip(range(1, max_gamma + 1), verify_costs(costs, max_gamma), strict=True)]
 
 
 def best_row(rows: Sequence[GammaRow]) -> GammaRow:

@@ -56,7 +56,7 @@ class StepView:
 
 def top_tokens(dist: torch.Tensor, count: int) -> list[TopToken]:  # dist [vocab]
     values, tokens = torch.topk(dist.double(), min(count, dist.shape[-1]))
-    return [TopToken(int(t), float(v)) for t, v in zip(tokens, values) if v > 0]
+    return [TopToken(int(t), float(v)) for t, v in zip(tokens, values, strict=False) if v > 0]
 
 
 def chain_rows(record: StepRecord, decision: ChainDecision) -> list[DraftRow]:
@@ -78,7 +78,7 @@ def tried_nodes(parents: tuple[int, ...], path: list[int], relaxed: list[int]) -
     the order drawn, up to the one accepted (all of them where the path ends, or where a LOSSY
     rule kept one after the exact test turned them all down)."""
     tried = []
-    for node, accepted in zip([-1, *path], [*path, None]):
+    for node, accepted in zip([-1, *path], [*path, None], strict=False):
         children = [child for child, parent in enumerate(parents) if parent == node]
         if accepted is None or accepted in relaxed:
             tried += children
@@ -93,7 +93,7 @@ def tree_rows(record: StepRecord) -> list[DraftRow]:
     tried = tried_nodes(record.parents, path, record.relaxed)
     rows = []
     acceptance: float | None
-    for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents)):
+    for node, (token, parent) in enumerate(zip(record.draft_tokens, record.parents, strict=False)):
         q = 1.0 if record.q is None else float(record.q[parent + 1, token])
         p = float(record.p[parent + 1, token])
         if decision is not None and node in tried:  # the sampler's own test (later siblings: updated p, q)

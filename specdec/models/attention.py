@@ -173,7 +173,7 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
     by_length: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
     for plan in plans:
         if plan.per_query is not None:
-            for token, slots in zip(range(plan.start, plan.end), plan.per_query[window]):
+            for token, slots in zip(range(plan.start, plan.end), plan.per_query[window], strict=False):
                 padded = -(-slots.shape[0] // QUERY_BUCKET) * QUERY_BUCKET
                 by_length.setdefault(padded, []).append((token, plan.row, slots))
     groups = []
@@ -234,8 +234,8 @@ class AttentionPlan:
         """The per-query segments' queries for `window` as one list (the compiled attention's input)."""
         if window not in self.query_lists:
             queries = [(token, plan.row, slots) for plan in self.segments if plan.per_query is not None
-                       for token, slots in zip(range(plan.start, plan.end), plan.per_query[window])]
-            self.query_lists[window] = query_list(*map(list, zip(*queries)))
+                       for token, slots in zip(range(plan.start, plan.end), plan.per_query[window], strict=False)]
+            self.query_lists[window] = query_list(*map(list, zip(*queries, strict=False)))
         return self.query_lists[window]
 
 
@@ -259,7 +259,7 @@ def plan_attention(
             windows,
             per_query=per_query and cache.lengths[segment.row] > 0,
         )
-        for segment, start, end in zip(attention.segments, offsets, offsets[1:])
+        for segment, start, end in zip(attention.segments, offsets, offsets[1:], strict=False)
     ]
     if not any(plan.per_query is not None for plan in plans):
         return AttentionPlan(plans)

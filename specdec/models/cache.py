@@ -11,6 +11,7 @@ are garbage that the next forward overwrites.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 
@@ -135,7 +136,8 @@ class KVCache:
         """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
         path), moved into place right after the committed context, and commit them."""
         start = self.lengths[row]
-        if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and (keep[0] < 0 or start + keep[-1] >= self.capacity)):
+        if (any(b <= a for a, b in itertools.pairwise(keep))
+                or (keep and (keep[0] < 0 or start + keep[-1] >= self.capacity))):
             raise ValueError(f"compact needs increasing offsets of written slots, got {list(keep)}")
         moved = [i for i, offset in enumerate(keep) if offset != i]
         if moved:  # offsets increase, so every source lies at or after its destination: gather first

@@ -92,7 +92,7 @@ class HFNetwork:
         offsets = attention.offsets
         logits, hidden = [], []
         # One model call per segment: each row has its own DynamicCache (rows roll back separately).
-        for segment, start, end in zip(attention.segments, offsets, offsets[1:]):
+        for segment, start, end in zip(attention.segments, offsets, offsets[1:], strict=False):
             cache.trim(segment.row)
             output = self.model(
                 input_ids=tokens[None, start:end], position_ids=positions[None, start:end],

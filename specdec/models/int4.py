@@ -307,6 +307,7 @@ def quantize_int4(module: nn.Module) -> nn.Module:
     notice = (f"int4 kernel not used ({problem}): int8 weights instead" if problem else
               f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {shapes} weight shapes"
               + (f"; {eight_bit} linears with inputs not a multiple of {GROUP} stay int8" if eight_bit else ""))
-    setattr(module, "quantized", "int8" if problem else "int4")  # what LanguageModel.precision reports
-    setattr(module, "quantize_notice", notice)  # the one line the CLI prints
+    # setattr (B010 is wrong here): nn.Module's __setattr__ types its values as Tensor | Module, these are str.
+    setattr(module, "quantized", "int8" if problem else "int4")  # noqa: B010 - what LanguageModel.precision reports
+    setattr(module, "quantize_notice", notice)  # noqa: B010 - the one line the CLI prints
     return module

@@ -35,14 +35,15 @@ class PaddedChains:
         committed = [cache.lengths[r] for r in rows]
         counts = [s.count for s in segments]
         width = max(counts)
-        key_length = max(c + n for c, n in zip(committed, counts))
+        key_length = max(c + n for c, n in zip(committed, counts, strict=False))
         clamped = [[min(i, n - 1) for i in range(width)] for n in counts]  # padded query -> real query of its row
-        gather = [start + i for start, row in zip(offsets, clamped) for i in row]
+        gather = [start + i for start, row in zip(offsets, clamped, strict=False) for i in row]
         scatter = [r * width + i for r, n in enumerate(counts) for i in range(n)]
-        token_rows = [row for row, n in zip(rows, counts) for _ in range(n)]
-        token_slots = [c + i for c, n in zip(committed, counts) for i in range(n)]
+        token_rows = [row for row, n in zip(rows, counts, strict=False) for _ in range(n)]
+        token_slots = [c + i for c, n in zip(committed, counts, strict=False) for i in range(n)]
         # [R, C]
-        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped)], device=device)
+        query_slots = torch.tensor([[c + i for i in row] for c, row in zip(committed, clamped, strict=True)],
+                                   device=device)
         slots = torch.arange(key_length, device=device)  # [L]
         visible = slots[None, None, :] <= query_slots[:, :, None]  # [R, C, L]
         masks: dict[int | None, torch.Tensor | None] = {}

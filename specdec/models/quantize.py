@@ -68,7 +68,7 @@ def quantize_int8(module: nn.Module) -> nn.Module:
         raise ValueError("int8 quantization runs on CPU only (torch._int_mm); use --device cpu or drop --quantize")
     module.float()
     _replace_linears(module)
-    setattr(module, "quantized", "int8")  # what LanguageModel.precision reports
+    setattr(module, "quantized", "int8")  # noqa: B010 - what LanguageModel.precision reports; nn.Module has no such field
     return module
 
 

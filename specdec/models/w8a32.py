@@ -224,6 +224,7 @@ def quantize_w8a32(module: nn.Module) -> nn.Module:
               f"w8a32 kernel on this CPU: {kernel_isa()}, float32 activations, checked on {shapes} weight "
               f"shapes; {exact / max(groups, 1):.1%} of weight groups held exactly (4- or 8-bit groups)"
               + (f"; {others} linears with inputs not a multiple of {GROUP} are int8" if others else ""))
-    setattr(module, "quantized", "int8" if problem else "w8a32")  # what LanguageModel.precision reports
-    setattr(module, "quantize_notice", notice)  # the one line the CLI prints
+    # setattr (B010 is wrong here): nn.Module's __setattr__ types its values as Tensor | Module, these are str.
+    setattr(module, "quantized", "int8" if problem else "w8a32")  # noqa: B010 - what LanguageModel.precision reports
+    setattr(module, "quantize_notice", notice)  # noqa: B010 - the one line the CLI prints
     return module

@@ -33,7 +33,8 @@ from specdec.grammar import TokenMatcher
 from specdec.serving.admission import ConstraintCompiler, public_message
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, acceptance_summary,
-                                      completion_object, logprobs_object, new_id, speculation_summary, usage)
+                                      ResponseKind, completion_object, logprobs_object, new_id, speculation_summary,
+                                      usage)
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
 from specdec.text import chat_prompt_ids, encode_prompt
 
@@ -175,7 +176,7 @@ def open_sessions(scheduler: Scheduler, prompt_ids: list[int], sampling: Samplin
         raise ApiError(429, str(error), code="queue_full", kind="server_overloaded") from error
     except ValueError as error:
         raise ApiError(400, str(error), "prompt") from error
-    for session, ticket in zip(sessions, tickets):
+    for session, ticket in zip(sessions, tickets, strict=True):
         session.ticket = ticket
     return sessions
 
@@ -209,7 +210,7 @@ async def merged(sessions: list[Session]) -> AsyncIterator[tuple[int, StreamChun
             task.cancel()
 
 
-async def respond(sessions: list[Session], kind: str, body: Any, model_name: str, http: Request,
+async def respond(sessions: list[Session], kind: ResponseKind, body: Any, model_name: str, http: Request,
                   disconnect_poll_seconds: float, tokenizer: Any) -> Any:
     """A completion's response, one choice per session: one object when the body does not stream,
     else server-sent events."""

@@ -24,6 +24,9 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "co
 MAX_TEMPERATURE = 2.0  # OpenAI's range: 0..2
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit seed, as torch's generators take it
 
+# Which OpenAI endpoint a response answers: /v1/completions or /v1/chat/completions.
+ResponseKind = Literal["completion", "chat"]
+
 
 def check_text(text: str, param: str) -> str:
     """``text`` if it can be encoded (UTF-8); a lone surrogate gets a 400 naming where it is."""
@@ -264,7 +267,7 @@ def acceptance_summary(results: Sequence[GenerationResult]) -> dict[str, Any]:
             "relaxed_accepted": sum(r.stats.relaxed_accepted for r in results)}
 
 
-def logprobs_object(kind: Literal["completion", "chat"], entries: Sequence[TokenLogprob], tokenizer: Any,
+def logprobs_object(kind: ResponseKind, entries: Sequence[TokenLogprob], tokenizer: Any,
                     offset: int = 0) -> dict[str, Any]:
     """OpenAI's logprobs of a choice (or of a streamed chunk, whose text starts at ``offset``):
     completions' tokens / token_logprobs / top_logprobs / text_offset, chat's content list."""
@@ -288,7 +291,7 @@ def logprobs_object(kind: Literal["completion", "chat"], entries: Sequence[Token
                         for entry in entries]}
 
 
-def completion_object(kind: Literal["completion", "chat"], request_id: str, model: str, text: str,
+def completion_object(kind: ResponseKind, request_id: str, model: str, text: str,
                       finish_reason: str | None, created: int | None = None, chunk: bool = False,
                       first: bool = False, index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A completion (or a streamed chunk of one): text_completion, chat.completion(.chunk)."""

@@ -68,6 +68,18 @@ class Ticket:
     parent: Ticket | None = None
     matcher: TokenMatcher | None = None  # its constraint's, compiled before it was submitted
 
+    def admitted(self) -> Request:
+        """Its request, for a ticket that holds a cache row (prefilling or running)."""
+        if self.request is None:
+            raise RuntimeError(f"request {self.id} holds no cache row")
+        return self.request
+
+    def streaming(self) -> TextStream:
+        """Its text stream, for a running ticket (prefill done)."""
+        if self.text is None:
+            raise RuntimeError(f"request {self.id} is not running")
+        return self.text
+
 
 @dataclass
 class PrefillBudget:
@@ -240,7 +252,7 @@ class Scheduler:
                     self.fail(ticket, error)
         if not self.running:
             return
-        batch = [ticket.request for ticket in self.running]
+        batch = [ticket.admitted() for ticket in self.running]
         draft_lengths = self.controller.draft_lengths(batch)
         self.steps[len(batch), self.controller.last_choice] += 1
         lengths = [request.length for request in batch]
@@ -249,14 +261,15 @@ class Scheduler:
         failed: dict[Request, BaseException] = {}  # requests that raised: they end, the others go on
         outcomes = self.engine.step(batch, self.cache, draft_lengths, failed)
         seconds = time.perf_counter() - started
-        stepped = [(ticket, length, before) for ticket, length, before in zip(list(self.running), lengths,
-                                                                              drafted_before)
-                   if ticket.request not in failed]
-        for ticket in [ticket for ticket in self.running if ticket.request in failed]:
-            self.fail(ticket, failed[ticket.request])
-        batch = [ticket.request for ticket, _, _ in stepped]
+        stepped = [(ticket, length, before)
+                   for ticket, length, before in zip(list(self.running), lengths, drafted_before, strict=True)
+                   if ticket.admitted() not in failed]
+        for ticket in [ticket for ticket in self.running if ticket.admitted() in failed]:
+            self.fail(ticket, failed[ticket.admitted()])
+        batch = [ticket.admitted() for ticket, _, _ in stepped]
         self.prefill.observe_step(seconds)
-        draft_seconds = sum(request.stats.draft_seconds - before for request, (_, _, before) in zip(batch, stepped))
+        draft_seconds = sum(request.stats.draft_seconds - before
+                            for request, (_, _, before) in zip(batch, stepped, strict=True))
         self.controller.observe(batch, len(batch) + sum(o.num_drafted for o in outcomes), seconds - draft_seconds,
                                 draft_seconds,
                                 # a grammar's forced tokens are not the drafter's guesses
@@ -266,7 +279,7 @@ class Scheduler:
             self.metrics.observe_step(len(batch), self.controller.last_choice, outcomes)
         for (ticket, length, _), outcome in zip(stepped, outcomes, strict=True):
             try:
-                chunk = step_chunk(ticket.request, outcome, length, ticket.text, ticket.submitted)
+                chunk = step_chunk(ticket.admitted(), outcome, length, ticket.streaming(), ticket.submitted)
             except NOT_ISOLATED:
                 raise
             except BaseException as error:  # noqa: BLE001 - its text failed: it alone ends
@@ -276,9 +289,10 @@ class Scheduler:
                 self.metrics.observe_chunk(len(chunk.token_ids), now, ticket.submitted, ticket.last_emit)
             ticket.last_emit = now
             ticket.emit(chunk)
-            if ticket.request.finish_reason is not None:
+            finish_reason = ticket.admitted().finish_reason
+            if finish_reason is not None:
                 if self.metrics is not None:
-                    self.metrics.finished(ticket.request.finish_reason)
+                    self.metrics.finished(finish_reason)
                 self.release(ticket)
 
     def feed_prompts(self) -> None:
@@ -289,9 +303,9 @@ class Scheduler:
         With nothing running, the prompts that fit in one piece all go in at once besides (a
         burst starts together, as it would alone). The requests done start running."""
         forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
-        forks = [(ticket.parent.request, ticket.request) for ticket in forking
+        forks = [(ticket.parent.request, ticket.admitted()) for ticket in forking
                  if ticket.parent is not None and ticket.parent.request is not None]
-        requests = [ticket.request for ticket in self.prefilling if ticket not in forking]
+        requests = [ticket.admitted() for ticket in self.prefilling if ticket not in forking]
         left = {request: len(request.prompt_ids) - 1 - request.fed for request in requests}
         # Stable: the passed over in the order they came (none waits for ever), then shortest first.
         requests.sort(key=lambda r: (0, 0) if r in self.passed_over else (1, left[r]))
@@ -305,7 +319,8 @@ class Scheduler:
         done = self.engine.prefill(requests, self.cache, budget, forks,
                                    None if self.prefixes is None else self.prefixes.store)
         fed = sum(request.fed for request in requests) - sum(fed_before)
-        self.passed_over = {r for r, before in zip(requests, fed_before) if r.fed == before and r not in done}
+        self.passed_over = {r for r, before in zip(requests, fed_before, strict=True)
+                            if r.fed == before and r not in done}
         self.prefill.observe_prefill(fed, time.perf_counter() - started)
         if self.metrics is not None:
             self.metrics.observe_prefill(fed, sum(child.fed for _, child in forks if child in done))

@@ -60,7 +60,7 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
     results = decoder.generate([list(prompt) for prompt in prompts], settings)
     assert isinstance(results, list)  # a list of prompts gives a list of results
     windows, states = [], []
-    for prompt, result, (recorded_prompt, pieces) in zip(prompts, results, recorder.records):
+    for prompt, result, (recorded_prompt, pieces) in zip(prompts, results, recorder.records, strict=True):
         if recorded_prompt != list(prompt):
             raise RuntimeError("the engine started its requests out of order")
         sequence = list(prompt) + result.token_ids

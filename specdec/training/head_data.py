@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.drafting.head_format import own_network, target_shape
 from specdec.models.base import Attention, LanguageModel, Segment
 from specdec.training.data import read_text
 
@@ -73,7 +74,8 @@ def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: i
         per_file.append([ids[i : i + length] for i in range(0, len(ids) - length + 1, length)])
         if sum(map(len, per_file)) >= 4 * max_windows:
             break
-    windows, turn = [], 0
+    windows: list[list[int]] = []
+    turn = 0
     while len(windows) < max_windows and any(turn < len(chunks) for chunks in per_file):
         windows.extend(chunks[turn] for chunks in per_file if turn < len(chunks))
         turn += 1
@@ -93,7 +95,7 @@ def draft_vocabulary(windows: Sequence[Sequence[int]], size: int, vocab_size: in
 def recorded_layers(target: LanguageModel, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
     """The target layers whose outputs a head's data keeps: the feature layers, then the last (its
     normed output gives the soft labels)."""
-    return (*feature_layers, target.network.config.num_layers - 1)
+    return (*feature_layers, target_shape(target).num_layers - 1)
 
 
 @torch.inference_mode()
@@ -101,7 +103,7 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # features, final, greedy
     """HeadFeatures' tensors from the target's hidden states at the feature layers and its last
     layer: the features (float16), the final normed state (float16) and the greedy token."""
-    network = target.network
+    network = own_network(target)
     count, length = states.shape[:2]
     features = states[:, :, :-1].reshape(count, length, -1).half().cpu()  # the cache lives on the host
     final = network.norm(states[:, :, -1].to(device=target.device, dtype=target.dtype))
@@ -114,7 +116,7 @@ def extract_features(target: LanguageModel, windows: Sequence[Sequence[int]], fe
                      progress: Callable[[int], None] | None = None, batch: int = 4) -> HeadFeatures:
     """One teacher-forced target forward per batch of windows (each in its own cache row)."""
     layers = recorded_layers(target, feature_layers)
-    hidden = target.network.config.hidden_size
+    hidden = target_shape(target).hidden_size
     length = len(windows[0])
     tokens = torch.tensor(windows, dtype=torch.long)
     parts = []
@@ -127,6 +129,7 @@ def extract_features(target: LanguageModel, windows: Sequence[Sequence[int]], fe
         positions = torch.arange(length, device=target.device).repeat(len(rows))
         attention = Attention(tuple(Segment(row, length) for row in range(len(rows))), batch_invariant=False)
         output = target.forward(block, positions, cache, attention, want_logits=False, hidden_layers=layers)
+        assert output.hidden is not None, "the forward returns the hidden_layers it was asked for"
         states = output.hidden.float().view(len(rows), length, len(layers), hidden)
         parts.append(HeadFeatures(tokens[rows.start : rows.stop], *features_from_states(target, states)))
         if progress is not None:

@@ -46,9 +46,11 @@ def unrolled_loss(head: DraftHead, batch: HeadFeatures, output_rows: torch.Tenso
     scale = 1.0 / math.sqrt(c.head_dim)
     base = torch.arange(pairs, device=device)
     causal = base[None, :] <= base[:, None]  # [T, T]: step-0 key j visible to query t when j <= t
-    keys0 = values0 = None
+    keys0: torch.Tensor | None = None  # step 0's keys and values [B, H, T, d], seen by every step
+    values0: torch.Tensor | None = None
     diagonal_keys, diagonal_values = [], []  # steps >= 1: [B, H, T, d] each, seen only at the same t
-    total, weights, agreement = 0.0, 0.0, []
+    total: torch.Tensor | None = None  # the weighted sum of the steps' losses
+    weights, agreement = 0.0, []
     greedy = batch.greedy.to(device)
     for step in range(steps):
         valid = pairs - step  # pairs whose label (the target at t + 1 + step) exists
@@ -67,6 +69,7 @@ def unrolled_loss(head: DraftHead, batch: HeadFeatures, output_rows: torch.Tenso
         else:
             diagonal_keys.append(expand_kv(k, groups))
             diagonal_values.append(expand_kv(v, groups))
+        assert keys0 is not None and values0 is not None, "step 0 sets them"
         scores = (q @ keys0.transpose(-1, -2)) * scale  # [B, H, T, T]
         scores = scores.masked_fill(~causal, float("-inf"))
         diagonal = [(q * key).sum(-1, keepdim=True) * scale for key in diagonal_keys]  # [B, H, T, 1] each
@@ -80,11 +83,13 @@ def unrolled_loss(head: DraftHead, batch: HeadFeatures, output_rows: torch.Tenso
         target_probs = labels_logits[:, 1 + step : 1 + step + valid].softmax(-1)
         loss = -(target_probs * logits.log_softmax(-1)).sum(-1).mean()
         weight = STEP_WEIGHT**step
-        total, weights = total + weight * loss, weights + weight
+        total, weights = weight * loss if total is None else total + weight * loss, weights + weight
         with torch.no_grad():
             drafted = head.draft_token_ids[logits.argmax(-1)]
             agreement.append(float((drafted == greedy[:, 1 + step : 1 + step + valid]).float().mean()))
         features = out  # the next step reads the head's own output at the same t
+    if total is None:
+        raise ValueError(f"head training needs windows of at least 2 tokens, got {length}")
     return HeadLoss(total / weights, agreement)
 
 
@@ -101,7 +106,7 @@ def evaluate(
         losses.append(float(result.loss) * size)
         agreements.append([value * size for value in result.agreement])
         count += size
-    per_step = [sum(values) / count for values in zip(*agreements)]
+    per_step = [sum(values) / count for values in zip(*agreements, strict=True)]
     return HeadLoss(torch.tensor(sum(losses) / count), per_step)
 
 

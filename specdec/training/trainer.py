@@ -173,11 +173,11 @@ class Trainer:
             history.seconds = spent_before + elapsed
             if self.step == 2:
                 timed_from = (time.perf_counter(), self.step)
-            if budget_seconds and history.total_steps == 0 and self.step == 12:
+            if budget_seconds and history.total_steps == 0 and self.step == 12 and timed_from is not None:
                 # Steps 3..12 time a step; the budget (less ~8% for evaluations) fixes the schedule.
                 seconds_per_step = (time.perf_counter() - timed_from[0]) / (self.step - timed_from[1])
                 history.total_steps = max(self.step + 1, int(0.92 * budget_seconds / seconds_per_step))
-                if progress:
+                if progress is not None and task is not None:
                     progress.update(task, total=history.total_steps)
             if timed_from and self.step > timed_from[1]:
                 history.tokens_per_second = tokens_per_step * (self.step - timed_from[1]) / \
@@ -190,7 +190,7 @@ class Trainer:
                     history.eval_agreement.append(agreement)
             if self.step % plan.checkpoint_every == 0 or self.step == history.total_steps:
                 self.save_checkpoint()
-            if progress:
+            if progress is not None and task is not None:
                 progress.update(task, completed=self.step, loss=loss.item(), rate=history.tokens_per_second)
         return history
 

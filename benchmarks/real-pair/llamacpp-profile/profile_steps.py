@@ -61,7 +61,7 @@ def block_costs(net: backend.LlamaCppNetwork) -> dict[int, tuple[float, float]]:
 def alternation(target: backend.LlamaCppNetwork, draft: backend.LlamaCppNetwork) -> tuple[float, float]:
     """Median ms of a draft 1-token decode and a target 5-token decode when they alternate."""
     caches = [net.new_cache(4096, 1) for net in (target, draft)]
-    for net, cache in zip((target, draft), caches):
+    for net, cache in zip((target, draft), caches, strict=True):
         net(CONTEXT, torch.arange(64), cache, Attention.chain(64))
         cache.commit(0, 64)
     draft_times, target_times = [], []
