@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import datetime
 import json
 import platform
@@ -386,15 +385,8 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
         Patch(color="#4c72b0", label="specdec speculative"),
         Patch(color="#dd8452", label="other engines"),
     ]
-    axis.legend(
-        handles=[
-            patch
-            for patch in legend
-            if patch.get_facecolor()[:3] in {matplotlib.colors.to_rgb(colour) for colour in colours}
-        ],
-        fontsize=8,
-        loc="upper left",
-    )
+    shown = {matplotlib.colors.to_rgb(colour) for colour in colours}
+    axis.legend(handles=[patch for patch in legend if patch.get_facecolor()[:3] in shown], fontsize=8, loc="upper left")
     axis.set_ylabel("tokens per second")
     axis.set_title(f"specdec bench: {subtitle}", fontsize=10)
     axis.tick_params(axis="x", rotation=45)
