@@ -42,13 +42,20 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from specdec.decoder import GenerationResult, SpeculativeDecoder, StreamChunk  # noqa: F401
-    from specdec.drafting import (Draft, Drafter, MergedDrafter, ModelDrafter, ModelTreeDrafter,  # noqa: F401
-                                  NGramDrafter, StagedDrafter, make_drafter)
+    from specdec.drafting import (  # noqa: F401
+        Draft,
+        Drafter,
+        MergedDrafter,
+        ModelDrafter,
+        ModelTreeDrafter,
+        NGramDrafter,
+        StagedDrafter,
+        make_drafter,
+    )
     from specdec.engine import Engine, Request  # noqa: F401
-    from specdec.text import TokenSource  # noqa: F401
     from specdec.metrics import SpecStats  # noqa: F401
     from specdec.models import Attention, ForwardOutput, LanguageModel, load  # noqa: F401
     from specdec.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy  # noqa: F401
     from specdec.sampling import SamplingParams, logits_to_probs  # noqa: F401
-    from specdec.verify import (greedy_tree_verify, greedy_verify, rejection_sample,  # noqa: F401
-                                tree_rejection_sample)
+    from specdec.text import TokenSource  # noqa: F401
+    from specdec.verify import greedy_tree_verify, greedy_verify, rejection_sample, tree_rejection_sample  # noqa: F401

@@ -358,9 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return head_command.run(args, errors, load_own_target)
         if args.command == "bench":
-            from specdec.bench.llama_cpp_tools import ToolError
-
             from specdec.bench import command as bench_command
+            from specdec.bench.llama_cpp_tools import ToolError
 
             try:
                 return bench_command.run(args, console, errors, resolve_models, load_models)

@@ -19,12 +19,20 @@ from typing import cast
 
 import torch
 
+from specdec.drafting.base import (
+    Draft,
+    Drafter,
+    ReadsHidden,
+    StepOutcome,
+    block_depths,
+    block_parents,
+    propose_many,
+    tree_widths,
+)
 from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
-from specdec.drafting.base import (Draft, Drafter, ReadsHidden, StepOutcome, block_depths, block_parents,
-                                   propose_many, tree_widths)
 from specdec.metrics import SpecStats
-from specdec.names import AUTO, default_gamma
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
+from specdec.names import AUTO, default_gamma
 from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
 from specdec.request import NOT_ISOLATED, PASS_THROUGH, Isolation, Request, VerifyHook
 from specdec.rules import make_rule
@@ -119,9 +127,8 @@ class Engine:
         budget = min(sampling.max_new_tokens, self.max_context - len(ids))
         tokens = torch.empty(len(ids) + budget, dtype=torch.long, device=device)
         tokens[: len(ids)] = torch.tensor(ids, device=device)
-        generator = torch.Generator(device=device)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
-        generator.manual_seed(seed)
+        generator = torch.Generator(device=device).manual_seed(seed)
         request = Request(ids, sampling, tokens, len(ids), generator, make_rule(sampling.rule, seed, generator),
                           self.new_policy(), row,
                           stats=SpecStats(prompt_tokens=len(ids), acceptance=sampling.acceptance))
@@ -248,9 +255,7 @@ class Engine:
         device, pairs = self.target.device, list(zip(requests, drafts, strict=True))
         tokens = torch.cat([piece for r, d in pairs for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
         positions = torch.tensor([r.length - 1 + depth for r, d in pairs for depth in block_depths(d)], device=device)
-        attention = Attention(
-            tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in pairs)
-        )
+        attention = Attention(tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in pairs))
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
         # One argmax for the whole batch when any request is greedy.
         assert output.logits is not None  # asked for (want_logits defaults to True)
@@ -365,9 +370,8 @@ class Engine:
             # A step of the grammar's tokens says nothing of how well the drafter guesses (tokens forced
             # inside a draft model's chain are its chain's, and count as its drafts)
             if not outcome.forced and request.policy is not None:
-                request.policy.update(
-                    request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, verify_seconds, widths
-                )
+                request.policy.update(request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds,
+                                      verify_seconds, widths)
         if outcome.forced:
             request.stats.observe_forced(outcome.num_accepted)
         else:

@@ -11,8 +11,8 @@ import json
 import os
 import platform
 from collections.abc import Callable
-from typing import Any, TypeVar
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 

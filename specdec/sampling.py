@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 from specdec.acceptance import EXACT, canonical_acceptance
 from specdec.names import SAMPLING_RULES
 
-
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 

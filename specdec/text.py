@@ -9,9 +9,8 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
-import re
-
 import enum
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field

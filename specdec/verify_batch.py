@@ -28,8 +28,13 @@ from specdec.acceptance import parse_acceptance, relaxation_for
 from specdec.drafting.base import Draft, block_depths
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import (RaggedDrafts, RejectionDecision, greedy_tree_verify_tokens, greedy_verify_tokens,
-                            rejection_sample_ragged)
+from specdec.verify import (
+    RaggedDrafts,
+    RejectionDecision,
+    greedy_tree_verify_tokens,
+    greedy_verify_tokens,
+    rejection_sample_ragged,
+)
 
 
 class RequestView(Protocol):

@@ -9,14 +9,14 @@ from collections import defaultdict
 
 import pytest
 import torch
+from law import assert_matches_law, sample_sequences
+from table_lm import table_model
+from test_distribution import PROMPT, exact_sequence_law
 
 from specdec import SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter
 from specdec.acceptance import parse_acceptance
 from specdec.models.base import LanguageModel
 from specdec.verify import residual_distribution
-from law import assert_matches_law, sample_sequences
-from table_lm import table_model
-from test_distribution import PROMPT, exact_sequence_law
 
 VOCAB, LENGTH, GAMMA = 6, 3, 2
 SAMPLING = SamplingParams(temperature=1.0)

@@ -5,6 +5,7 @@ relaxed rule kept). The --acceptance flag is checked before any model loads."""
 import json
 
 import pytest
+from test_explain import assert_decision_explains
 
 from specdec.acceptance import LOSSY_PRESET
 from specdec.bench.runner import Method, MethodOutput, Prompt, method_flags, run_side_by_side
@@ -14,7 +15,6 @@ from specdec.explain.record import chain_decision, record_generation
 from specdec.explain.steps import step_view
 from specdec.models.loading import load
 from specdec.sampling import SamplingParams
-from test_explain import assert_decision_explains
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
 LOOSE = "topk:k=20,delta=0"
@@ -105,8 +105,9 @@ def test_a_lossy_methods_pass_at_1_is_its_drift_not_a_disagreement(tmp_path, mon
     """On HumanEval, exact methods of one engine must share pass@1; a lossy one is left out of
     that check (its pass@1 is what it costs). A stub marked lossy answers the canonical solutions
     beside target-only. (Mutation checked: counting it among the exact methods names a disagreement.)"""
-    from specdec.bench import suite
     from test_humaneval import canonical_solutions
+
+    from specdec.bench import suite
 
     problems, solutions = suite.suite_prompts("humaneval", None)[:2], canonical_solutions()
     build = suite.build_methods

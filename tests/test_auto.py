@@ -5,14 +5,14 @@ from unittest import mock
 
 import pytest
 import torch
+from test_greedy_equality import DRAFT_KINDS, check_equality, random_cases
+from test_heads import perturbed, trained_head
 
 import specdec.drafting.auto
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.drafting.auto import AutoDrafter, judged
 from specdec.drafting.base import BaseDrafter, ContextRequest, Draft, StepOutcome
 from specdec.drafting.ngram import NGramDrafter
-from test_greedy_equality import DRAFT_KINDS, check_equality, random_cases
-from test_heads import perturbed, trained_head
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +159,10 @@ def test_auto_law_of_three_tokens(tmp_path_factory):
     """Chi-square of 20k seeded 3-token generations against the enumerated law of a 6-token target,
     auto with a head, the text drafters and a perturbed draft model as candidates, temperature 0.9."""
     from law import StepClock, assert_matches_law, sample_sequences
-    from specdec.drafting.head_format import new_head
     from test_heads import exact_law
     from tiny import save_random_model
+
+    from specdec.drafting.head_format import new_head
 
     folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5,
                                tokenizer=False, bos_token_id=None, eos_token_id=None)

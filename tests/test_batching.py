@@ -5,13 +5,13 @@ import dataclasses
 import random
 
 import pytest
-
-from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.policy import POLICIES
 from law import assert_matches_law
 from lockstep_drafts import drafts_after
 from table_lm import table_model
 from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
+
+from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.policy import POLICIES
 
 DRAFT_KINDS = ("same", "independent", "perturbed")
 
@@ -63,8 +63,9 @@ def test_quantized_batched_greedy_equals_single_request(tiny_pair, quantize):
 
 @pytest.mark.slow
 def test_batched_greedy_on_the_bundled_pair():
-    from specdec.defaults import default_model, heldout_prompts
     import json
+
+    from specdec.defaults import default_model, heldout_prompts
 
     target, draft = load(default_model("target"), dtype="float64"), load(default_model("draft"), dtype="float64")
     prompts = [item["prompt"] for item in json.loads(heldout_prompts().read_text())[:8]]

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from specdec.sampling import SamplingParams
 from specdec.bench.runner import IdentityError, Method, MethodOutput, Prompt, run_side_by_side
 from specdec.cli import main
+from specdec.sampling import SamplingParams
 
 
 @pytest.fixture()

@@ -10,16 +10,19 @@ import re
 
 import pytest
 import torch
+from law import assert_matches_law, sample_sequences
+from table_lm import TableNetwork
+from test_greedy_equality import (
+    DRAFT_KINDS,
+    lean_models,  # noqa: F401 (a fixture)
+    random_cases,
+)
+from tiny import byte_level_tokenizer
 
 from specdec import Constraint, SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter
 from specdec.constraint import ConstraintError
 from specdec.grammar import compiler_for
 from specdec.models.base import LanguageModel
-from law import assert_matches_law, sample_sequences
-from table_lm import TableNetwork
-from test_greedy_equality import DRAFT_KINDS, random_cases
-from test_greedy_equality import lean_models  # noqa: F401 (a fixture)
-from tiny import byte_level_tokenizer
 
 EOS = 2
 # ids 3-8 are the characters ' !"#$%'; "!" forces '"' and '#' after it.

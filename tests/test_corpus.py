@@ -7,15 +7,15 @@ import random
 
 import pytest
 import torch
+from law import assert_matches_law, sample_sequences
+from table_lm import table_model
+from test_distribution import PROMPT, exact_sequence_law
+from test_greedy_equality import check_equality, lean_models, random_cases  # noqa: F401 (fixture)
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting.base import ContextRequest
 from specdec.drafting.corpus import CORPUS, CorpusDrafter
 from specdec.drafting.datastore import Datastore, tokenizer_fingerprint, write_datastore
-from law import assert_matches_law, sample_sequences
-from table_lm import table_model
-from test_distribution import PROMPT, exact_sequence_law
-from test_greedy_equality import check_equality, lean_models, random_cases  # noqa: F401 (fixture)
 
 
 def datastore_of(folder, documents: list[list[int]]) -> Datastore:
@@ -53,10 +53,10 @@ def test_a_datastore_built_from_a_tiny_corpus_proposes_the_continuation_planted_
     """Files tokenized with a character tokenizer; the context ends with a line's beginning found
     in one file only: the draft is that line's next characters, chain and tree alike.
     Mutation: an off-by-one in the match position (continuations read from n + 1) fails it."""
+    from tiny import save_char_tokenizer
     from transformers import AutoTokenizer
 
     from specdec.corpus_index import build_index
-    from tiny import save_char_tokenizer
 
     save_char_tokenizer(tmp_path / "tok", 98)
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
@@ -95,11 +95,11 @@ def test_the_most_frequent_continuation_wins_and_rare_ones_are_left_out(tmp_path
 
 
 def test_a_datastore_of_another_tokenizer_is_refused_in_one_line(tmp_path, tiny_pair, capsys):
+    from tiny import save_char_tokenizer
     from transformers import AutoTokenizer
 
     from specdec.cli import main
     from specdec.corpus_index import build_index
-    from tiny import save_char_tokenizer
 
     save_char_tokenizer(tmp_path / "tok", 98)  # the tiny target's has 96 ids: another vocabulary
     (tmp_path / "src.py").write_text("print('hello')\n")
@@ -216,10 +216,10 @@ def test_a_code_target_gets_the_default_datastore_built_once_and_none_turns_it_o
     Mutation: building whenever it is asked (no cache check) fails the second call's silence."""
     from types import SimpleNamespace
 
+    from tiny import save_char_tokenizer
     from transformers import AutoTokenizer
 
     import specdec.corpus_index as corpus_index
-    from tiny import save_char_tokenizer
 
     save_char_tokenizer(tmp_path / "tok", 96)
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))

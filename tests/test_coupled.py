@@ -10,14 +10,14 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from law import assert_matches_law, sample_sequences
 from scipy.stats import chisquare
+from table_lm import table_model
+from test_distribution import PROMPT, exact_sequence_law
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
 from specdec.rules import CoupledRule, position_exponentials
-from law import assert_matches_law, sample_sequences
-from table_lm import table_model
-from test_distribution import PROMPT, exact_sequence_law
 
 SEEDS = 20000
 
@@ -197,8 +197,8 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
     machine: two tables (an idle and a loaded machine) give different draft lengths, one text."""
     import threading
 
-    from specdec.serving.scheduler import Scheduler
     from specdec.estimates import CostModel, VerifyCostTable
+    from specdec.serving.scheduler import Scheduler
     from specdec.serving.speculation import SpeculationController
 
     target, draft = float64_pair

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_exact_blocks import TREE_DEPTHS, TREE_PARENTS, alone_logits
+from test_greedy_equality import random_cases
+from tiny import save_random_model
 
 import specdec
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.drafting.head_format import new_head
 from specdec.models.base import Attention
-from test_exact_blocks import TREE_DEPTHS, TREE_PARENTS, alone_logits
-from test_greedy_equality import random_cases
-from tiny import save_random_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = "cuda"

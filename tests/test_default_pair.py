@@ -5,8 +5,7 @@ import json
 import pytest
 import torch
 
-from specdec import SpeculativeDecoder, load, make_drafter
-from specdec import defaults
+from specdec import SpeculativeDecoder, defaults, load, make_drafter
 from specdec.defaults import default_model
 
 

@@ -5,13 +5,13 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from law import assert_matches_law, sample_sequences
 from scipy.stats import chisquare
+from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter, rejection_sample
 from specdec.policy import POLICIES
 from specdec.verify import acceptance_probs, residual_distribution
-from law import assert_matches_law, sample_sequences
-from table_lm import table_model
 
 
 def random_dist(generator, *shape, sharpness=2.0):

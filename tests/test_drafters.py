@@ -4,14 +4,20 @@ import random
 
 import pytest
 import torch
+from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
 from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 from specdec.drafting.base import ContextRequest
-from specdec.estimates import predicted_speedup
-from specdec.estimates import AcceptanceByPosition, CostModel, VerifyCostTable, best_chain_length, speedup_ceiling
+from specdec.estimates import (
+    AcceptanceByPosition,
+    CostModel,
+    VerifyCostTable,
+    best_chain_length,
+    predicted_speedup,
+    speedup_ceiling,
+)
 from specdec.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
-from table_lm import table_model
 
 GREEDY = SamplingParams()
 

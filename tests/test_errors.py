@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from tiny import save_random_model
 
 from specdec import SpeculativeDecoder, load
-from tiny import save_random_model
 
 
 @pytest.fixture(scope="module")

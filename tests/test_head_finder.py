@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
+from tiny import save_random_model
 
 from specdec import load, make_drafter
 from specdec.drafting.head_finder import find_head, read_identity, target_identity, write_identity
 from specdec.drafting.head_format import load_head, new_head, save_head
 from specdec.models import precision_choice
-from tiny import save_random_model
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from lockstep_drafts import drafts_after
 from rich.console import Console
+from test_greedy_equality import check_equality
 
 import specdec
 from specdec import Attention, SamplingParams, SpeculativeDecoder, load, make_drafter
@@ -16,8 +18,6 @@ from specdec.drafting.head import DraftHead
 from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
 from specdec.training.head_command import HeadTraining
 from specdec.training.head_train import train_head
-from lockstep_drafts import drafts_after
-from test_greedy_equality import check_equality
 
 
 def identity_head(target) -> DraftHead:
@@ -286,8 +286,9 @@ def test_head_law_of_three_tokens(tmp_path_factory, kind):
     nodes), temperature 0.9 and top-k 4 on both sides. Mutation, checked: mapping the head's logits
     to the wrong target ids (d2t shifted by one) fails it."""
     from law import assert_matches_law, sample_sequences
-    from specdec.sampling import SamplingParams as Params
     from tiny import save_random_model
+
+    from specdec.sampling import SamplingParams as Params
 
     folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5,
                                tokenizer=False, bos_token_id=None, eos_token_id=None)  # no EOS: 3 tokens always

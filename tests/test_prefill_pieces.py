@@ -6,12 +6,12 @@ import itertools
 import threading
 
 import pytest
+from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
 from specdec.serving.scheduler import PrefillBudget, Scheduler
 from specdec.serving.speculation import SpeculationController
-from test_scheduling import collect
 
 CHUNK = 8
 

@@ -5,13 +5,13 @@ drafts) it gets when it prefills alone; the rows are bounded and the least recen
 import threading
 
 import torch
+from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
 from specdec.serving.prefixes import PrefixCache
 from specdec.serving.scheduler import Scheduler
 from specdec.serving.speculation import SpeculationController
-from table_lm import table_model
 
 SYSTEM = [(i * 5 + 2) % 96 for i in range(13)]  # a shared system prompt: three 4-token pieces and one token
 

@@ -8,7 +8,11 @@ from specdec import SamplingParams, logits_to_probs
 
 def transformers_probs(logits, params):
     from transformers.generation.logits_process import (
-        LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
     )
 
     warpers = LogitsProcessorList([TemperatureLogitsWarper(params.temperature)])

@@ -5,13 +5,13 @@ import threading
 import time
 
 import pytest
+from test_batching import batch_prompts
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
 from specdec.estimates import AcceptanceByPosition, CostModel, VerifyCostTable
 from specdec.serving.scheduler import PrefillBudget, QueueFullError, Scheduler
 from specdec.serving.speculation import SpeculationController, profile_verify_costs
-from test_batching import batch_prompts
 
 
 def bandwidth_bound_table(batches=(1, 2, 4, 8, 16, 32), blocks=(1, 2, 3, 5)) -> VerifyCostTable:

@@ -7,6 +7,8 @@ import threading
 import httpx
 import pytest
 import torch
+from test_prefill_pieces import one_loop
+from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
@@ -14,8 +16,6 @@ from specdec.serving.memory import DEFAULT_SHARE, parse_size, plan_kv_budget
 from specdec.serving.scheduler import PrefillBudget, Scheduler
 from specdec.serving.server import build_app, kv_budget, serve_in_thread
 from specdec.serving.speculation import SpeculationController
-from test_prefill_pieces import one_loop
-from test_scheduling import collect
 
 GIB = 2**30
 

@@ -6,13 +6,13 @@ import random
 
 import pytest
 import torch
-
-from specdec import SamplingParams, SpeculativeDecoder, make_drafter
-from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixIndex, tree_of, trie_draft
 from law import assert_matches_law, sample_sequences
 from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
 from test_greedy_equality import check_equality, lean_models  # noqa: F401 (fixture)
+
+from specdec import SamplingParams, SpeculativeDecoder, make_drafter
+from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixIndex, tree_of, trie_draft
 
 
 def test_trie_draft_worked_example():

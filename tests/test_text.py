@@ -2,7 +2,8 @@
 is always exactly the final text, and never contains a stop string."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec import SpeculativeDecoder, load
 from specdec.text import TextStream, held_back_length

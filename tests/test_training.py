@@ -56,11 +56,11 @@ def test_distil_a_draft_from_a_teachers_layers(tmp_path):
     """`specdec train --teacher`: the draft starts as the chosen layers, only they are trained and
     saved; assembled with the teacher's embedding it loads, and speculation with it is lossless."""
     from safetensors.torch import load_file
+    from tiny import save_random_model
     from transformers import AutoModelForCausalLM
 
     from specdec.models.building import LAYERS_FILE, assemble_draft
     from specdec.training.distill import layer_subset
-    from tiny import save_random_model
 
     teacher_dir = save_random_model(tmp_path / "teacher", num_hidden_layers=4, tie_word_embeddings=True)
     teacher = AutoModelForCausalLM.from_pretrained(str(teacher_dir), dtype=torch.float32)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from law import assert_matches_law, sample_sequences
+from table_lm import TokenCache, table_model
+from tiny import save_char_tokenizer, save_random_model
 
 from specdec import SamplingParams, SpeculativeDecoder, load, logits_to_probs, make_drafter
 from specdec.drafting import ModelDrafter, TranslatingDrafter
 from specdec.models.base import ForwardOutput, LanguageModel, check_forward
-from law import assert_matches_law, sample_sequences
-from table_lm import TokenCache, table_model
-from tiny import save_char_tokenizer, save_random_model
 
 ALPHABET = list("abcdefghijklmnopqrstuvwxyz0123456789 ():,.=+-_\n")
 CODE = ["def add(a, b):\n    return a + b\n", "for item in items:\n    total = total + item\n",

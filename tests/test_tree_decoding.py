@@ -3,13 +3,13 @@ law (chi-square against the enumerated law), and the adapter refuses trees clear
 
 
 import pytest
-
-from specdec import SamplingParams, SpeculativeDecoder, load
-from specdec.drafting import ModelTreeDrafter
 from law import assert_matches_law, sample_sequences
 from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
 from test_greedy_equality import DRAFT_KINDS, check_equality, lean_models  # noqa: F401 (fixture)
+
+from specdec import SamplingParams, SpeculativeDecoder, load
+from specdec.drafting import ModelTreeDrafter
 
 
 @pytest.mark.slow
@@ -82,9 +82,10 @@ def test_tree_budget_and_branching_are_checked(tiny_pair):
 
 
 def test_ngram_tree_worked_example():
+    import torch
+
     from specdec.drafting import NGramDrafter
     from specdec.drafting.base import ContextRequest
-    import torch
 
     drafter = NGramDrafter(max_n=2, min_n=2, branches=4, budget=16)
     context = torch.tensor([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])

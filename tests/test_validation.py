@@ -8,7 +8,8 @@ finds unnormalized rows that are accepted and change the first token's law."""
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from specdec import rejection_sample, tree_rejection_sample

@@ -6,15 +6,21 @@ the target's law per row of a batch (chi-square), and the engine's step verified
 from types import SimpleNamespace
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from specdec.drafting.base import Draft
 from specdec.rules import CoupledRule, RejectionRule
 from specdec.sampling import SamplingParams
-
-from specdec.verify import (RaggedDrafts, greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample,
-                            rejection_sample_ragged, tree_rejection_sample)
+from specdec.verify import (
+    RaggedDrafts,
+    greedy_tree_verify_tokens,
+    greedy_verify_tokens,
+    rejection_sample,
+    rejection_sample_ragged,
+    tree_rejection_sample,
+)
 from specdec.verify_batch import greedy_verify_ragged, verify_request, verify_step
 
 VOCAB = 5  # small, so that drafts often match and siblings often repeat a token

@@ -49,7 +49,7 @@ def save_random_model(
 
 def save_char_tokenizer(folder: Path, vocab_size: int) -> None:
     """A character-level tokenizer: ids 0-2 special, then printable characters."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = [chr(c) for c in range(32, 127)][: vocab_size - 3]

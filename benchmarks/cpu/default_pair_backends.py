@@ -7,7 +7,6 @@ import argparse
 import importlib.util
 import time
 
-
 from specdec.decoder import SpeculativeDecoder
 from specdec.defaults import default_pair
 from specdec.drafting import make_drafter

@@ -18,8 +18,8 @@ import torch
 
 from specdec import load
 from specdec.drafting import load_head
-from specdec.drafting.head_format import head_quantization
 from specdec.drafting.head_drafter import HeadDrafter
+from specdec.drafting.head_format import head_quantization
 from specdec.machine import isa_summary, write_measurement
 from specdec.models.base import Attention, Segment
 from specdec.models.timing import prefilled_cache, time_block

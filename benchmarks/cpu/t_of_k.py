@@ -9,12 +9,11 @@ a k-token forward after a 64-token context, one configuration loaded at a time.
 import argparse
 import gc
 
-
 from specdec.bench.forward import prefilled_cache, time_block
 from specdec.bench.suite import machine_description
+from specdec.machine import write_measurement
 from specdec.models import quantize
 from specdec.models.backend_choice import block_is_exact
-from specdec.machine import write_measurement
 from specdec.models.loading import load
 
 CONFIGS = {

@@ -2,11 +2,16 @@
 with linears in calls of fixed rows (and per-query attention) vs the plain forward, alternated in one process;
 plus max |block - alone| logits."""
 
-import json, sys, datetime, torch
-from specdec.models.loading import load
-from specdec.models.base import Attention, Segment
+import datetime
+import json
+import sys
+
+import torch
+
 from specdec.bench.forward import prefilled_cache, time_block
 from specdec.bench.suite import machine_description
+from specdec.models.base import Attention, Segment
+from specdec.models.loading import load
 
 model = load(sys.argv[1], dtype=sys.argv[2])
 net = model.network

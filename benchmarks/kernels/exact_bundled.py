@@ -1,13 +1,15 @@
 """Bundled pair, fp32: exact vs inexact target, side by side (usage: python exact_bundled.py PROMPTS_PER_CATEGORY;
 the 302 vs 424 tok/s in docs/design.md came from 4)."""
 import sys
-from specdec.models.loading import load
-from specdec.defaults import default_model, default_prompts
-from specdec.decoder import SpeculativeDecoder
-from specdec.drafting import make_drafter
-from specdec.bench.runner import run_side_by_side, speculative_method, summarize, markdown_table
+
+from specdec.bench.runner import markdown_table, run_side_by_side, speculative_method, summarize
 from specdec.bench.suite import load_prompts
+from specdec.decoder import SpeculativeDecoder
+from specdec.defaults import default_model, default_prompts
+from specdec.drafting import make_drafter
+from specdec.models.loading import load
 from specdec.sampling import SamplingParams
+
 targets = {"exact": load(default_model("target")), "plain": load(default_model("target"), exact=False)}
 draft = load(default_model("draft"))
 methods = []

@@ -2,7 +2,10 @@
 was extended to 800 steps at step 250, then cut to 600 at step 600; see its model card):
     python extend_schedule.py CHECKPOINT.pt STEPS
 then `specdec train ... --draft-steps STEPS --resume` continues on the cosine schedule of STEPS."""
-import torch, sys
+import sys
+
+import torch
+
 p=sys.argv[1]
 s=torch.load(p, weights_only=False, map_location='cpu')
 print("step", s['step'], "old total", s['history']['total_steps'])

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from specdec import SamplingParams, SpeculativeDecoder, load
-from specdec.defaults import default_prompts
 from specdec.bench.suite import load_prompts
+from specdec.defaults import default_prompts
 from specdec.drafting import TranslatingDrafter
 
 models, out = Path(sys.argv[1]), Path(sys.argv[2])

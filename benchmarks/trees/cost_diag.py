@@ -1,8 +1,13 @@
 """Which gammas does the cost policy pick on the real int8 pair, and what T(k) did it measure?"""
-import sys, collections, torch
+import collections
+import sys
+
+import torch
+
 from specdec import SpeculativeDecoder, load
 from specdec.drafting import make_drafter
 from specdec.policy import make_policy
+
 torch.set_num_threads(2)
 M = sys.argv[1] if len(sys.argv) > 1 else "/work/models"  # the folder ../shared/real-models/fetch.sh filled
 target = load(f"{M}/qwen2.5-coder-1.5b", quantize="int8")

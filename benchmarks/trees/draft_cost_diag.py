@@ -1,8 +1,13 @@
 """Draft seconds per step as a function of the drafted length (staged and model drafters, real int8 pair)."""
-import sys, collections, torch
+import collections
+import sys
+
+import torch
+
 from specdec import SpeculativeDecoder, load
 from specdec.drafting import make_drafter
 from specdec.policy import make_policy
+
 torch.set_num_threads(2)
 M = sys.argv[1] if len(sys.argv) > 1 else "/work/models"
 target = load(f"{M}/qwen2.5-coder-1.5b", quantize="int8")

@@ -113,10 +113,10 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace, console, errors, load_models) -> int:
+    from rich.table import Table
+
     from specdec.bench.suite import load_prompts
     from specdec.defaults import default_prompts
-
-    from rich.table import Table
 
     if min(args.batch_sizes) < 1 or args.num_prompts < 1 or args.repeats < 1:
         raise ValueError("--batch-sizes, --num-prompts and --repeats must be positive")

@@ -23,6 +23,8 @@ from specdec.drafting.base import suffix_caches
 from specdec.metrics import SpecStats
 from specdec.sampling import SamplingParams
 
+REFERENCE = "target-only"  # the target alone: every run has it, speedups are against it
+
 
 @dataclass(frozen=True)
 class Prompt:

@@ -33,7 +33,6 @@ from typing import Any
 from specdec.names import help_formatter
 
 
-
 def add_parser(commands, add_model_options, add_drafting_options) -> None:
     parser = commands.add_parser("bench-serve", help="server throughput and latency vs concurrency "
                                  "(speculation on / off / auto)", formatter_class=help_formatter())
@@ -239,12 +238,11 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
+    from rich.table import Table
+
     from specdec.bench.suite import load_prompts, machine_description
     from specdec.defaults import default_prompts, editing_prompts, json_prompts
     from specdec.drafting.base import suffix_caches
-
-    from rich.table import Table
-
     from specdec.serving.server import build_app, profile_grid, serve_in_thread
     from specdec.serving.speculation import profile_verify_costs
 

@@ -13,21 +13,31 @@ from typing import Any
 
 import torch
 
-from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
-from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, SideBySide, identity_checked, markdown_table, method_flags, output_matches,
-    run_side_by_side, speculative_method, summarize, write_json,
-)
 from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
+from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
+from specdec.bench.plot import plot_summaries
+from specdec.bench.runner import (
+    REFERENCE,
+    Method,
+    MethodOutput,
+    Prompt,
+    SideBySide,
+    identity_checked,
+    markdown_table,
+    method_flags,
+    output_matches,
+    run_side_by_side,
+    speculative_method,
+    summarize,
+    write_json,
+)
 from specdec.constraint import Constraint
 from specdec.decoder import SpeculativeDecoder
-from specdec.names import NO_INDEX_FLAG, default_gamma, default_policy
 from specdec.drafting.datastore import Datastore
 from specdec.drafting.vocab import vocabulary_mismatch
-from specdec.sampling import SamplingParams
 from specdec.models.base import LanguageModel
-
-REFERENCE = "target-only"
+from specdec.names import NO_INDEX_FLAG, default_gamma, default_policy
+from specdec.sampling import SamplingParams
 
 
 def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
@@ -356,42 +366,3 @@ def top2_margin(target: LanguageModel, context: list[int]) -> float:
     logits = target.extend(torch.tensor(context, device=target.device), target.new_cache())[-1]
     best = logits.float().topk(2).values
     return float(best[0] - best[1])
-
-
-def plot_summaries(summaries, path: Path, subtitle: str) -> None:
-    """Tokens per second of every method (all prompts), with tau printed on each bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [s for s in summaries if s.category == "all"]
-    figure, axis = plt.subplots(figsize=(max(6, 0.8 * len(rows) + 2), 4.5))
-    colours = ["#888888" if s.method == REFERENCE else "#4c72b0" if s.engine == "specdec" else "#dd8452"
-               for s in rows]
-    bars = axis.bar([s.method for s in rows], [s.tokens_per_second for s in rows], color=colours)
-    for bar, summary in zip(bars, rows, strict=True):
-        tau = summary.to_dict()["tau"]
-        label = f"{summary.speedups.get(REFERENCE, 0):.2f}x" + (f"\ntau {tau:.2f}" if tau else "") + (
-            f"\npass@1 {summary.pass_at_1:.2f}" if summary.checked else "")
-        axis.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                      fontsize=8)
-    from matplotlib.patches import Patch
-
-    room = 1.35 if any(s.checked for s in rows) else 1.25  # for the labels above the bars
-    axis.set_ylim(0, room * max((s.tokens_per_second for s in rows), default=1))
-    legend = [
-        Patch(color="#888888", label=f"{REFERENCE} (reference)"),
-        Patch(color="#4c72b0", label="specdec speculative"),
-        Patch(color="#dd8452", label="other engines"),
-    ]
-    shown = {matplotlib.colors.to_rgb(colour) for colour in colours}
-    axis.legend(handles=[patch for patch in legend if patch.get_facecolor()[:3] in shown], fontsize=8, loc="upper left")
-    axis.set_ylabel("tokens per second")
-    axis.set_title(f"specdec bench: {subtitle}", fontsize=10)
-    axis.tick_params(axis="x", rotation=45)
-    for tick in axis.get_xticklabels():
-        tick.set_horizontalalignment("right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)

@@ -23,10 +23,15 @@ import torch
 from torch import nn
 
 from specdec.bench.forward import time_forward
-from specdec.bench.runner import (
-    Method, MethodOutput, Prompt, run_side_by_side, speculative_method, write_json,
-)
 from specdec.bench.oracle import CorruptedOracleDrafter
+from specdec.bench.runner import (
+    Method,
+    MethodOutput,
+    Prompt,
+    run_side_by_side,
+    speculative_method,
+    write_json,
+)
 from specdec.decoder import SpeculativeDecoder
 from specdec.estimates import predicted_speedup
 from specdec.models.base import LanguageModel

@@ -13,13 +13,12 @@ from specdec.drafting.head_format import head_quantization, load_head
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
-from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixFirstDrafter
 from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
+from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixFirstDrafter
 from specdec.drafting.translate import TranslatingDrafter
 from specdec.drafting.tree import ModelTreeDrafter
 from specdec.drafting.vocab import fit_to_target, vocabulary_mismatch
 from specdec.models.base import LanguageModel
-
 from specdec.names import AUTO, DRAFTERS, SUFFIX_FIRST, TEXT_DRAFTERS, TREE_KINDS, base_kinds
 
 # auto's candidates that need nothing but the text; a head and a draft model join when given

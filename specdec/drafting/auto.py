@@ -33,8 +33,17 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome,
-                                   describe_drafter, propose_many, suffix_caches)
+from specdec.drafting.base import (
+    BaseDrafter,
+    Draft,
+    Drafter,
+    DraftRequest,
+    ReadsHidden,
+    StepOutcome,
+    describe_drafter,
+    propose_many,
+    suffix_caches,
+)
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import common_prefix
 from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, tokens_per_second

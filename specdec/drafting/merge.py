@@ -18,8 +18,19 @@ from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, StopRule,
-                                   describe_drafter, node_paths, propose_many, suffix_caches)
+from specdec.drafting.base import (
+    BaseDrafter,
+    Draft,
+    Drafter,
+    DraftRequest,
+    ReadsHidden,
+    StepOutcome,
+    StopRule,
+    describe_drafter,
+    node_paths,
+    propose_many,
+    suffix_caches,
+)
 from specdec.drafting.ngram import merge_branches
 from specdec.rules import SamplingRule
 from specdec.sampling import SamplingParams

@@ -19,8 +19,17 @@ from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (BaseDrafter, Draft, Drafter, DraftRequest, ReadsHidden, StepOutcome, propose_many,
-                                   describe_drafter, suffix_caches)
+from specdec.drafting.base import (
+    BaseDrafter,
+    Draft,
+    Drafter,
+    DraftRequest,
+    ReadsHidden,
+    StepOutcome,
+    describe_drafter,
+    propose_many,
+    suffix_caches,
+)
 from specdec.drafting.merge import SubRequest
 
 

@@ -42,8 +42,8 @@ from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import DraftModelState, ModelDrafter, common_prefix
 from specdec.drafting.vocab import SharedLogits, shared_token_map
 from specdec.models.base import LanguageModel
-from specdec.sampling import SamplingParams
 from specdec.names import VOCAB_RULES
+from specdec.sampling import SamplingParams
 
 INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
 GREEDY = SamplingParams()  # the draft's guesses: its argmax (see the module docstring)

@@ -9,7 +9,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-
 AddOptions = Callable[[argparse.ArgumentParser], None]  # cli.py's shared option groups
 
 

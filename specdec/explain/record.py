@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.decoder import GenerationResult, SpeculativeDecoder
-from specdec.drafting.base import Draft, Drafter
-from specdec.drafting.base import block_depths, block_parents
+from specdec.drafting.base import Draft, Drafter, block_depths, block_parents
 from specdec.engine import Engine, Request
 from specdec.models.base import LanguageModel, tree_visibility
 from specdec.sampling import SamplingParams, logits_to_probs

@@ -19,7 +19,6 @@ from specdec.models.transformer import (
 from specdec.names import BACKENDS, QUANTIZATIONS
 
 
-
 def _read_config(folder: Path) -> dict:
     if folder.is_file():
         raise ValueError(f"{folder} is a file, not a model folder: pass a Hugging Face-format folder (with "

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 SMALL_MODEL_PARAMETERS = 50_000_000
 FOLDER_CANDIDATES = ("int4", "int8", "none")  # none: the checkpoint's own float32

@@ -28,13 +28,23 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.decoder import GenerationResult, StreamChunk
-from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.grammar import TokenMatcher
+from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.serving.admission import ConstraintCompiler, public_message
 from specdec.serving.metrics import ServerMetrics
-from specdec.serving.protocol import (FINISH_REASONS, ApiError, ChatRequest, CompletionRequest, acceptance_summary,
-                                      ResponseKind, completion_object, logprobs_object, new_id, speculation_summary,
-                                      usage)
+from specdec.serving.protocol import (
+    FINISH_REASONS,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    ResponseKind,
+    acceptance_summary,
+    completion_object,
+    logprobs_object,
+    new_id,
+    speculation_summary,
+    usage,
+)
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
 from specdec.text import chat_prompt_ids, encode_prompt
 

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.acceptance import EXACT, canonical_acceptance
-from specdec.decoder import GenerationResult
 from specdec.constraint import Constraint, ConstraintError
+from specdec.decoder import GenerationResult
 from specdec.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 
 MAX_CHOICES = 16  # the most choices (n) one request may ask for

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specdec.text import StreamChunk, step_chunk
 from specdec.engine import Engine, Request
 from specdec.estimates import RunningMean
 from specdec.grammar import TokenMatcher
@@ -36,7 +35,7 @@ from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.prefixes import PrefixCache
 from specdec.serving.speculation import SpeculationController
-from specdec.text import TextStream
+from specdec.text import StreamChunk, TextStream, step_chunk
 
 Emit = Callable[[StreamChunk | BaseException], None]
 log = logging.getLogger("specdec.serving")

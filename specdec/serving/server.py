@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +17,9 @@ if TYPE_CHECKING:  # the web stack and torch load only when a server is built, n
     from fastapi import FastAPI
 
     from specdec.drafting.base import Drafter
+    from specdec.estimates import VerifyCostTable
     from specdec.models.base import LanguageModel
     from specdec.serving.app import ServerLimits
-    from specdec.estimates import VerifyCostTable
     from specdec.serving.memory import KVBudget
 
 # Prompt tokens per prefill piece in the server: on 2 CPU cores a 16-token piece of the default
@@ -65,13 +65,12 @@ def build_app(
     ``max_model_len``: the longest request, prompt and output (kv_budget() chooses it for a
     memory budget; None: the target's context); longer prompts get a 400. ``default_acceptance``: for
     requests that name none ("exact"; anything else is LOSSY, docs/acceptance.md)."""
-    from specdec.serving.app import create_app
-    from specdec.serving.metrics import ServerMetrics
-    from specdec.serving.scheduler import PrefillBudget, Scheduler
-
     from specdec.drafting.base import suffix_caches
     from specdec.engine import Engine
     from specdec.estimates import CostModel
+    from specdec.serving.app import create_app
+    from specdec.serving.metrics import ServerMetrics
+    from specdec.serving.scheduler import PrefillBudget, Scheduler
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
     # The controller chooses every step's draft lengths: no request gets a policy of its own.

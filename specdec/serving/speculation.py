@@ -26,11 +26,10 @@ from pathlib import Path
 import torch
 
 from specdec.engine import Engine
-from specdec.models.base import LanguageModel
 from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, VerifyCostTable
-from specdec.sampling import SamplingParams
+from specdec.models.base import LanguageModel
 from specdec.names import SPECULATION_MODES as MODES
-
+from specdec.sampling import SamplingParams
 
 
 class SpeculationController:

@@ -51,9 +51,8 @@ def add_parser(commands, add_model_options) -> None:
 
 
 def run(args: argparse.Namespace, errors: Console, load_target) -> int:
-    import shlex
-
     import dataclasses
+    import shlex
 
     target = load_target(args, errors)
     if args.out is None:

@@ -10,14 +10,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
-from specdec.drafting.head_finder import target_identity, write_identity
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.drafting.head import default_feature_layers
-from specdec.machine import has_fast_bfloat16, isa_summary
+from specdec.drafting.head_finder import target_identity, write_identity
 from specdec.drafting.head_format import load_head, new_head, save_head, target_shape
+from specdec.machine import has_fast_bfloat16, isa_summary
 from specdec.training.head_settings import HeadTraining
 
 

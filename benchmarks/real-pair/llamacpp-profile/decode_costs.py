@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from specdec.models.loading import load
 from specdec.models.base import Attention
+from specdec.models.loading import load
 
 t = load("/work/models/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 c = t.new_cache(); t.extend(torch.arange(1000, 1064), c)

@@ -3,6 +3,7 @@ prompts (one per category), 64 tokens, gamma 4, greedy. python mixed_backends.py
 import sys
 import time
 from pathlib import Path
+
 from specdec import SpeculativeDecoder, load, make_drafter
 from specdec.bench.suite import load_prompts
 from specdec.defaults import default_prompts
