@@ -244,7 +244,11 @@ class ProbeRule:
 
     @property
     def due(self) -> bool:
-        return self.undrafted >= self.every - 1
+        return self.due_at(self.every)
+
+    def due_at(self, every: int) -> bool:
+        """Due under a period of ``every`` steps (a client whose period moves with a cost)."""
+        return self.undrafted >= every - 1
 
     def observe(self, drafted: bool) -> None:
         self.undrafted = 0 if drafted else self.undrafted + 1

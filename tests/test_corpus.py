@@ -190,7 +190,9 @@ def test_auto_judges_the_corpus_but_keeps_it_out_of_the_reach_classes(tmp_path):
     assert request.draft_state.reach_class == 2
     auto.observe(request, StepOutcome(torch.tensor([7, 8, 9]), 0))  # the corpus's guess was right
     corpus = names.index("corpus")
-    assert [len(estimate.accepted_given_reached) for estimate in request.draft_state.acceptance[corpus]] == [0, 0, 1]
+    # its class: the step's reach class 2, its own one-token reach 0 (class 2 * 3 + 0)
+    assert [len(estimate.accepted_given_reached) for estimate in request.draft_state.acceptance[corpus]] == [
+        1 if index == 6 else 0 for index in range(9)]
 
 
 def test_corpus_tokens_are_marked_and_counted(tmp_path):

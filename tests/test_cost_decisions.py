@@ -231,8 +231,11 @@ WHY_CHANGED = {
     "controller": "one draft-cost estimator and one T table",
     # T steps up at 8 tokens in this replay: the measured T(1, 9) says so and auto's copies stop at
     # 7 tokens where the old line (which smoothed the step away) drafted 8; and a stale candidate's
-    # probe comes on the 64th idle step (the one probe rule), not the 65th.
-    "auto": "T(1, k) of sizes measured lately as measured; the one probe rule",
+    # probe comes on the 64th idle step (the one probe rule), not the 65th. Then: a forward
+    # candidate's probes come in pairs, as often as their cost allows (the head here: every ~10 idle
+    # steps, not 64), its cost is read from steady steps, and a copy's estimates are kept apart by
+    # its own reach too: the head drafts where the copy's reach is short (steps 2, 10-11, 19-20, 28).
+    "auto": "T(1, k) of sizes measured lately as measured; probes in pairs, by cost; copies by own reach",
 }
 EXPECTED: dict = {**RECORDED["before"], **RECORDED["changed"]}
 

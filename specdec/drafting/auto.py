@@ -6,8 +6,11 @@ microseconds: each drafts every step, and each is judged on every step's outcome
 verified or not (its guess is compared with the tokens the target emitted: the count it would have
 had accepted; for sampling, a point-mass guess x is accepted with probability p(x), the chance
 that the target's own draw is x, so the comparison estimates the same rate). Drafters that run a
-forward (a draft head, a draft model) cost real time: they draft only when chosen, and one that
-has not drafted for ``probe_every`` steps gets a step, so its estimate stays alive.
+forward (a draft head, a draft model) cost real time: they draft only when chosen, and one left
+idle gets a probe, two steps in a row, so its estimate stays alive (the idle steps between probes
+grow with what a probe costs: ``PROBE_SHARE``). A forward candidate's seconds per token are
+measured on steps that follow one it drafted too: a step after idle ones first feeds it their
+tokens (a head: every token since it last drafted), a cost it pays only because it sat idle.
 
 The cost model (Leviathan et al. 2023, with measured costs; p = target, q = draft): a draft of g
 tokens from candidate c is worth E_c(g) expected tokens, 1 + the sum of its reaches (c's acceptance by
@@ -46,13 +49,22 @@ from specdec.drafting.base import (
 )
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import common_prefix
-from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, tokens_per_second
+from specdec.estimates import AcceptanceByPosition, CostModel, DraftCost, ProbeRule, tokens_per_second
 
 NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
 # How far every copy reaches this step (its shortest draft) sorts steps into classes, each with its
 # own acceptance: where one copy's match has run out the text is leaving the copy, and a long guess
 # from another is worth less there than where all of them reach far.
 REACH_CLASSES = (4, 8)  # shortest copy < 4, 4-7, 8+ tokens
+# A copy's own reach (its draft's length, which grows with the length of its match) splits its
+# estimates once more, by the same bounds: a 2-token copy (a 2-token match) among short copies is
+# accepted far less than a 9-token one among them (default pair, bundled suite: suffix's 2-token
+# drafts there 16%, a head's first token 48%).
+CLASSES = (len(REACH_CLASSES) + 1) ** 2  # (the step's reach class, a copy's own)
+# A forward candidate's probes (two one-token drafts) cost about this share of the steps it sits
+# idle between them, at least MIN_PROBE_PERIOD and at most probe_every steps apart.
+PROBE_SHARE = 0.03
+MIN_PROBE_PERIOD = 8
 
 
 @dataclass
@@ -65,7 +77,9 @@ class Candidate:
     # its draft's length sets the step's reach class: a copy of this request's text (a corpus
     # drafter's retrieval is judged in every class but sets none: its reach says nothing of this text)
     sets_reach: bool
-    pooled: list[AcceptanceByPosition]  # [reach class]: acceptance by position over every request, each request's prior
+    pooled: list[AcceptanceByPosition]  # [class]: acceptance by position over every request, each request's prior
+    # seconds per token of its drafts that first fed a backlog (until steady ones are measured)
+    cold_cost: DraftCost = field(default_factory=DraftCost)
 
 
 @dataclass
@@ -78,6 +92,8 @@ class AutoState:
     chosen: int | None = None  # the candidate whose draft this step verifies
     idle: list[ProbeRule] = field(default_factory=list)  # steps since each candidate last drafted
     sets_reach: list[bool] = field(default_factory=list)  # [candidate]: Candidate.sets_reach
+    previous: int | None = None  # the candidate whose draft the request's previous step verified
+    follow_up: int | None = None  # a probe's candidate, which drafts this step again (its steady cost)
 
     @property
     def reach_class(self) -> int:
@@ -86,9 +102,15 @@ class AutoState:
                    if shadow is not None and sets]
         return sum(min(lengths) >= bound for bound in REACH_CLASSES) if lengths else 0
 
+    def class_of(self, index: int) -> int:
+        """Candidate ``index``'s class this step: the step's reach class and, for a copy, its own reach."""
+        shadow = self.shadows[index]
+        own = sum(len(shadow) >= bound for bound in REACH_CLASSES) if shadow is not None else 0
+        return self.reach_class * (len(REACH_CLASSES) + 1) + own
+
     def estimates(self, index: int) -> AcceptanceByPosition:
-        """Candidate ``index``'s acceptance by position in this step's reach class."""
-        return self.acceptance[index][self.reach_class]
+        """Candidate ``index``'s acceptance by position in its class this step."""
+        return self.acceptance[index][self.class_of(index)]
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,7 @@ class Choice:
     candidate: int | None  # None: no draft
     length: int
     rate: float | None  # expected tokens per second; None where a cost is not measured yet
+    probe: bool = False  # drafted to measure the candidate, not because it pays: it drafts next step too
 
 
 class AutoDrafter(BaseDrafter):
@@ -121,7 +144,8 @@ class AutoDrafter(BaseDrafter):
         self.costs = CostModel(decay=decay, probe_every=probe_every)
         self.candidates = [Candidate(name, drafter, name in text_drafters,
                                      name in text_drafters and not getattr(drafter, "retrieves", False),
-                                     [self.costs.acceptance(max_gamma) for _ in range(len(REACH_CLASSES) + 1)])
+                                     [self.costs.acceptance(max_gamma) for _ in range(CLASSES)],
+                                     DraftCost(decay))
                            for name, drafter in candidates.items()]
         self.vocab_size = vocabularies.pop() if vocabularies else None
         self.hidden_layers = readers[0].hidden_layers if readers else ()
@@ -149,13 +173,30 @@ class AutoDrafter(BaseDrafter):
     def rates(self, state: AutoState, index: int, most: int, verify: list[float | None]) -> list[Choice]:
         """Expected tokens per second of drafting 1..most tokens with candidate ``index``, where
         ``verify[k]`` is T(k + 1) (the alphas and T computed once a step: this runs every step)."""
-        candidate = self.candidates[index]
-        per_token = 0.0 if candidate.copies_text else self.costs.draft(candidate.name).seconds()
+        per_token = self.draft_seconds(index)
         choices, expected = [], 1.0
         for length, reach in enumerate(state.estimates(index).reaches(most), start=1):
             expected += reach
             choices.append(Choice(index, length, tokens_per_second(expected, length, per_token, verify[length])))
         return choices
+
+    def draft_seconds(self, index: int) -> float | None:
+        """Candidate ``index``'s seconds per drafted token: 0 for text, steady ones where measured."""
+        candidate = self.candidates[index]
+        if candidate.copies_text:
+            return 0.0
+        steady = self.costs.draft(candidate.name).seconds()
+        return steady if steady is not None else candidate.cold_cost.seconds()
+
+    def probe_period(self, index: int, verify: list[float | None]) -> int:
+        """Idle steps before a forward candidate's probe: its two one-token drafts (each its seconds
+        per token and T(2) - T(1)) cost PROBE_SHARE of the T(1) steps in between, within
+        MIN_PROBE_PERIOD..probe_every (a cheap head is probed often, a draft model less)."""
+        per_token = self.draft_seconds(index)
+        if per_token is None or len(verify) < 2 or verify[0] is None or verify[1] is None:
+            return self.costs.probe_every
+        probe_seconds = 2 * (per_token + max(0.0, verify[1] - verify[0]))
+        return min(self.costs.probe_every, max(MIN_PROBE_PERIOD, round(probe_seconds / (PROBE_SHARE * verify[0]))))
 
     def choose(self, state: AutoState, gamma: int) -> Choice:
         """The best (candidate, length) for this step, given the free drafts in ``state.shadows``."""
@@ -163,25 +204,31 @@ class AutoDrafter(BaseDrafter):
         verify = [None if curve is None else curve(block) for block in range(1, gamma + 2)]  # [k]: T(k + 1)
         options = [Choice(None, 0, tokens_per_second(1.0, 0, 0.0, verify[0]))]
         untried = []  # forward candidates whose drafting cost is not measured yet
-        for index, candidate in enumerate(self.candidates):
-            shadow = state.shadows[index]
-            if not candidate.copies_text and self.costs.draft(candidate.name).seconds() is None:
+        for index, shadow in enumerate(state.shadows):
+            if self.draft_seconds(index) is None:
                 untried.append(index)
             else:
                 options += self.rates(state, index, len(shadow) if shadow is not None else gamma, verify)
-        if untried:  # measure what it costs: its default length, once
-            return Choice(untried[0], min(gamma, 4), None)
+        if untried:  # measure what it costs: its default length, then a steady step
+            return Choice(untried[0], min(gamma, 4), None, probe=True)
         if any(option.rate is None for option in options):  # T(k) not measured yet: the longest free draft
             longest = max(options, key=lambda option: option.length)
             return replace(longest, rate=None)
         best = max(options, key=lambda option: option.rate or 0.0)
+        if state.follow_up is not None:  # a probe's second step: its best length, at least one token
+            return self.best_of(state.follow_up, options)
         stale = [index for index, candidate in enumerate(self.candidates)
-                 if not candidate.copies_text and state.idle[index].due and index != best.candidate]
-        if stale:  # a probe keeps its estimate alive: its best length, at least one token
-            probe = max((option for option in options if option.candidate == stale[0]),
-                        key=lambda option: option.rate or 0.0, default=Choice(stale[0], 1, None))
-            return probe
+                 if not candidate.copies_text and index != best.candidate
+                 and state.idle[index].due_at(self.probe_period(index, verify))]
+        if stale:  # a probe keeps its estimate alive
+            return replace(self.best_of(stale[0], options), probe=True)
         return best
+
+    @staticmethod
+    def best_of(index: int, options: list[Choice]) -> Choice:
+        """Candidate ``index``'s best option, at least one token."""
+        return max((option for option in options if option.candidate == index),
+                   key=lambda option: option.rate or 0.0, default=Choice(index, 1, None))
 
     def propose(self, request: DraftRequest, gamma: int) -> Draft:
         return self.propose_many([request], [gamma])[0]
@@ -204,6 +251,7 @@ class AutoDrafter(BaseDrafter):
         result = [Draft.empty(request.context.device) for request in requests]
         for position, (request, choice) in enumerate(zip(requests, choices, strict=False)):
             request.draft_state.chosen = choice.candidate
+            request.draft_state.follow_up = choice.candidate if choice.probe else None
             if choice.candidate is not None and (copied := free[position][choice.candidate]) is not None:
                 result[position] = replace(copied.truncated(choice.length),
                                            drafter=self.candidates[choice.candidate].name)
@@ -216,7 +264,10 @@ class AutoDrafter(BaseDrafter):
             drafts = propose_many(candidate.drafter, [self.member(requests[p], index) for p in asking],
                                   [choices[p].length for p in asking])
             drafted = sum(draft.num_nodes for draft in drafts)  # type: int
-            self.costs.draft(candidate.name).add(time.perf_counter() - began, drafted)
+            # Steady only where every request drafted with it on its previous step (a backlog of one step).
+            steady = all(requests[p].draft_state.previous == index for p in asking)
+            cost = self.costs.draft(candidate.name) if steady else candidate.cold_cost
+            cost.add(time.perf_counter() - began, drafted)
             for position, draft in zip(asking, drafts, strict=False):
                 result[position] = replace(draft, drafter=candidate.name)
         return [draft if draft.num_nodes else replace(draft, drafter=NO_DRAFT) for draft in result]
@@ -236,13 +287,13 @@ class AutoDrafter(BaseDrafter):
                     learned = judged(state.shadows[index], emitted)
                 if learned is not None:
                     state.estimates(index).update(*learned)
-                    candidate.pooled[state.reach_class].update(*learned)
+                    candidate.pooled[state.class_of(index)].update(*learned)
                 state.idle[index].observe(index == state.chosen)
         # Only the drafter whose draft was verified hears of it; the others hear the new tokens.
         elsewhere = replace(outcome, num_drafted=0, path=None, parents=None, from_cache=None)
         for index, candidate in enumerate(self.candidates):
             candidate.drafter.observe(self.member(request, index), outcome if index == state.chosen else elsewhere)
-        state.chosen, state.shadows = None, [None] * len(self.candidates)
+        state.previous, state.chosen, state.shadows = state.chosen, None, [None] * len(self.candidates)
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
         for index, candidate in enumerate(self.candidates):
