@@ -38,6 +38,7 @@ def test_bench_writes_json_and_markdown(tiny_pair, prompt_file, tmp_path, capsys
     assert len(payload["measurements"]) == 2 * 4
     assert "| model:fixed |" in (out / "results.md").read_text()
     assert (out / "results.png").stat().st_size > 1000
+    assert not (out / "pass_at_1.png").exists()  # no outputs were tested: no pass@1 to plot
     assert "identity check passed" in " ".join(capsys.readouterr().err.split())  # said under the table
 
 

@@ -69,6 +69,7 @@ def test_the_runner_passes_canonical_answers_and_fails_pass(chat, tmp_path, monk
     assert "pass@1" in (out / "results.md").read_text() and "3/3 (1.000)" in (out / "results.md").read_text()
     samples = [json.loads(line) for line in (out / "humaneval_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 9 and {s["task_id"] for s in samples} == {"HumanEval/0", "HumanEval/1", "HumanEval/2"}
+    assert (out / "pass_at_1.png").stat().st_size > 1000  # speed against pass@1, a point per method
 
 
 def test_a_loop_and_a_file_write_are_stopped_and_count_as_failed(tmp_path):

@@ -206,7 +206,8 @@ def run(
     console.print(Markdown(payload["markdown"]))
     out = Path(args.out)
     errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}"
-                 + (f" (every output and its verdict: {out / 'humaneval_samples.jsonl'})" if humaneval else ""))
+                 + (f" (every output and its verdict: {out / 'humaneval_samples.jsonl'}; speed against pass@1: "
+                    f"{out / 'pass_at_1.png'})" if humaneval else ""))
     if payload["stalled"]:
         errors.print(
             f"[yellow]{len(payload['stalled'])} measurements had a repeat over twice their median "

@@ -1,4 +1,5 @@
-"""The chart of a `specdec bench` run: tokens per second of every method, tau and pass@1 on each bar."""
+"""The charts of a `specdec bench` run: tokens per second of every method, tau and pass@1 on each bar;
+where outputs were tested (HumanEval), pass@1 against tokens per second."""
 
 from __future__ import annotations
 
@@ -44,3 +45,38 @@ def plot_summaries(summaries, path: Path, subtitle: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def plot_speed_against_pass_at_1(summaries, path: Path, subtitle: str) -> bool:
+    """pass@1 (y) against tokens per second (x), a point per tested method (all prompts), lossy
+    methods (``@scheme``) joined to the exact method they relax: each scheme's price in quality
+    beside what it buys in speed. False (nothing written) where no method's outputs were tested."""
+    rows = [s for s in summaries if s.category == "all" and s.checked]
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    by_method = {s.method: s for s in rows}
+    for summary in rows:
+        base = summary.method.split("@")[0]
+        exact = by_method.get(base)
+        if exact is not None and exact is not summary:  # a lossy setting: a line from its exact method
+            axis.plot([exact.tokens_per_second, summary.tokens_per_second], [exact.pass_at_1, summary.pass_at_1],
+                      color="#bbbbbb", linewidth=1, zorder=1)
+        colour = "#888888" if summary.method == REFERENCE else "#c44e52" if "@" in summary.method else "#4c72b0"
+        axis.scatter(summary.tokens_per_second, summary.pass_at_1, color=colour, zorder=2)
+        axis.annotate(f"{summary.method} ({summary.passed}/{summary.checked})",
+                      (summary.tokens_per_second, summary.pass_at_1), fontsize=7, xytext=(4, 3),
+                      textcoords="offset points")
+    axis.set_xlabel("tokens per second")
+    axis.set_ylabel("pass@1")
+    axis.set_title(f"speed and pass@1: {subtitle}", fontsize=10)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True

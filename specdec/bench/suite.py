@@ -15,7 +15,7 @@ import torch
 
 from specdec.bench.humaneval import pass_at_1_disagreements, score_measurements
 from specdec.bench.llama_cpp_tools import LLAMA_CPP_REFERENCE, LlamaCppTools, is_llama_cpp_method, llama_cpp_method
-from specdec.bench.plot import plot_summaries
+from specdec.bench.plot import plot_speed_against_pass_at_1, plot_summaries
 from specdec.bench.runner import (
     REFERENCE,
     Method,
@@ -354,8 +354,9 @@ def run_bench(
         + "".join(f", {key} {header[key]!r}" for key in ("suite", "instruction") if header.get(key)) + "\n\n"
         + "\n\n".join(sections) + "\n"
     )
-    plot_summaries(summaries, out / "results.png", f"{target.name} / {payload['draft']}, "
-                   f"temperature {settings.temperature}, {payload['date'][:10]}")
+    subtitle = f"{target.name} / {payload['draft']}, temperature {settings.temperature}, {payload['date'][:10]}"
+    plot_summaries(summaries, out / "results.png", subtitle)
+    plot_speed_against_pass_at_1(summaries, out / "pass_at_1.png", subtitle)
     payload["markdown"] = (out / "results.md").read_text()
     payload["summary_objects"] = summaries
     return payload
