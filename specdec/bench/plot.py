@@ -61,7 +61,7 @@ def plot_speed_against_pass_at_1(summaries, path: Path, subtitle: str) -> bool:
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     by_method = {s.method: s for s in rows}
-    for summary in rows:
+    for order, summary in enumerate(sorted(rows, key=lambda s: (s.pass_at_1, s.tokens_per_second))):
         base = summary.method.split("@")[0]
         exact = by_method.get(base)
         if exact is not None and exact is not summary:  # a lossy setting: a line from its exact method
@@ -70,8 +70,10 @@ def plot_speed_against_pass_at_1(summaries, path: Path, subtitle: str) -> bool:
         colour = "#888888" if summary.method == REFERENCE else "#c44e52" if "@" in summary.method else "#4c72b0"
         axis.scatter(summary.tokens_per_second, summary.pass_at_1, color=colour, zorder=2)
         axis.annotate(f"{summary.method} ({summary.passed}/{summary.checked})",
-                      (summary.tokens_per_second, summary.pass_at_1), fontsize=7, xytext=(4, 3),
-                      textcoords="offset points")
+                      (summary.tokens_per_second, summary.pass_at_1), fontsize=7,
+                      xytext=(4, 3 if order % 2 else -10), textcoords="offset points")  # neighbours alternate
+    speeds = [s.tokens_per_second for s in rows]
+    axis.set_xlim(0.9 * min(speeds), 1.25 * max(speeds))  # room for the labels on the right
     axis.set_xlabel("tokens per second")
     axis.set_ylabel("pass@1")
     axis.set_title(f"speed and pass@1: {subtitle}", fontsize=10)
