@@ -25,7 +25,7 @@ from specdec.drafting.head_finder import find_head
 
 
 def outputs_of(model_dir: str, precision: str, limit: int) -> list[dict]:
-    target = load(model_dir, quantize=precision)
+    target = load(model_dir, quantize=None if precision == "none" else precision)  # none: float32
     decoder = SpeculativeDecoder(target, make_drafter("auto", target=target, head=find_head(target)))
     prompts = he.through_chat(he.humaneval_suite()[:limit], target.tokenizer)
     rows = []
