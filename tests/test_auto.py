@@ -1,7 +1,6 @@
 """The auto drafter: lossless with every candidate set (greedy identity, the sampled law, the
 coupled rule), and its choice follows what each candidate is measured to give."""
 
-import time
 from unittest import mock
 
 import pytest
@@ -173,19 +172,29 @@ def test_a_forward_candidates_cost_is_read_from_steady_steps():
     (mutation: recording every step in the steady estimate keeps the cold steps' cost)."""
     from specdec.drafting.base import StepOutcome
 
+    class Clock:  # auto's time.perf_counter, moved on by the drafter's "work"
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+
     class Slow(NGramDrafter):
         def propose(self, request, gamma):
-            time.sleep(self.pause)
+            clock.now += self.seconds
             return super().propose(request, gamma)
 
     slow = Slow(3)
     auto = AutoDrafter({"ngram": NGramDrafter(3), "head": slow}, ("ngram",))
     auto.costs.verify.add(1, 1, 0.01)
     request = ContextRequest.started(auto, torch.tensor([1, 2, 3, 1, 2]))
-    for pause in (0.05, 0.001):  # untried: drafted (cold, slow: a backlog), then its follow-up (steady)
-        slow.pause = pause
-        assert auto.propose(request, 4).drafter == "head"
-        auto.observe(request, StepOutcome(torch.tensor([1]), 1, verify_seconds=0.01))
+    with mock.patch.object(specdec.drafting.auto, "time", clock):
+        for seconds in (0.05, 0.001):  # untried: drafted (cold: a backlog), then its follow-up (steady)
+            slow.seconds = seconds
+            draft = auto.propose(request, 4)
+            assert draft.drafter == "head"
+            auto.observe(request, StepOutcome(torch.tensor([1]), draft.num_nodes, verify_seconds=0.01))
     assert auto.candidates[1].cold_cost.seconds() > 0.01
     assert auto.draft_seconds(1) < 0.01
 
