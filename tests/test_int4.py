@@ -42,13 +42,17 @@ def test_the_kernel_returns_the_references_bits_on_saturation_prone_inputs(shape
     assert error < 0.1, error  # 4-bit groups of 32: a few percent on random weights
 
 
+BLOCK_SIZES = range(1, 34)  # every verify block up to 32 tokens, and one past two full tiles of 16
+
+
 def test_a_row_gets_the_same_bits_in_any_block():
-    weight, x = _saturating_case(48, 64, rows=19, seed=1)
-    records, q, _, _ = pack_weight(weight)
+    weight, x = _saturating_case(48, 64, rows=max(BLOCK_SIZES), seed=1)
+    records, q, scale, minimum = pack_weight(weight)
     block = kernel_linear(x, records, q.shape[0])
-    for start, stop in ((0, 1), (3, 8), (5, 19), (18, 19)):
+    assert torch.equal(block, int4.reference_matmul(*quantize_rows(x), q, scale, minimum))
+    for start, stop in ((0, 1), (3, 8), (5, 19), (18, 19), (7, 33)):
         assert torch.equal(kernel_linear(x[start:stop], records, q.shape[0]), block[start:stop])
-    for rows in range(1, 19):  # every block size: its rows tiled one way (12 = 6 + 6), alone another
+    for rows in BLOCK_SIZES:  # every block size: its rows tiled one way (20 = 10 + 10), alone another
         assert torch.equal(kernel_linear(x[:rows], records, q.shape[0]), block[:rows]), rows
 
 
@@ -72,16 +76,30 @@ def test_int4_linear_matches_the_float_linear_closely():
     assert (got - expected).norm() / expected.norm() < 0.1
 
 
+# Under each build: every block size's rows equal the reference and the same rows alone; saved for
+# the comparison across builds.
+EVERY_BLOCK_SIZE = (
+    "import sys, torch; from specdec.models import int4; w, x = torch.load(sys.argv[2]); "
+    "x = torch.cat([x] * 4)[:33]; r, q, s, m = int4.pack_weight(w); n = q.shape[0]; "
+    "full = int4.kernel_linear(x, r, n); "
+    "assert torch.equal(full, int4.reference_matmul(*int4.quantize_rows(x), q, s, m)); "
+    "sizes = [k for k in range(1, 34) if not torch.equal(int4.kernel_linear(x[:k], r, n), full[:k])]; "
+    "alone = torch.cat([int4.kernel_linear(x[i:i + 1], r, n) for i in range(33)]); "
+    "torch.save((int4.kernel_isa(), full, sizes, torch.equal(alone, full)), sys.argv[1])"
+)
+
+
 @pytest.mark.slow  # two more builds of the kernels (g++) and a subprocess each
 @pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
-def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
+def test_every_instruction_set_path_gives_the_same_bits_at_every_block_size(tmp_path):
     """The AVX-512 VNNI, AVX2 and portable builds (ATEN_CPU_CAPABILITY caps the build's -march)
-    compute the same formula: the same bits, so a user's output does not depend on the path."""
-    outputs = outputs_per_path(tmp_path, "import sys, torch; from specdec.models import int4; "
-                               "w, x = torch.load(sys.argv[2]); r, q, _, _ = int4.pack_weight(w); "
-                               "torch.save((int4.kernel_isa(), int4.kernel_linear(x, r, q.shape[0])), sys.argv[1])")
+    compute the same formula: the same bits, so a user's output does not depend on the path; and
+    on each path every block size from 1 to 33 rows scores each row as alone."""
+    outputs = outputs_per_path(tmp_path, EVERY_BLOCK_SIZE)
     assert outputs["avx2"][0] == "AVX2" and outputs["default"][0] == "portable C++"
-    assert all(torch.equal(output[1], outputs[""][1]) for output in outputs.values())
+    for isa, full, wrong_sizes, rows_alone_equal in outputs.values():
+        assert wrong_sizes == [] and rows_alone_equal, isa
+        assert torch.equal(full, outputs[""][1]), isa
 
 
 def _slightly_wrong_kernel(rows, records, out_padded):

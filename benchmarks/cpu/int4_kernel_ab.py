@@ -1,9 +1,11 @@
 """A/B of the int4 kernel's source: a git revision's int4_matmul.cpp against the working tree's, both
 compiled with the flags specdec uses on this machine, in one process, interleaved call by call; the
-linears of one Qwen2.5-Coder-1.5B layer (fused gate/up, down, fused q/k/v: 44M random weights,
-28 MB of records, more than a 2-core VM's L3) for 1, 3, 5 and 8 rows; the best of 7 per source.
+linears of Qwen2.5-Coder-1.5B layers (fused gate/up, down, fused q/k/v, o: 47M random weights,
+29 MB of records a layer; 4 layers by default, more than a 2-core VM's L3) for each block size; the
+best of 7 per source. Both kernels' outputs are compared: equal bits, or the largest difference.
 
-    python benchmarks/cpu/int4_kernel_ab.py [--base REV] [--out FILE.json]
+    python benchmarks/cpu/int4_kernel_ab.py [--base REV] [--rows 1,2,4,8,12,16,32] [--layers 4]
+        [--out FILE.json]
 """
 
 import argparse
@@ -18,8 +20,7 @@ import torch
 from specdec.machine import write_measurement
 from specdec.models import int4
 
-SHAPES = [(2 * 8960, 1536), (1536, 8960), (2048, 1536)]  # gate/up, down, q/k/v: [out, in]
-ROWS = (1, 3, 5, 8)
+SHAPES = [(2 * 8960, 1536), (1536, 8960), (2048, 1536), (1536, 1536)]  # gate/up, down, q/k/v, o: [out, in]
 
 
 def build(source: Path, folder: Path, name: str) -> ctypes.CDLL:
@@ -34,6 +35,8 @@ def build(source: Path, folder: Path, name: str) -> ctypes.CDLL:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="git revision of the source to compare against")
+    parser.add_argument("--rows", default="1,2,4,8,12,16,32", help="block sizes (rows of activations)")
+    parser.add_argument("--layers", type=int, default=4, help="layers of weights, each its own records")
     parser.add_argument("--out", default="runs/int4_kernel_ab.json")
     args = parser.parse_args()
     relative = int4.SOURCE.relative_to(Path(__file__).resolve().parents[2])
@@ -43,23 +46,27 @@ def main() -> None:
                                         capture_output=True).stdout)
         kernels = {"base": build(base, Path(folder), "base"), "tree": build(int4.SOURCE, Path(folder), "tree")}
         torch.manual_seed(0)
-        weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES]
+        weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES for _ in range(args.layers)]
         rows_table = []
-        for rows in ROWS:
+        for rows in [int(r) for r in args.rows.split(",")]:
             inputs = [torch.randn(rows, k) for _, _, k in weights]
             outputs = [torch.empty(rows, n) for _, n, _ in weights]
             best = dict.fromkeys(kernels, float("inf"))
+            results = {}
             for _ in range(7):
                 for name, kernel in kernels.items():
                     start = time.perf_counter()
                     for (records, n, k), x, y in zip(weights, inputs, outputs, strict=True):
                         kernel.specdec_int4_linear(x.data_ptr(), records.data_ptr(), y.data_ptr(), rows, n, k)
                     best[name] = min(best[name], time.perf_counter() - start)
+                    results[name] = torch.cat([y.flatten() for y in outputs])
+            difference = (results["tree"].double() - results["base"].double()).abs().max().item()
             row = {"rows": rows, "base_ms": round(best["base"] * 1e3, 3), "tree_ms": round(best["tree"] * 1e3, 3),
-                   "tree_over_base": round(best["tree"] / best["base"], 3)}
+                   "tree_over_base": round(best["tree"] / best["base"], 3), "max_difference": difference}
             rows_table.append(row)
             print(f"{rows} rows: base {row['base_ms']:.2f} ms, tree {row['tree_ms']:.2f} ms, "
-                  f"tree/base {row['tree_over_base']:.2f}")
+                  f"tree/base {row['tree_over_base']:.2f}, "
+                  + ("same bits" if difference == 0 else f"differ by up to {difference:.3g}"))
     print(f"-> {write_measurement(args.out, {'base': args.base, 'flags': int4._flags(), 'rows': rows_table})}")
 
 

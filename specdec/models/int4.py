@@ -204,7 +204,7 @@ class Int4Linear(PackedLinear):
         return kernel_linear(rows, self.records, self.out_padded)
 
 
-CHECK_ROWS = (1, 3, 8, 40)  # one token, verify blocks, a prefill-sized call
+CHECK_ROWS = (1, 3, 8, 16, 40)  # one token, verify blocks (16: a whole tile), a prefill-sized call
 CHECK_MAX_OUT = 1024
 
 
