@@ -14,6 +14,7 @@ from test_greedy_equality import check_equality
 
 import specdec
 from specdec import Attention, SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.drafting.fused_head import FusedHeadLayer, fuse_head
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
 from specdec.training.head_command import HeadTraining
@@ -102,6 +103,32 @@ def test_a_head_drafts_in_its_targets_quantization(tiny_pair, heads, tmp_path, q
     assert all(accepted > 0 for accepted, _ in counts.values()), counts
 
 
+@pytest.mark.parametrize("quantize", ["int4", "w8a32"])
+def test_the_compiled_head_drafts_what_the_torch_head_drafts(tiny_pair, heads, tmp_path, quantize):
+    """A head with packed linears runs on the compiled layer calls (drafting/fused_head.py): its
+    drafts are the torch head's, tokens equal and q within 1e-5 (other summation orders, float32
+    rounding), chain and tree, after the prefill and after steps. Mutation, checked: the compiled
+    qkv call norming the features with the embedding's norm weight fails it."""
+    from lockstep_drafts import PROMPTS
+
+    target = load(tiny_pair["target"], quantize=quantize)
+    folder = save_head(heads["trained"], tmp_path / "head", dtype=torch.float32)
+    compiled = load_head(folder, target, quantize=quantize)
+    reference = load_head(folder, target, quantize=quantize, compiled=False)
+    assert isinstance(compiled.midlayer, FusedHeadLayer) and compiled.norm_then_head is not None
+    assert reference.norm_then_head is None
+    for kind in ("head", "head-tree"):
+        drafters = {name: make_drafter(kind, target=target, head=head, tree_budget=6)
+                    for name, head in (("compiled", compiled), ("torch", reference))}
+        for steps in (0, 3):
+            drafts = {name: drafts_after(SpeculativeDecoder(target, drafter, gamma=3).engine, drafter,
+                                         list(range(len(PROMPTS))), steps) for name, drafter in drafters.items()}
+            for fast, slow in zip(drafts["compiled"], drafts["torch"], strict=True):
+                assert fast.num_nodes and torch.equal(fast.tokens, slow.tokens), (kind, steps)
+                assert fast.probs is not None and slow.probs is not None
+                assert (fast.probs - slow.probs).abs().max() < 1e-5, (kind, steps)
+
+
 def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
     """After each step the identity head's first draft token is the context's last token (which
     the target chose greedily): the features paired with each emitted token are those that
@@ -120,14 +147,16 @@ def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
             assert draft.tokens.tolist() == request.context[-1:].tolist()
 
 
-@pytest.mark.parametrize("kind,quantize", [("head", None), ("head-tree", None), ("head", "int8")])
+@pytest.mark.parametrize("kind,quantize", [("head", None), ("head-tree", None), ("head", "int8"), ("head", "int4"),
+                                           ("head-tree", "w8a32")])
 def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind, quantize):
     """The head scores each row of a batch as it would alone (one forward per depth for all
     requests): each request's draft, tokens and q bit for bit, is the same whether it drafts
     alone or beside others, after the prefill and after steps, so its seeded samples never depend
-    on its neighbours. float32, where a matmul's blocking shows in the last bits, and an int8 head
-    (exact integer products: per-query attention alone keeps it). Mutation, checked: the head's
-    forwards without batch invariance (fixed_rows None, no per-query attention) fail it."""
+    on its neighbours. float32, where a matmul's blocking shows in the last bits, an int8 head
+    (exact integer products: per-query attention alone keeps it), and packed heads on the compiled
+    layer calls (drafting/fused_head.py). Mutation, checked: the head's forwards without batch
+    invariance (fixed_rows None, no per-query attention) fail it."""
     target = load(tiny_pair["target"])
     torch.manual_seed(3)
     head = new_head(target)
@@ -135,6 +164,7 @@ def test_a_request_gets_the_same_draft_alone_and_in_a_batch(tiny_pair, kind, qua
         from specdec.models.precisions import quantize_linears
 
         quantize_linears(head, quantize)
+        assert fuse_head(head) is None or quantize == "int8"
     drafter = make_drafter(kind, target=target, head=head, tree_budget=6)
     engine = SpeculativeDecoder(target, drafter, gamma=3).engine
     for steps in (0, 3):
@@ -279,12 +309,13 @@ def exact_law(target, prompt: list[int], length: int, sampling) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["head", "head-tree"])
-def test_head_law_of_three_tokens(tmp_path_factory, kind):
+@pytest.mark.parametrize("kind,quantize", [("head", None), ("head-tree", None), ("head", "int4")])
+def test_head_law_of_three_tokens(tmp_path_factory, kind, quantize):
     """Chi-square of 20k seeded 3-token generations against the enumerated law of a 6-token
     target, a head with a draft vocabulary of 4 of the 6 drafting (chain of 2, or trees of up to 6
-    nodes), temperature 0.9 and top-k 4 on both sides. Mutation, checked: mapping the head's logits
-    to the wrong target ids (d2t shifted by one) fails it."""
+    nodes), temperature 0.9 and top-k 4 on both sides; and an int4 target with its head on the
+    compiled layer calls. Mutation, checked: mapping the head's logits to the wrong target ids (d2t
+    shifted by one) fails it."""
     from law import assert_matches_law, sample_sequences
     from tiny import save_random_model
 
@@ -292,11 +323,16 @@ def test_head_law_of_three_tokens(tmp_path_factory, kind):
 
     folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5,
                                tokenizer=False, bos_token_id=None, eos_token_id=None)  # no EOS: 3 tokens always
-    target = load(folder, dtype="float64")
+    target = load(folder, dtype="float64") if quantize is None else load(folder, quantize=quantize)
     torch.manual_seed(4)
     head = new_head(target, torch.tensor([0, 2, 3, 5])).to(target.dtype)
     with torch.no_grad():
         head.lm_head.weight.mul_(20.0)  # peaked q, so that drafts are accepted and rejected
+    if quantize is not None:
+        from specdec.models.precisions import quantize_linears
+
+        quantize_linears(head, quantize)
+        assert fuse_head(head) is None
     sampling = Params(temperature=0.9, top_k=4)
     prompt = [1, 4, 2]
     decoder = SpeculativeDecoder(target, make_drafter(kind, target=target, head=head, tree_budget=6), gamma=2)

@@ -116,16 +116,29 @@ def test_the_notice_counts_the_groups_held_exactly():
     assert "80.0% of weight groups held exactly" in model.quantize_notice  # 64 of 80 groups: Q8_0's
 
 
+# Under each build: every block size's rows equal the same rows alone; saved for the comparison
+# across builds.
+EVERY_BLOCK_SIZE = (
+    "import sys, torch; from specdec.models import w8a32; w, x = torch.load(sys.argv[2]); "
+    "x = torch.cat([x] * 4)[:33]; p = w8a32.pack_weight(w); full = w8a32.kernel_linear(x, p); "
+    "sizes = [k for k in range(1, 34) if not torch.equal(w8a32.kernel_linear(x[:k], p), full[:k])]; "
+    "alone = torch.cat([w8a32.kernel_linear(x[i:i + 1], p) for i in range(33)]); "
+    "torch.save((w8a32.kernel_isa(), full, sizes, torch.equal(alone, full)), sys.argv[1])"
+)
+
+
 @pytest.mark.slow  # two more builds of the kernels (g++) and a subprocess each
 @pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
-def test_every_instruction_set_path_gives_the_same_bits(tmp_path):
-    """The AVX2 + FMA build and the portable one (std::fmaf) compute the same formula: the same
-    bits. Mutation checked: a portable path summing dot + x * q (two roundings) instead of fmaf differs."""
-    outputs = outputs_per_path(tmp_path, "import sys, torch; from specdec.models import w8a32; "
-                               "w, x = torch.load(sys.argv[2]); p = w8a32.pack_weight(w); "
-                               "torch.save((w8a32.kernel_isa(), w8a32.kernel_linear(x, p)), sys.argv[1])")
+def test_every_instruction_set_path_gives_the_same_bits_at_every_block_size(tmp_path):
+    """The AVX-512 build (where the CPU has it), the AVX2 + FMA build and the portable one
+    (std::fmaf) compute the same formula: the same bits; and on each path every block size from 1
+    to 33 rows scores each row as alone. Mutation checked: a portable path summing dot + x * q
+    (two roundings) instead of fmaf differs."""
+    outputs = outputs_per_path(tmp_path, EVERY_BLOCK_SIZE)
     assert outputs["avx2"][0] == "AVX2 + FMA" and outputs["default"][0] == "portable C++"
-    assert all(torch.equal(output[1], outputs[""][1]) for output in outputs.values())
+    for isa, full, wrong_sizes, rows_alone_equal in outputs.values():
+        assert wrong_sizes == [] and rows_alone_equal, isa
+        assert torch.equal(full, outputs[""][1]), isa
 
 
 def test_a_model_with_gguf_weights_computes_what_float32_computes(model_dir):

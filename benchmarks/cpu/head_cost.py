@@ -5,7 +5,8 @@
 
 Times, after a 200-token context (medians of --repeats): the target's one-token forward T(1), one
 chain draft step of the head (a one-token head forward and the mapping of its logits into the
-target's vocabulary, as HeadDrafter does), and one tree depth of 4 nodes. Prints a table, writes JSON.
+target's vocabulary, as HeadDrafter does), and one tree depth of 4 nodes; for a head with packed
+linears, both its compiled layer calls and the torch layer, interleaved. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -51,14 +52,39 @@ def main() -> None:
         args.target = str(default_pair().target)
     target = load(args.target, quantize=None if args.quantize == "none" else args.quantize)
     head_quantize = {"auto": head_quantization(target), "none": None}.get(args.head_quantize, args.head_quantize)
-    head = load_head(args.head, target, quantize=head_quantize)
+    heads = {"compiled": load_head(args.head, target, quantize=head_quantize),
+             "torch": load_head(args.head, target, quantize=head_quantize, compiled=False)}
+    if heads["compiled"].norm_then_head is None:  # not packed, or the compiled layer fails its check here
+        del heads["compiled"]
     t1 = time_block(target, prefilled_cache(target, 1, args.context), 1, args.repeats)
+    steps = {name: head_steps(head, target, args.context) for name, head in heads.items()}
+    times: dict[str, dict[str, list[float]]] = {name: {"chain": [], "tree": []} for name in steps}
+    for _ in range(5):  # interleaved rounds: the machine's drift touches both alike
+        for name, (chain_step, tree_depth) in steps.items():
+            times[name]["chain"].append(median_seconds(chain_step, args.repeats))
+            times[name]["tree"].append(median_seconds(tree_depth, args.repeats))
+    result: dict = {"target": target.name, "quantize": args.quantize, "head": str(args.head),
+                    "head_quantize": head_quantize, "draft_vocab": next(iter(heads.values())).config.draft_vocab_size,
+                    "target_T1_ms": 1000 * t1, "layers": {}}
+    print("| head layer | target T(1) ms | head chain step ms | c = step / T(1) | tree depth of 4 nodes ms | / T(1) |\n"
+          "|---|---|---|---|---|---|")
+    for name, measured in times.items():
+        chain, tree = statistics.median(measured["chain"]), statistics.median(measured["tree"])
+        result["layers"][name] = {"head_chain_step_ms": 1000 * chain, "head_tree_depth4_ms": 1000 * tree,
+                                  "chain_step_over_T1": chain / t1, "tree_depth4_over_T1": tree / t1}
+        print(f"| {name} | {1000 * t1:.2f} | {1000 * chain:.2f} | {chain / t1:.3f} | {1000 * tree:.2f} | "
+              f"{tree / t1:.3f} |")
+    write_measurement(args.out, result)
+    print(f"wrote {args.out} ({isa_summary()})")
 
-    # The forwards the drafters run, for one request (batch-invariant, as every draft is).
+
+def head_steps(head, target, context_length: int):
+    """(one chain draft step, one tree depth of 4 nodes) of ``head``, as the drafters run them for
+    one request (batch-invariant, as every draft is), after a fed context."""
     drafter = HeadDrafter(head, target.max_context)
-    context = torch.arange(args.context) % target.vocab_size
+    context = torch.arange(context_length) % target.vocab_size
     state = drafter.start(context)
-    state.queue(context, torch.randn(args.context, head.config.feature_size))
+    state.queue(context, torch.randn(context_length, head.config.feature_size))
     drafter.feed([state])
     token, position = torch.tensor([5]), torch.tensor([state.fed])
 
@@ -74,16 +100,7 @@ def main() -> None:
                          Attention((segment,)))
         drafter.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
 
-    chain, tree = median_seconds(chain_step, args.repeats), median_seconds(tree_depth, args.repeats)
-    result = {"target": target.name, "quantize": args.quantize, "head": str(args.head), "head_quantize": head_quantize,
-              "draft_vocab": head.config.draft_vocab_size, "target_T1_ms": 1000 * t1,
-              "head_chain_step_ms": 1000 * chain, "head_tree_depth4_ms": 1000 * tree,
-              "chain_step_over_T1": chain / t1, "tree_depth4_over_T1": tree / t1}
-    print(f"| target T(1) ms | head chain step ms | c = step / T(1) | tree depth of 4 nodes ms | / T(1) |\n"
-          f"|---|---|---|---|---|\n| {1000 * t1:.2f} | {1000 * chain:.2f} | {chain / t1:.3f} | {1000 * tree:.2f} | "
-          f"{tree / t1:.3f} |")
-    write_measurement(args.out, result)
-    print(f"wrote {args.out} ({isa_summary()})")
+    return chain_step, tree_depth
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ The checkpoint layout is the one SpecForge and the EAGLE repository write (confi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -123,6 +124,8 @@ class DraftHead(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.quantized: str | None = None  # "int8" / "int4" once quantize_linears ran (it sets this)
+        # lm_head(norm(x)) in one compiled call, where drafting/fused_head.py's fuse_head set it
+        self.norm_then_head: Callable[[torch.Tensor], torch.Tensor] | None = None
         # Draft token i is target token i + d2t[i]; t2d marks the target tokens the head can draft.
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
@@ -197,6 +200,8 @@ class DraftHead(nn.Module):
         count = tokens.shape[0]
         out = out[:count]
         scored = out if logit_rows is None else out[logit_rows]
+        if self.norm_then_head is not None:
+            return self.norm_then_head(scored), out
         return project(self.lm_head, pad_rows(self.norm(scored), fixed_rows), fixed_rows)[: scored.shape[0]], out
 
 

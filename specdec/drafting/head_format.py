@@ -120,9 +120,11 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = torch.float32,
-              quantize: str | None = None) -> DraftHead:
+              quantize: str | None = None, compiled: bool = True) -> DraftHead:
     """An EAGLE-3 head from ``folder``, checked against the target it drafts for. quantize: None,
-    "int8", "int4" or "w8a32" for the head's linears (``head_quantization(target)``: as the target runs)."""
+    "int8", "int4" or "w8a32" for the head's linears (``head_quantization(target)``: as the target runs).
+    compiled: packed (int4, w8a32) linears run in the compiled layer calls (drafting/fused_head.py)
+    where they check out here; False keeps the torch layer (the reference the tests compare with)."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists():
         raise FileNotFoundError(f"draft head not found: no {CONFIG_FILE} in {folder}")
@@ -173,9 +175,12 @@ def load_head(folder: str | Path, target: LanguageModel, dtype: torch.dtype = to
         raise ValueError(f"the head at {folder} has a d2t that maps outside the target's vocabulary or twice")
     head = head.to(device=target.device, dtype=dtype).eval()
     if quantize is not None:
+        from specdec.drafting.fused_head import fuse_head
         from specdec.models.precisions import quantize_linears
 
         quantize_linears(head, quantize)  # q stays the law the draft is drawn from: lossless either way
+        if compiled:
+            fuse_head(head)  # compiled calls where its linears are packed and the layer checks out here
     return head
 
 

@@ -22,7 +22,7 @@ import ctypes
 import functools
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
 from specdec.models.cache import KVCache
 from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
-from specdec.models.primitives import RMSNorm, rotate_half
+from specdec.models.primitives import AttendingLayer, RMSNorm, rotate_half
 from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
 
@@ -39,6 +39,7 @@ POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
     "specdec_norm_linear": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
+    "specdec_head_qkv": [INT64] + [POINTER] * 4 + [FLOAT] + [POINTER] * 4 + [INT64] * 5,
     "specdec_layer_mlp": [INT64] + [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
     "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
     + [FLOAT, POINTER],
@@ -91,16 +92,28 @@ class FusedDecoderLayer(nn.Module):
         cache: KVCache,
         layer_index: int,
     ) -> torch.Tensor:  # [n, heads * d]
-        """attend_planned, with the per-query tokens in one compiled call (which writes their keys
-        and values itself) instead of one SDPA call each."""
-        if plan.padded is not None or not plan.groups:  # no per-query tokens
-            return attend_planned(self, q, k, v, plan, cache, layer_index)
-        num_tokens = q.shape[1]
-        out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]
-        attend_segments(self, q, k, v, plan.masked_segments, cache, layer_index, out.transpose(0, 1))
-        attend_queries(self, q, k, v, plan.query_list_for(self.window), cache.keys[layer_index],
-                       cache.values[layer_index], out)
-        return out.reshape(num_tokens, -1)
+        return attend_compiled(self, q, k, v, plan, cache, layer_index)
+
+
+def attend_compiled(
+    layer: AttendingLayer,  # a FusedDecoderLayer or a draft head's layer
+    q: torch.Tensor,  # [heads, n, d], rope applied; q, k and v: views of one token-major buffer
+    k: torch.Tensor,  # [kv_heads, n, d], rope applied
+    v: torch.Tensor,  # [kv_heads, n, d]
+    plan: AttentionPlan,
+    cache: KVCache,
+    layer_index: int,
+) -> torch.Tensor:  # [n, heads * d]
+    """attend_planned, with the per-query tokens in one compiled call (which writes their keys and
+    values itself) instead of one SDPA call each."""
+    if plan.padded is not None or not plan.groups:  # no per-query tokens
+        return attend_planned(layer, q, k, v, plan, cache, layer_index)
+    num_tokens = q.shape[1]
+    out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]
+    attend_segments(layer, q, k, v, plan.masked_segments, cache, layer_index, out.transpose(0, 1))
+    attend_queries(layer, q, k, v, plan.query_list_for(layer.window), cache.keys[layer_index],
+                   cache.values[layer_index], out)
+    return out.reshape(num_tokens, -1)
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,7 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 
 def attend_queries(
-    layer: FusedDecoderLayer,
+    layer: AttendingLayer,
     q: torch.Tensor,  # [heads, n, d], rope applied
     k: torch.Tensor,  # [kv_heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
     v: torch.Tensor,  # [kv_heads, n, d]
@@ -179,7 +192,31 @@ def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor,
     return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
 
 
-def mlp_block(layer: FusedDecoderLayer, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+def head_qkv_projection(linear: PackedLinear, embed_norm: RMSNorm, feature_norm: RMSNorm, embeds: torch.Tensor,
+                        features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_heads: int,
+                        head_dim: int) -> torch.Tensor:
+    """A draft head's attention input in one call: concat(norm(embeds), norm(features)) [n, 2 hidden],
+    its q/k/v matmul, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
+    embeds, features, cos, sin = embeds.contiguous(), features.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty(embeds.shape[0], linear.out_padded)
+    library().specdec_head_qkv(
+        linear.format, embeds.data_ptr(), embed_norm.weight.data_ptr(), features.data_ptr(),
+        feature_norm.weight.data_ptr(), embed_norm.eps, linear.records.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        out.data_ptr(), embeds.shape[0], linear.out_padded, embeds.shape[1], rope_heads, head_dim,
+    )
+    return out[:, : linear.out_features].view(embeds.shape[0], -1, head_dim)
+
+
+class PackedMLP(Protocol):
+    """What mlp_block reads: a FusedDecoderLayer, or a draft head's layer (drafting/fused_head.py)."""
+
+    o_proj: PackedLinear
+    gate_up_proj: PackedLinear
+    down_proj: PackedLinear
+    post_attention_norm: RMSNorm
+
+
+def mlp_block(layer: PackedMLP, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
     """x + o(attended), then + down(silu(gate) * up) of its norm: [n, hidden]."""
     o, gate_up, down = layer.o_proj, layer.gate_up_proj, layer.down_proj
     norm = layer.post_attention_norm

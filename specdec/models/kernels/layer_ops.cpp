@@ -184,6 +184,22 @@ void specdec_layer_qkv(int64_t format, const float* x, const float* norm_weight,
   rope(qkv, cos, sin, M, N, rope_heads, d);
 }
 
+// qkv [M, N] = concat(norm(a), norm(b)) @ Wqkv^T, RoPE applied to the first rope_heads heads of d
+// each: a draft head's attention input (drafting/fused_head.py), its token's embedding a and the
+// features b it reads, each [M, hidden] normed with its own weight (the same eps).
+void specdec_head_qkv(int64_t format, const float* a, const float* a_weight, const float* b, const float* b_weight,
+                      float eps, const uint8_t* w, const float* cos, const float* sin, float* qkv, int64_t M, int64_t N,
+                      int64_t hidden, int64_t rope_heads, int64_t d) {
+  const Scratch<4> normed_buffer(M * 2 * hidden);
+  float* normed = normed_buffer.get();
+  for (int64_t m = 0; m < M; ++m) {
+    rms_norm(a + m * hidden, a_weight, eps, normed + m * 2 * hidden, hidden);
+    rms_norm(b + m * hidden, b_weight, eps, normed + m * 2 * hidden + hidden, hidden);
+  }
+  linear(format, normed, w, qkv, M, N, 2 * hidden);
+  rope(qkv, cos, sin, M, N, rope_heads, d);
+}
+
 // y [M, N] = norm(x) @ W^T (+ bias): the final norm and the output head.
 void specdec_norm_linear(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
                          float* y, int64_t M, int64_t N, int64_t K, int64_t width) {

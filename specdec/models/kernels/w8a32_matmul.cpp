@@ -7,9 +7,9 @@
 //   dot[m, n, g] = fma chain over the group's inputs k in order: dot = fma(x[m, k], q[n, k], dot)
 //   xsum[m, g] = x[m, k] summed over the group's inputs in order
 // Each operation is one IEEE float32 fma, multiply or add in exactly this order (compiled with
-// -ffp-contract=off; the fmas are written out), on every path: AVX2 + FMA, or portable C++ with
-// std::fmaf. Each row is computed alone by the same instructions whatever else is in the call, so a
-// token scores the same inside a verify block as alone.
+// -ffp-contract=off; the fmas are written out), on every path: AVX-512, AVX2 + FMA, or portable
+// C++ with std::fmaf. Each row is computed alone by the same instructions whatever else is in the
+// call, so a token scores the same inside a verify block as alone.
 //
 // Weights (specdec.models.w8a32.pack_weight): column blocks of 16 outputs; per (block, group) a record of
 // 640 bytes: 32 inputs x 16 columns of int8 (byte 16k + c: column c's q for input k), then 16 float32
@@ -26,7 +26,34 @@
 namespace {
 constexpr int kCols = 16, kGroup = 32, kRecord = 640, kScales = 512, kMins = 576;
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+constexpr int kRows = 12;
+// `rows` rows x one column block of 16: a zmm register holds the block's 16 columns, so each row
+// needs one fma chain and one running total (the AVX2 path's two of each, half as wide; each lane
+// runs the same operations in the same order, so the bits are the same). 32 registers hold 12
+// rows' chains and totals beside the weights and a broadcast: a 12-token block reads the weights once.
+template <int rows>
+void block_rows(const float* x, const float* xsum, const uint8_t* w, float* y, int64_t N, int64_t K, int64_t block) {
+  const int64_t groups = K / kGroup;
+  __m512 total[rows];
+  for (int r = 0; r < rows; ++r) total[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* record = w + (block * groups + g) * kRecord;
+    for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + 4 * kRecord + line, _MM_HINT_T0);
+    __m512 dot[rows];
+    for (int r = 0; r < rows; ++r) dot[r] = _mm512_setzero_ps();
+    for (int k = 0; k < kGroup; ++k) {
+      const __m512 weights = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(record + kCols * k))));
+      for (int r = 0; r < rows; ++r) dot[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + g * kGroup + k]), weights, dot[r]);
+    }
+    const __m512 scale = _mm512_loadu_ps((const float*)(record + kScales));
+    const __m512 mins = _mm512_loadu_ps((const float*)(record + kMins));
+    for (int r = 0; r < rows; ++r)
+      total[r] = _mm512_add_ps(total[r], _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[r * groups + g]), _mm512_mul_ps(dot[r], scale)));
+  }
+  for (int r = 0; r < rows; ++r) _mm512_storeu_ps(y + r * N + block * kCols, total[r]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 constexpr int kRows = 6;
 // `rows` rows x one column block of 16 (columns are independent: each output's arithmetic is the
 // same whichever others share the loop). A row alone takes one block at a time too: its records
@@ -114,7 +141,9 @@ void rows_of_block(const float* x, const float* xsum, const uint8_t* w, float* y
 extern "C" {
 // The instruction set this build uses (for the one-line notice).
 const char* specdec_w8a32_isa() {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+  return "AVX-512";
+#elif defined(__AVX2__) && defined(__FMA__)
   return "AVX2 + FMA";
 #else
   return "portable C++";
