@@ -3,6 +3,7 @@ layer, each row the same alone as in a block, checked at load; refused, with a n
 
 import pytest
 import torch
+from isa_paths import ON_AVX2, outputs_per_path
 from tiny import save_random_model
 
 from specdec.models import fused_layer
@@ -110,3 +111,78 @@ def test_a_forward_mixing_a_prefill_and_a_verify_block_scores_each_row_as_alone(
     model.extend(context, verify_cache := model.new_cache())
     verify = model.extend(block, verify_cache)
     assert torch.equal(mixed[:9], prefill) and torch.equal(mixed[9:], verify)
+
+
+def _reference_attention(q, keys, values, row, slots, head_groups):  # one query, float64: [heads, d]
+    k = keys[row][:, slots].double().repeat_interleave(head_groups, dim=0)  # [heads, count, d]
+    v = values[row][:, slots].double().repeat_interleave(head_groups, dim=0)
+    weights = torch.softmax((k @ q.double()[:, :, None])[..., 0] / q.shape[-1] ** 0.5, dim=-1)
+    return (weights[:, None, :] @ v)[:, 0]
+
+
+@pytest.mark.parametrize("context", [5, 70, 200])
+def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context):
+    """specdec_attend over a batch of two rows: a chain of 9 queries after `context` keys and a tree
+    of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys).
+    Every query gets the bits it gets alone, and what float64 attention over its own slots gives.
+    Mutation, checked: a grouped pass that skips the shared start's last chunk, or reads the lead
+    query's slots for another's own part, fails it."""
+    from types import SimpleNamespace
+
+    from specdec.models.attention import query_list
+
+    generator = torch.Generator().manual_seed(context)
+    heads, kv_heads, d, capacity = 6, 2, 64, context + 16
+    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
+    keys = torch.randn(2, kv_heads, capacity, d, generator=generator)
+    values = torch.randn(2, kv_heads, capacity, d, generator=generator)
+    chain, tree_parents, tree_context = 9, [-1, 0, 0, 1, 2], max(context // 2, 1)
+    tokens = chain + len(tree_parents)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
+    q, k, v = (qkv.view(tokens, -1, d).transpose(0, 1).split([heads, kv_heads, kv_heads]))
+    slot_lists = [torch.arange(context + i + 1) for i in range(chain)]
+    for node in range(len(tree_parents)):  # committed slots, then the node's ancestors and itself
+        path = [node]
+        while tree_parents[path[-1]] >= 0:
+            path.append(tree_parents[path[-1]])
+        slot_lists.append(torch.cat([torch.arange(tree_context), torch.tensor(path[::-1]) + tree_context]))
+    rows = [0] * chain + [1] * len(tree_parents)
+    together = torch.zeros(tokens, heads, d)
+    fused_layer.attend_queries(layer, q, k, v, query_list(list(range(tokens)), rows, slot_lists), keys, values,
+                               together)
+    alone = torch.zeros(tokens, heads, d)
+    for index in range(tokens):
+        fused_layer.attend_queries(layer, q, k, v, query_list([index], [rows[index]], [slot_lists[index]]), keys,
+                                   values, alone)
+    assert torch.equal(together, alone)
+    for index in range(tokens):
+        expected = _reference_attention(q[:, index], keys, values, rows[index], slot_lists[index], heads // kv_heads)
+        assert torch.allclose(together[index].double(), expected, atol=1e-5), index
+
+
+# Under each build: a chain of 4 queries after 30 keys, together and one by one; saved for the
+# comparison across builds.
+ATTENTION_SCRIPT = (
+    "import sys, torch; from types import SimpleNamespace; from specdec.models import fused_layer; "
+    "from specdec.models.attention import query_list; w, x = torch.load(sys.argv[2]); "
+    "keys = w.reshape(1, 2, 36, 64).clone(); values = w.flip(0).reshape(1, 2, 36, 64).clone(); "
+    "qkv = torch.cat([x.flatten()] * 4)[: 4 * 640].view(4, 640); q, k, v = qkv.view(4, 10, 64).transpose(0, 1)"
+    ".split([6, 2, 2]); layer = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=64); "
+    "slots = [torch.arange(31 + i) for i in range(4)]; out = torch.zeros(4, 6, 64); "
+    "fused_layer.attend_queries(layer, q, k, v, query_list([0, 1, 2, 3], [0] * 4, slots), keys, values, out); "
+    "alone = torch.zeros(4, 6, 64); "
+    "[fused_layer.attend_queries(layer, q, k, v, query_list([i], [0], [slots[i]]), keys, values, alone) "
+    "for i in range(4)]; torch.save((out, torch.equal(out, alone)), sys.argv[1])"
+)
+
+
+@pytest.mark.slow  # two more builds of the kernels (g++) and a subprocess each
+@pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
+def test_compiled_attention_gives_the_same_bits_on_every_instruction_set_path(tmp_path):
+    """The attention's vector paths (8 keys' dots at once, the vectorized exp and lane sums) and
+    the portable code compute the same formula: the same bits on every build, each query as alone.
+    Mutation, checked: a portable exp_minus_and_sum summing its lanes in another order fails it."""
+    outputs = outputs_per_path(tmp_path, ATTENTION_SCRIPT)
+    for out, rows_alone_equal in outputs.values():
+        assert rows_alone_equal
+        assert torch.equal(out, outputs[""][0])

@@ -89,6 +89,53 @@ void dots_with_key(const float* queries, const float* key, int64_t n, int64_t d,
   for (int64_t h = 0; h < n; ++h) dots[h] = dot(queries + h * d, key, d);
 }
 
+// out[c] = dot(query, key[c], d) * scale for c < count, the same bits as dot() each: 8 keys at once
+// (8 independent lane chains), their 8 lanes summed in dot()'s order by two horizontal adds and a
+// half swap (hadd gives (l0 + l1), (l2 + l3) ...; the halves then add as dot() does).
+void score_keys(const float* query, const float* const* key, int64_t count, int64_t d, float scale, float* out) {
+  int64_t c = 0;
+#if defined(__AVX__)
+  if (d % 8 == 0) {
+    for (; c + 8 <= count; c += 8) {
+      __m256 lanes[8];
+      for (int kk = 0; kk < 8; ++kk) lanes[kk] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(query + i);
+        for (int kk = 0; kk < 8; ++kk) lanes[kk] = _mm256_add_ps(lanes[kk], _mm256_mul_ps(qv, _mm256_loadu_ps(key[c + kk] + i)));
+      }
+      const __m256 first = _mm256_hadd_ps(_mm256_hadd_ps(lanes[0], lanes[1]), _mm256_hadd_ps(lanes[2], lanes[3]));
+      const __m256 second = _mm256_hadd_ps(_mm256_hadd_ps(lanes[4], lanes[5]), _mm256_hadd_ps(lanes[6], lanes[7]));
+      __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(first, second, 0x20), _mm256_permute2f128_ps(first, second, 0x31));
+      dots = _mm256_add_ps(dots, _mm256_setzero_ps());  // dot()'s "+ tail" (0 here): -0 becomes +0 alike
+      _mm256_storeu_ps(out + c, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
+    }
+  }
+#endif
+  for (; c < count; ++c) out[c] = dot(query, key[c], d) * scale;
+}
+
+// acc[t] += weights[c] * value[c][t] for c < count in order, each element's sums as the plain loop's:
+// 64 elements at a time held in registers while the values stream past.
+void gather_values(const float* weights, const float* const* value, int64_t count, int64_t d, float* acc) {
+  int64_t t0 = 0;
+#if defined(__AVX__)
+  for (; t0 + 64 <= d; t0 += 64) {
+    __m256 sums[8];
+    for (int u = 0; u < 8; ++u) sums[u] = _mm256_loadu_ps(acc + t0 + 8 * u);
+    for (int64_t c = 0; c < count; ++c) {
+      const __m256 weight = _mm256_set1_ps(weights[c]);
+      for (int u = 0; u < 8; ++u) sums[u] = _mm256_add_ps(sums[u], _mm256_mul_ps(weight, _mm256_loadu_ps(value[c] + t0 + 8 * u)));
+    }
+    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(acc + t0 + 8 * u, sums[u]);
+  }
+#endif
+  for (; t0 < d; ++t0) {
+    float sum = acc[t0];
+    for (int64_t c = 0; c < count; ++c) sum = sum + weights[c] * value[c][t0];
+    acc[t0] = sum;
+  }
+}
+
 // silu(g) * u = g / (1 + exp(-g)) * u, with exp computed the same way, bit for bit, by the vector
 // and the scalar code below: Cody-Waite reduction (n = round(x log2 e), r = x - n ln2 in two
 // parts), cephes' degree-7 polynomial, times 2^n built in the exponent bits; every step one IEEE
@@ -115,27 +162,62 @@ float exp_scalar(float x) {
   return p * scale;
 }
 
+#if defined(__AVX2__)
+// exp_scalar's steps on 8 lanes: the same bits per element.
+inline __m256 exp_vector(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpLow));
+  x = _mm256_min_ps(x, _mm256_set1_ps(kExpHigh));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(kLn2High)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(kLn2Low)));
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpPoly[i]));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
 void silu_times(const float* gate, const float* up, float* out, int64_t n) {
   int64_t j = 0;
 #if defined(__AVX2__)
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   for (; j + 8 <= n; j += 8) {
     const __m256 g = _mm256_loadu_ps(gate + j);
-    __m256 x = _mm256_sub_ps(zero, g);  // -g, as the scalar code's unary minus (exact)
-    x = _mm256_max_ps(x, _mm256_set1_ps(kExpLow));
-    x = _mm256_min_ps(x, _mm256_set1_ps(kExpHigh));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(kLn2High)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(kLn2Low)));
-    __m256 p = _mm256_set1_ps(kExpPoly[0]);
-    for (int i = 1; i < 6; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExpPoly[i]));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), one);
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    const __m256 e = exp_vector(_mm256_sub_ps(zero, g));  // exp(-g); -g as the scalar code's unary minus (exact)
     _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + j)));
   }
 #endif
   for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_scalar(0.0f - gate[j]))) * up[j];
+}
+
+// x[j] = exp(x[j] - top), each element's bits those of exp_scalar(x[j] - top) on either path; returns
+// their sum in 8 interleaved lanes summed in a fixed order (as dot(): a single running sum over a
+// long context was a latency-bound chain of one add per key).
+float exp_minus_and_sum(float* x, float top, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+#if defined(__AVX2__)
+  __m256 sums = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_vector(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(x + j, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  _mm256_storeu_ps(lanes, sums);
+#else
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      x[j + l] = exp_scalar(x[j + l] - top);
+      lanes[l] += x[j + l];
+    }
+#endif
+  float tail = 0.0f;
+  for (; j < n; ++j) {
+    x[j] = exp_scalar(x[j] - top);
+    tail += x[j];
+  }
+  return (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) + tail;
 }
 
 // out = weight * (x / sqrt(mean(x^2) + eps)), as RMSNorm in float32.
@@ -244,13 +326,20 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
     }
 }
 
-// Attention of each listed query over exactly its own key slots, in their order, one (query, head)
-// at a time: softmax(q . k * scale) @ v, after writing each query's new key and value into its last
-// slot. Grouped-query: head h reads kv head h / (heads / kv_heads).
+// Attention of each listed query over exactly its own key slots, in their order: softmax(q . k *
+// scale) @ v, after writing each query's new key and value into its last slot. Grouped-query: head
+// h reads kv head h / (heads / kv_heads).
 //   q: token t's head h at q + t * q_stride + h * d; its new key and value of kv head g likewise at
 //   k and v + t * q_stride + g * d;  out [tokens, heads * d] (stride heads * d)
 //   keys, values: one layer's cache, slot s of row r, kv head g at r * row_stride + g * head_stride + s * d
 //   per query i: token tokens[i], cache row rows[i], counts[i] slots at slots + i * slots_stride
+//
+// The queries of one cache row (a verify block, a tree's nodes) attend together: the slots their
+// lists share from the start (the row's committed context) are read once for all of them, key by
+// key and value by value, then each query's own slots. Why: one query at a time read the whole
+// context's cache once per query, k times for a k-token block (at 11k tokens of context, ~0.6 GB a
+// query on the 1.5B target). Each query's sums still run over its slots in its order, so its bits
+// do not depend on the others in the call.
 void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, float* keys, float* values,
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
@@ -263,52 +352,115 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       std::memcpy(keys + at, k + tokens[i] * q_stride + g * d, d * sizeof(float));
       std::memcpy(values + at, v + tokens[i] * q_stride + g * d, d * sizeof(float));
     }
-  // One job per (query, kv head, share of its query heads): each key and value is read once for
-  // all the heads that share it (grouped-query attention), not once per head. Each head's sums
+  // The queries by cache row, in their order, and the slots each row's queries all start with.
+  std::vector<std::vector<int64_t>> members;
+  std::vector<int64_t> shared;
+  for (int64_t i = 0; i < queries; ++i) {
+    int64_t found = 0;
+    while (found < int64_t(members.size()) && rows[members[found][0]] != rows[i]) ++found;
+    if (found == int64_t(members.size())) {
+      members.push_back({i});
+      shared.push_back(counts[i]);
+      continue;
+    }
+    members[found].push_back(i);
+    const int64_t* mine = slots + i * slots_stride;
+    const int64_t* theirs = slots + members[found][0] * slots_stride;
+    int64_t common = std::min(shared[found], counts[i]);
+    for (int64_t j = 0; j < common; ++j)
+      if (mine[j] != theirs[j]) {
+        common = j;
+        break;
+      }
+    shared[found] = common;
+  }
+  // One job per (row, kv head, share of its query heads): each key and value is read once for all
+  // the heads that share it (grouped-query attention) and all the row's queries. Each head's sums
   // run in the same order as alone, so the bits do not depend on the grouping.
-  const int64_t jobs_per_query = kv_heads * ((queries * kv_heads >= 4 || group == 1) ? 1 : 2);
-  const int64_t share = group / (jobs_per_query / kv_heads) + (group % (jobs_per_query / kv_heads) != 0);
-#pragma omp parallel for schedule(static) if (queries * jobs_per_query > 1)
-  for (int64_t job = 0; job < queries * jobs_per_query; ++job) {
-    const int64_t i = job / jobs_per_query, part = job % jobs_per_query;
-    const int64_t g = part % kv_heads, first = g * group + (part / kv_heads) * share;
-    const int64_t last = std::min(first + share, (g + 1) * group), count = counts[i], n = last - first;
-    const int64_t base = rows[i] * row_stride + g * head_stride;
-    const int64_t* own = slots + i * slots_stride;
-    thread_local std::vector<float> weights, acc;
-    weights.resize(n * count);
-    acc.assign(n * d, 0.0f);
-    thread_local std::vector<float> dots;
-    dots.resize(n);
-    for (int64_t j = 0; j < count; ++j) {
-      dots_with_key(q + tokens[i] * q_stride + first * d, keys + base + own[j] * d, n, d, dots.data());
-      for (int64_t h = 0; h < n; ++h) weights[h * count + j] = dots[h] * scale;
-    }
-    thread_local std::vector<float> totals;
-    totals.resize(n);
-    for (int64_t h = 0; h < n; ++h) {
-      float* row = weights.data() + h * count;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
-      float total = 0.0f;
-      for (int64_t j = 0; j < count; ++j) {
-        row[j] = std::exp(row[j] - top);
-        total += row[j];
+  const int64_t row_groups = int64_t(members.size());
+  const int64_t splits = (row_groups * kv_heads >= 4 || group == 1) ? 1 : 2;
+  const int64_t share = group / splits + (group % splits != 0);
+  const int64_t jobs_per_row = kv_heads * splits;
+  constexpr int64_t kChunk = 32;  // slots a pass reads while they stay in the first-level caches
+#pragma omp parallel for schedule(static) if (row_groups * jobs_per_row > 1)
+  for (int64_t job = 0; job < row_groups * jobs_per_row; ++job) {
+    const std::vector<int64_t>& mine = members[job / jobs_per_row];
+    const int64_t part = job % jobs_per_row, g = part % kv_heads, first = g * group + (part / kv_heads) * share;
+    const int64_t n = std::min(first + share, (g + 1) * group) - first, common = shared[job / jobs_per_row];
+    const int64_t members_count = int64_t(mine.size()), base = rows[mine[0]] * row_stride + g * head_stride;
+    if (n <= 0) continue;
+    thread_local std::vector<int64_t> offsets;  // member a's weights start at offsets[a]: n rows of counts[a]
+    offsets.resize(members_count + 1);
+    offsets[0] = 0;
+    for (int64_t a = 0; a < members_count; ++a) offsets[a + 1] = offsets[a] + n * counts[mine[a]];
+    thread_local std::vector<float> weights, acc, totals;
+    thread_local std::vector<const float*> chunk;  // the slots of a chunk of keys (or values)
+    weights.resize(offsets[members_count]);
+    acc.assign(members_count * n * d, 0.0f);
+    totals.resize(members_count * n);
+    chunk.resize(kChunk);
+    const int64_t* lead = slots + mine[0] * slots_stride;
+    // Each pass over a chunk of slots: [from, to) of member a's list, or of the shared start when a < 0.
+    const auto chunks = [&](int64_t a, int64_t from, int64_t to, const float* cache, auto&& use) {
+      const int64_t* list = a < 0 ? lead : slots + mine[a] * slots_stride;
+      for (int64_t j0 = from; j0 < to; j0 += kChunk) {
+        const int64_t m = std::min(kChunk, to - j0);
+        for (int64_t c = 0; c < m; ++c) chunk[c] = cache + base + list[j0 + c] * d;
+        for (int64_t b = a < 0 ? 0 : a; b < (a < 0 ? members_count : a + 1); ++b) use(b, j0, m);
       }
-      totals[h] = total;
-    }
-    for (int64_t j = 0; j < count; ++j) {
-      const float* value = values + base + own[j] * d;
+    };
+    // A query alone in its row: key by key, all its heads at once while the key is in registers
+    // (dots_with_key: the same bits as score_keys), values likewise.
+    const auto score_alone = [&](int64_t, int64_t j0, int64_t m) {
+      thread_local std::vector<float> dots;
+      dots.resize(n);
+      const int64_t count = counts[mine[0]];
+      for (int64_t c = 0; c < m; ++c) {
+        dots_with_key(q + tokens[mine[0]] * q_stride + first * d, chunk[c], n, d, dots.data());
+        for (int64_t h = 0; h < n; ++h) weights[h * count + j0 + c] = dots[h] * scale;
+      }
+    };
+    const auto gather_alone = [&](int64_t, int64_t j0, int64_t m) {
+      const int64_t count = counts[mine[0]];
+      for (int64_t c = 0; c < m; ++c)
+        for (int64_t h = 0; h < n; ++h) {
+          const float weight = weights[h * count + j0 + c];
+          float* into = acc.data() + h * d;
+          for (int64_t t = 0; t < d; ++t) into[t] += weight * chunk[c][t];
+        }
+    };
+    const auto score = [&](int64_t a, int64_t j0, int64_t m) {
+      const int64_t count = counts[mine[a]];
+      for (int64_t h = 0; h < n; ++h)
+        score_keys(q + tokens[mine[a]] * q_stride + (first + h) * d, chunk.data(), m, d, scale,
+                   weights.data() + offsets[a] + h * count + j0);
+    };
+    const bool alone = members_count == 1;
+    if (alone) chunks(0, 0, counts[mine[0]], keys, score_alone);
+    else chunks(-1, 0, common, keys, score);
+    for (int64_t a = 0; a < members_count && !alone; ++a) chunks(a, common, counts[mine[a]], keys, score);
+    for (int64_t a = 0; a < members_count; ++a)
       for (int64_t h = 0; h < n; ++h) {
-        const float weight = weights[h * count + j];
-        float* into = acc.data() + h * d;
-        for (int64_t t = 0; t < d; ++t) into[t] += weight * value[t];
+        const int64_t count = counts[mine[a]];
+        float* row = weights.data() + offsets[a] + h * count;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
+        totals[a * n + h] = exp_minus_and_sum(row, top, count);
       }
-    }
-    for (int64_t h = 0; h < n; ++h) {
-      float* target = out + tokens[i] * heads * d + (first + h) * d;
-      for (int64_t t = 0; t < d; ++t) target[t] = acc[h * d + t] / totals[h];
-    }
+    const auto gather = [&](int64_t a, int64_t j0, int64_t m) {
+      const int64_t count = counts[mine[a]];
+      for (int64_t h = 0; h < n; ++h)
+        gather_values(weights.data() + offsets[a] + h * count + j0, chunk.data(), m, d, acc.data() + (a * n + h) * d);
+    };
+    if (alone) chunks(0, 0, counts[mine[0]], values, gather_alone);
+    else chunks(-1, 0, common, values, gather);
+    for (int64_t a = 0; a < members_count && !alone; ++a) chunks(a, common, counts[mine[a]], values, gather);
+    for (int64_t a = 0; a < members_count; ++a)
+      for (int64_t h = 0; h < n; ++h) {
+        float* target = out + tokens[mine[a]] * heads * d + (first + h) * d;
+        const float* sums = acc.data() + (a * n + h) * d;
+        for (int64_t t = 0; t < d; ++t) target[t] = sums[t] / totals[a * n + h];
+      }
   }
 }
 }
