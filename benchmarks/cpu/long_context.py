@@ -26,8 +26,9 @@ from specdec.models.timing import time_block
 def library(path: str) -> ctypes.CDLL:
     handle = ctypes.CDLL(path)
     for name, argtypes in fused_layer.SIGNATURES.items():
-        function = getattr(handle, name)
-        function.restype, function.argtypes = None, argtypes
+        if hasattr(handle, name):  # an older library may lack a newer call (a draft head's)
+            function = getattr(handle, name)
+            function.restype, function.argtypes = None, argtypes
     return handle
 
 
