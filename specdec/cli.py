@@ -32,6 +32,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "fastest and exact here, once) and for a GGUF target on the own forward; none otherwise",
     )
     parser.add_argument(
+        "--kv-dtype",
+        choices=["float32", "bfloat16"],
+        help="what the KV cache stores keys and values in on the own forward (arithmetic stays float32). "
+        "Unset: bfloat16 where the compiled int4 / w8a32 layer runs (half the bytes, as llama.cpp's "
+        "f16 cache), else the weights' dtype",
+    )
+    parser.add_argument(
         "--backend",
         default="auto",
         choices=["auto", "specdec", "transformers", "llama.cpp"],
@@ -223,6 +230,7 @@ def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = Tr
         backend=args.backend,
         trust_remote_code=args.trust_remote_code,
         exact=not args.inexact,
+        kv_dtype=args.kv_dtype,
     )
     from specdec.models import quantize as int8
 

@@ -60,7 +60,9 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     network = model.network
     assert all(isinstance(layer, FusedDecoderLayer) for layer in network.layers)
     assert isinstance(network.norm_then_head, FusedOutput)
-    assert network.quantize_notice.endswith("; layer ops compiled")
+    sixteen_bits = quantize == "int4"  # w8a32 keeps float32's keys and values (its promise: float32's text)
+    assert network.quantize_notice.endswith("; layer ops compiled" + (", keys and values in bfloat16" * sixteen_bits))
+    assert model.new_cache().keys.dtype == (torch.bfloat16 if sixteen_bits else torch.float32)
     calls = []
     for name in ("qkv_projection", "attend_queries", "mlp_block", "norm_then_linear"):
         original = getattr(fused_layer, name)
@@ -73,7 +75,7 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     assert calls.count("qkv_projection") == calls.count("mlp_block") == 2 * layers
     assert calls.count("attend_queries") == layers and calls.count("norm_then_linear") == 2
     monkeypatch.setattr(fused_layer, "layer_problem", lambda format: "refused")  # the same weights, torch layers
-    torch_model = load(folder, quantize=quantize)
+    torch_model = load(folder, quantize=quantize, kv_dtype="bfloat16" if sixteen_bits else None)  # the same cache
     assert all(type(layer) is DecoderLayer for layer in torch_model.network.layers)
     in_torch = [torch_model.extend(tokens[:10], cache := torch_model.new_cache()),
                 torch_model.extend(tokens[10:], cache)]
@@ -120,12 +122,13 @@ def _reference_attention(q, keys, values, row, slots, head_groups):  # one query
     return (weights[:, None, :] @ v)[:, 0]
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("context", [5, 70, 200])
-def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context):
+def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context, kv_dtype):
     """specdec_attend over a batch of two rows: a chain of 9 queries after `context` keys and a tree
     of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys).
-    Every query gets the bits it gets alone, and what float64 attention over its own slots gives.
-    Mutation, checked: a grouped pass that skips the shared start's last chunk, or reads the lead
+    Every query gets the bits it gets alone, and what float64 attention over its own slots gives;
+    in a bfloat16 cache, each query's new key and value are stored as torch rounds them. Mutation, checked: a grouped pass that skips the shared start's last chunk, or reads the lead
     query's slots for another's own part, fails it."""
     from types import SimpleNamespace
 
@@ -134,8 +137,8 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
     generator = torch.Generator().manual_seed(context)
     heads, kv_heads, d, capacity = 6, 2, 64, context + 16
     layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
-    keys = torch.randn(2, kv_heads, capacity, d, generator=generator)
-    values = torch.randn(2, kv_heads, capacity, d, generator=generator)
+    keys = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
+    values = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
     chain, tree_parents, tree_context = 9, [-1, 0, 0, 1, 2], max(context // 2, 1)
     tokens = chain + len(tree_parents)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
@@ -155,6 +158,10 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
         fused_layer.attend_queries(layer, q, k, v, query_list([index], [rows[index]], [slot_lists[index]]), keys,
                                    values, alone)
     assert torch.equal(together, alone)
+    for index in range(tokens):  # each query's own key and value in its last slot, as torch stores them
+        slot = slot_lists[index][-1]
+        assert torch.equal(keys[rows[index], :, slot], k[:, index].to(kv_dtype))
+        assert torch.equal(values[rows[index], :, slot], v[:, index].to(kv_dtype))
     for index in range(tokens):
         expected = _reference_attention(q[:, index], keys, values, rows[index], slot_lists[index], heads // kv_heads)
         assert torch.allclose(together[index].double(), expected, atol=1e-5), index

@@ -180,6 +180,7 @@ def load(
     trust_remote_code: bool = False,
     max_context: int | None = None,
     exact: bool = True,
+    kv_dtype: str | None = None,
 ) -> LanguageModel:
     """Load a model folder.
 
@@ -194,18 +195,22 @@ def load(
     after the prefill), so greedy speculative output equals target-only output. False trades that
     for a cheaper single-token forward (docs/design.md has the measured price). int8 is exact anyway.
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
+    kv_dtype: what the own forward's KV cache stores keys and values in, "float32" or "bfloat16"
+    (arithmetic stays in dtype); None: bfloat16 where the compiled int4 / w8a32 layer runs, else dtype.
     """
     check_load_options(dtype, backend, quantize, device)
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
     folder = resolve_model_path(path)
     if backend == "llama.cpp" or folder.suffix == ".gguf":
-        return _load_gguf(folder, backend, dtype, quantize, device, max_context, exact)
+        return with_kv_dtype(_load_gguf(folder, backend, dtype, quantize, device, max_context, exact), kv_dtype)
     raw_config = _check_folder_config(folder, trust_remote_code)
     hf_config = read_hf_config(folder, trust_remote_code)
     network, used_backend = _build_network(folder, hf_config, backend, DTYPES[dtype], device, trust_remote_code)
     _set_precision(network, used_backend, folder, exact, quantize)
     tokenizer = _load_tokenizer(folder)
     context = hf_config.max_position_embeddings
-    return LanguageModel(
+    return with_kv_dtype(LanguageModel(
         network=network,
         tokenizer=tokenizer,
         name=model_name(folder),
@@ -216,7 +221,22 @@ def load(
         dtype=DTYPES[dtype],
         device=torch.device(device),
         path=str(folder),
-    )
+    ), kv_dtype)
+
+
+KV_DTYPES = ("float32", "bfloat16")
+
+
+def with_kv_dtype(model: LanguageModel, kv_dtype: str | None) -> LanguageModel:
+    """The model, its KV cache storing keys and values in ``kv_dtype`` (None: as loading chose)."""
+    if kv_dtype is None:
+        return model
+    from specdec.models.transformer import LlamaFamilyModel
+
+    if not isinstance(model.network, LlamaFamilyModel):
+        raise ValueError(f"--kv-dtype sets the own forward's cache; {model.name} runs on the {model.backend} backend")
+    model.network.kv_dtype = DTYPES[kv_dtype]
+    return model
 
 
 def check_load_options(dtype: str, backend: str, quantize: str | None, device: str) -> None:

@@ -5,6 +5,7 @@ the model (transformer.py) knows none of them (the package has no import cycles)
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from specdec.models.fused_layer import fuse
@@ -33,6 +34,14 @@ def quantize_model(network: LlamaFamilyModel, kind: str = "int8") -> LlamaFamily
     packed = PACKED_FORMATS.get(str(network.quantized))
     if packed is not None:
         problem = fuse(network, packed)
+        sixteen_bits = problem is None and kind == "int4"
+        if sixteen_bits:
+            # int4: keys and values stored in 16 bits, read by the compiled attention in float32: half
+            # the cache's bytes (llama.cpp's default f16 cache is as wide), the same bits for
+            # target-only and speculative decoding; load(kv_dtype="float32") keeps them in 32. Not
+            # w8a32, whose promise is float32's text.
+            network.kv_dtype = torch.bfloat16
         network.quantize_notice = f"{network.quantize_notice}; " + (
-            f"layer ops not compiled ({problem})" if problem else "layer ops compiled")
+            f"layer ops not compiled ({problem})" if problem else "layer ops compiled"
+            + (", keys and values in bfloat16" if sixteen_bits else ""))
     return network

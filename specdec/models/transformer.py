@@ -202,6 +202,9 @@ class LlamaFamilyModel(nn.Module):
         # a precision has a faster equivalent of the two (precisions.quantize_model); None: the two.
         self.norm_then_head: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.fixed_rows: int | None = None  # set by make_batch_invariant
+        # What the KV cache stores keys and values in (None: the weights' dtype); arithmetic stays in
+        # self.dtype. bfloat16 where the compiled layer runs (precisions.quantize_model), or load(kv_dtype=).
+        self.kv_dtype: torch.dtype | None = None
 
     def restrict_output(self, token_ids: torch.Tensor) -> LlamaFamilyModel:
         """Score only ``token_ids`` [subset] (SubsetHead): for drafts, before any quantization."""
@@ -247,7 +250,7 @@ class LlamaFamilyModel(nn.Module):
             c.num_kv_heads,
             c.head_dim,
             max_length or c.max_position_embeddings,
-            self.dtype,
+            self.kv_dtype or self.dtype,
             self.device,
             rows,
         )

@@ -136,6 +136,35 @@ void gather_values(const float* weights, const float* const* value, int64_t coun
   }
 }
 
+// Keys and values stored in 16 bits (bfloat16), computed with in float32: a float's bfloat16 is
+// its top 16 bits rounded to nearest even (NaN to a quiet NaN), as torch rounds it, so a key the
+// compiled attention stores is the key torch stores; widening back is exact.
+uint16_t to_bfloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  if (std::isnan(value)) return 0x7FC0;
+  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+void widen_bfloat16(const uint16_t* from, float* to, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = uint32_t(from[i]) << 16;
+    std::memcpy(to + i, &bits, 4);
+  }
+}
+
+// n floats into a cache slot of kv_bits-wide elements (32: as they are; 16: bfloat16).
+void store_elements(const float* from, char* to, int64_t n, int64_t kv_bits) {
+  if (kv_bits == 32) {
+    std::memcpy(to, from, n * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t half = to_bfloat16(from[i]);
+    std::memcpy(to + 2 * i, &half, 2);
+  }
+}
+
 // silu(g) * u = g / (1 + exp(-g)) * u, with exp computed the same way, bit for bit, by the vector
 // and the scalar code below: Cody-Waite reduction (n = round(x log2 e), r = x - n ln2 in two
 // parts), cephes' degree-7 polynomial, times 2^n built in the exponent bits; every step one IEEE
@@ -331,7 +360,8 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 // h reads kv head h / (heads / kv_heads).
 //   q: token t's head h at q + t * q_stride + h * d; its new key and value of kv head g likewise at
 //   k and v + t * q_stride + g * d;  out [tokens, heads * d] (stride heads * d)
-//   keys, values: one layer's cache, slot s of row r, kv head g at r * row_stride + g * head_stride + s * d
+//   keys, values: one layer's cache, slot s of row r, kv head g at element r * row_stride + g *
+//   head_stride + s * d, each element kv_bits wide (32: float32; 16: bfloat16, widened to float32)
 //   per query i: token tokens[i], cache row rows[i], counts[i] slots at slots + i * slots_stride
 //
 // The queries of one cache row (a verify block, a tree's nodes) attend together: the slots their
@@ -340,17 +370,18 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 // context's cache once per query, k times for a k-token block (at 11k tokens of context, ~0.6 GB a
 // query on the 1.5B target). Each query's sums still run over its slots in its order, so its bits
 // do not depend on the others in the call.
-void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, float* keys, float* values,
+void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
-                    int64_t kv_heads, int64_t d, float scale, float* out) {
+                    int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_bits) {
+  const int64_t element = kv_bits / 8;  // bytes a stored key or value element takes: 4 (float32) or 2 (bfloat16)
   const int64_t group = heads / kv_heads;
   // Each query's own key and value first (its last slot), so that block-mates see each other.
   for (int64_t i = 0; i < queries; ++i)
     for (int64_t g = 0; g < kv_heads; ++g) {
-      const int64_t at = rows[i] * row_stride + g * head_stride + slots[i * slots_stride + counts[i] - 1] * d;
-      std::memcpy(keys + at, k + tokens[i] * q_stride + g * d, d * sizeof(float));
-      std::memcpy(values + at, v + tokens[i] * q_stride + g * d, d * sizeof(float));
+      const int64_t at = (rows[i] * row_stride + g * head_stride + slots[i * slots_stride + counts[i] - 1] * d) * element;
+      store_elements(k + tokens[i] * q_stride + g * d, static_cast<char*>(keys) + at, d, kv_bits);
+      store_elements(v + tokens[i] * q_stride + g * d, static_cast<char*>(values) + at, d, kv_bits);
     }
   // The queries by cache row, in their order, and the slots each row's queries all start with.
   std::vector<std::vector<int64_t>> members;
@@ -401,11 +432,21 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
     chunk.resize(kChunk);
     const int64_t* lead = slots + mine[0] * slots_stride;
     // Each pass over a chunk of slots: [from, to) of member a's list, or of the shared start when a < 0.
-    const auto chunks = [&](int64_t a, int64_t from, int64_t to, const float* cache, auto&& use) {
+    thread_local std::vector<float> widened;  // a chunk of 16-bit keys or values as floats
+    widened.resize(kChunk * d);
+    const auto chunks = [&](int64_t a, int64_t from, int64_t to, const void* cache, auto&& use) {
       const int64_t* list = a < 0 ? lead : slots + mine[a] * slots_stride;
       for (int64_t j0 = from; j0 < to; j0 += kChunk) {
         const int64_t m = std::min(kChunk, to - j0);
-        for (int64_t c = 0; c < m; ++c) chunk[c] = cache + base + list[j0 + c] * d;
+        for (int64_t c = 0; c < m; ++c) {
+          const char* at = static_cast<const char*>(cache) + (base + list[j0 + c] * d) * element;
+          if (kv_bits == 32) {
+            chunk[c] = reinterpret_cast<const float*>(at);
+          } else {
+            widen_bfloat16(reinterpret_cast<const uint16_t*>(at), widened.data() + c * d, d);
+            chunk[c] = widened.data() + c * d;
+          }
+        }
         for (int64_t b = a < 0 ? 0 : a; b < (a < 0 ? members_count : a + 1); ++b) use(b, j0, m);
       }
     };
