@@ -128,8 +128,9 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
     """specdec_attend over a batch of two rows: a chain of 9 queries after `context` keys and a tree
     of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys).
     Every query gets the bits it gets alone, and what float64 attention over its own slots gives;
-    in a bfloat16 cache, each query's new key and value are stored as torch rounds them. Mutation, checked: a grouped pass that skips the shared start's last chunk, or reads the lead
-    query's slots for another's own part, fails it."""
+    in a bfloat16 cache, each query's new key and value are stored as torch rounds them. Mutation,
+    checked: a grouped pass that skips the shared start's last chunk, or reads the lead query's
+    slots for another's own part, fails it."""
     from types import SimpleNamespace
 
     from specdec.models.attention import query_list
