@@ -1,13 +1,15 @@
 """T(k) after long contexts: what a verify block costs when the cache, not the weights, is most
 of what a step reads. The cache is filled with random keys and values up to each context length
 (no prefill: only the attention's reads and arithmetic differ from a real context's), then T(k)
-is timed (median of --repeats) for each block size; with --libraries, compiled layer libraries
-(built as kernel_library_ab.py says) are swapped into the loaded model in turn, interleaved over
---rounds, in one process. Prints, per context, the bytes of cache a k-token block must read once
-(context x bytes a token) beside T(k); writes JSON.
+is timed (median of --repeats) for each block size, in each configuration: a compiled layer
+library (built as kernel_library_ab.py says; "package": the installed one) and the cache's dtype,
+swapped into the loaded model in turn, interleaved over --rounds, in one process. Prints, per
+context, the bytes of cache a k-token block must read once (context x bytes a token) beside T(k);
+writes JSON. A library from before the 16-bit cache reads float32 only.
 
     python benchmarks/cpu/long_context.py MODEL_DIR [--quantize int4] [--contexts 64,2048,4096,8192,16384]
-        [--blocks 1,4,8,16] [--libraries old.so,new.so] [--rounds 3] [--repeats 3] [--out FILE.json]
+        [--blocks 1,4,8,16] [--configs old.so:float32,package:float32,package:bfloat16] [--rounds 3]
+        [--repeats 3] [--out FILE.json]
 """
 
 import argparse
@@ -38,40 +40,46 @@ def main() -> None:
     parser.add_argument("--quantize", default="int4")
     parser.add_argument("--contexts", default="64,2048,4096,8192,16384")
     parser.add_argument("--blocks", default="1,4,8,16")
-    parser.add_argument("--libraries",
-                        help="compiled layer libraries to compare, comma-separated (default: the package's)")
+    parser.add_argument("--configs", default="package:float32,package:bfloat16",
+                        help="LIBRARY:KV_DTYPE, comma-separated (LIBRARY: a .so path or package)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="runs/long_context.json")
     args = parser.parse_args()
     contexts, blocks = [int(c) for c in args.contexts.split(",")], [int(k) for k in args.blocks.split(",")]
     model = load(args.model, quantize=args.quantize)
-    libraries = {path: library(path) for path in args.libraries.split(",")} if args.libraries else {
-        "package": fused_layer.library()}
+    configs = {}
+    for config in args.configs.split(","):
+        path, _, kv_dtype = config.rpartition(":")
+        configs[config] = (fused_layer.library() if path == "package" else library(path), getattr(torch, kv_dtype))
     rows = []
     print(f"{machine_description()}; {model.name}, {model.precision}")
-    print(f"{'context':>7} {'k':>3} {'cache MB once':>13} " + " ".join(f"{name[-24:]:>24}" for name in libraries))
+    print(f"{'context':>7} {'k':>3} " + " ".join(f"{name[-26:]:>26} {'MB once':>8}" for name in configs))
     for context in contexts:
-        cache = model.new_cache(rows=1, max_length=context + max(blocks))
-        cache.reserve(context + max(blocks))
-        generator = torch.Generator().manual_seed(0)
-        cache.keys[:, 0, :, :context] = torch.randn(cache.keys[:, 0, :, :context].shape, generator=generator)
-        cache.values[:, 0, :, :context] = torch.randn(cache.values[:, 0, :, :context].shape, generator=generator)
-        cache.commit(0, context)
-        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in libraries for k in blocks}
+        caches = {}
+        for name, (_, kv_dtype) in configs.items():
+            model.network.kv_dtype = kv_dtype
+            cache = caches[name] = model.new_cache(rows=1, max_length=context + max(blocks))
+            cache.reserve(context + max(blocks))
+            generator = torch.Generator().manual_seed(0)
+            shape = cache.keys[:, 0, :, :context].shape
+            cache.keys[:, 0, :, :context] = torch.randn(shape, generator=generator)
+            cache.values[:, 0, :, :context] = torch.randn(shape, generator=generator)
+            cache.commit(0, context)
+        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in configs for k in blocks}
         for _ in range(args.rounds):
-            for name, handle in libraries.items():
+            for name, (handle, _) in configs.items():
                 fused_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
-                time_block(model, cache, 1, 1)
+                time_block(model, caches[name], 1, 1)
                 for k in blocks:
-                    times[(name, k)].append(time_block(model, cache, k, args.repeats) * 1e3)
-        once_mb = context * cache.bytes_per_token / 1e6
+                    times[(name, k)].append(time_block(model, caches[name], k, args.repeats) * 1e3)
         for k in blocks:
-            medians = {name: statistics.median(times[(name, k)]) for name in libraries}
-            rows.append({"context": context, "k": k, "cache_mb_once": once_mb, "ms": medians})
-            print(f"{context:7d} {k:3d} {once_mb:13.1f} " + " ".join(f"{ms:21.1f} ms" for ms in medians.values()),
-                  flush=True)
-        del cache
+            measured = {name: {"ms": statistics.median(times[(name, k)]),
+                               "cache_mb_once": context * caches[name].bytes_per_token / 1e6} for name in configs}
+            rows.append({"context": context, "k": k, "configs": measured})
+            print(f"{context:7d} {k:3d} " + " ".join(f"{m['ms']:23.1f} ms {m['cache_mb_once']:8.1f}"
+                                                     for m in measured.values()), flush=True)
+        del caches
     path = write_measurement(args.out, {"machine": machine_description(), "model": args.model,
                                         "precision": model.precision, "rows": rows})
     print(f"-> {path}")

@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <vector>
+#include <omp.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -64,16 +65,34 @@ float dot(const float* a, const float* b, int64_t n) {
   return (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) + tail;
 }
 
+// A stored key or value element as a float: float32 as it is, bfloat16 (its top 16 bits) widened.
+inline float element(const float* at, int64_t i) { return at[i]; }
+inline float element(const uint16_t* at, int64_t i) {
+  const uint32_t bits = uint32_t(at[i]) << 16;
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+#if defined(__AVX2__)
+inline __m256 load8(const float* at) { return _mm256_loadu_ps(at); }
+inline __m256 load8(const uint16_t* at) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#endif
+
 // dots[h] = dot(queries + h * d, key, d) for h < n, the same bits as dot() each: several queries
-// at once so that their dependent lane sums overlap (one query's chain is latency-bound).
-void dots_with_key(const float* queries, const float* key, int64_t n, int64_t d, float* dots) {
-#if defined(__AVX__)
+// at once so that their dependent lane sums overlap (one query's chain is latency-bound). The key
+// float32 or bfloat16 (widened in registers: the same floats as widened in memory).
+template <typename Element>
+void dots_with_key(const float* queries, const Element* key, int64_t n, int64_t d, float* dots) {
+#if defined(__AVX2__)
   if (d % 8 == 0) {
     for (int64_t h0 = 0; h0 < n; h0 += 4) {
       const int64_t count = std::min<int64_t>(4, n - h0);
       __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t i = 0; i < d; i += 8) {
-        const __m256 k = _mm256_loadu_ps(key + i);
+        const __m256 k = load8(key + i);
         for (int64_t h = 0; h < count; ++h)
           lanes[h] = _mm256_add_ps(lanes[h], _mm256_mul_ps(_mm256_loadu_ps(queries + (h0 + h) * d + i), k));
       }
@@ -86,7 +105,32 @@ void dots_with_key(const float* queries, const float* key, int64_t n, int64_t d,
     return;
   }
 #endif
-  for (int64_t h = 0; h < n; ++h) dots[h] = dot(queries + h * d, key, d);
+  thread_local std::vector<float> widened;
+  widened.resize(d);
+  for (int64_t i = 0; i < d; ++i) widened[i] = element(key, i);
+  for (int64_t h = 0; h < n; ++h) dots[h] = dot(queries + h * d, widened.data(), d);
+}
+
+// into[h * d + t] += weights[h] * value[t] for h < n, each element as the plain loop's (the value
+// float32 or bfloat16, widened in registers).
+template <typename Element>
+void add_weighted_value(const float* weights, const Element* value, int64_t n, int64_t d, float* into) {
+  int64_t t0 = 0;
+#if defined(__AVX2__)
+  if (d % 8 == 0) {
+    for (int64_t h = 0; h < n; ++h) {  // head by head: each head's row of sums streams once
+      const __m256 weight = _mm256_set1_ps(weights[h]);
+      float* row = into + h * d;
+      for (int64_t t = 0; t < d; t += 8)
+        _mm256_storeu_ps(row + t, _mm256_add_ps(_mm256_loadu_ps(row + t), _mm256_mul_ps(weight, load8(value + t))));
+    }
+    return;
+  }
+#endif
+  for (; t0 < d; ++t0) {
+    const float v = element(value, t0);
+    for (int64_t h = 0; h < n; ++h) into[h * d + t0] += weights[h] * v;
+  }
 }
 
 // out[c] = dot(query, key[c], d) * scale for c < count, the same bits as dot() each: 8 keys at once
@@ -147,7 +191,14 @@ uint16_t to_bfloat16(float value) {
 }
 
 void widen_bfloat16(const uint16_t* from, float* to, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+    _mm256_storeu_ps(to + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+#endif
+  for (; i < n; ++i) {
     const uint32_t bits = uint32_t(from[i]) << 16;
     std::memcpy(to + i, &bits, 4);
   }
@@ -409,7 +460,10 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   // the heads that share it (grouped-query attention) and all the row's queries. Each head's sums
   // run in the same order as alone, so the bits do not depend on the grouping.
   const int64_t row_groups = int64_t(members.size());
-  const int64_t splits = (row_groups * kv_heads >= 4 || group == 1) ? 1 : 2;
+  // A kv head's query heads split in two only where whole kv heads would leave a thread idle (3 kv
+  // heads on 2 threads): each split reads (and widens) the kv head's keys and values again.
+  const int64_t threads = omp_get_max_threads(), whole = row_groups * kv_heads;
+  const int64_t splits = (whole % threads == 0 || whole >= 4 * threads || group == 1) ? 1 : 2;
   const int64_t share = group / splits + (group % splits != 0);
   const int64_t jobs_per_row = kv_heads * splits;
   constexpr int64_t kChunk = 32;  // slots a pass reads while they stay in the first-level caches
@@ -450,25 +504,32 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
         for (int64_t b = a < 0 ? 0 : a; b < (a < 0 ? members_count : a + 1); ++b) use(b, j0, m);
       }
     };
-    // A query alone in its row: key by key, all its heads at once while the key is in registers
-    // (dots_with_key: the same bits as score_keys), values likewise.
-    const auto score_alone = [&](int64_t, int64_t j0, int64_t m) {
+    // A query alone in its row: slot by slot, all its heads at once while the key (or value) is in
+    // registers, widened there from 16 bits (dots_with_key: the same bits as score_keys).
+    const int64_t* own_slots = slots + mine[0] * slots_stride;
+    const auto slot_at = [&](const void* cache, int64_t j) {
+      return static_cast<const char*>(cache) + (base + own_slots[j] * d) * element;
+    };
+    const auto score_alone = [&]() {
       thread_local std::vector<float> dots;
       dots.resize(n);
       const int64_t count = counts[mine[0]];
-      for (int64_t c = 0; c < m; ++c) {
-        dots_with_key(q + tokens[mine[0]] * q_stride + first * d, chunk[c], n, d, dots.data());
-        for (int64_t h = 0; h < n; ++h) weights[h * count + j0 + c] = dots[h] * scale;
+      const float* query = q + tokens[mine[0]] * q_stride + first * d;
+      for (int64_t j = 0; j < count; ++j) {
+        if (kv_bits == 32) dots_with_key(query, reinterpret_cast<const float*>(slot_at(keys, j)), n, d, dots.data());
+        else dots_with_key(query, reinterpret_cast<const uint16_t*>(slot_at(keys, j)), n, d, dots.data());
+        for (int64_t h = 0; h < n; ++h) weights[h * count + j] = dots[h] * scale;
       }
     };
-    const auto gather_alone = [&](int64_t, int64_t j0, int64_t m) {
+    const auto gather_alone = [&]() {
+      thread_local std::vector<float> column;  // the slot's weight for each head
+      column.resize(n);
       const int64_t count = counts[mine[0]];
-      for (int64_t c = 0; c < m; ++c)
-        for (int64_t h = 0; h < n; ++h) {
-          const float weight = weights[h * count + j0 + c];
-          float* into = acc.data() + h * d;
-          for (int64_t t = 0; t < d; ++t) into[t] += weight * chunk[c][t];
-        }
+      for (int64_t j = 0; j < count; ++j) {
+        for (int64_t h = 0; h < n; ++h) column[h] = weights[h * count + j];
+        if (kv_bits == 32) add_weighted_value(column.data(), reinterpret_cast<const float*>(slot_at(values, j)), n, d, acc.data());
+        else add_weighted_value(column.data(), reinterpret_cast<const uint16_t*>(slot_at(values, j)), n, d, acc.data());
+      }
     };
     const auto score = [&](int64_t a, int64_t j0, int64_t m) {
       const int64_t count = counts[mine[a]];
@@ -477,7 +538,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
                    weights.data() + offsets[a] + h * count + j0);
     };
     const bool alone = members_count == 1;
-    if (alone) chunks(0, 0, counts[mine[0]], keys, score_alone);
+    if (alone) score_alone();
     else chunks(-1, 0, common, keys, score);
     for (int64_t a = 0; a < members_count && !alone; ++a) chunks(a, common, counts[mine[a]], keys, score);
     for (int64_t a = 0; a < members_count; ++a)
@@ -493,7 +554,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       for (int64_t h = 0; h < n; ++h)
         gather_values(weights.data() + offsets[a] + h * count + j0, chunk.data(), m, d, acc.data() + (a * n + h) * d);
     };
-    if (alone) chunks(0, 0, counts[mine[0]], values, gather_alone);
+    if (alone) gather_alone();
     else chunks(-1, 0, common, values, gather);
     for (int64_t a = 0; a < members_count && !alone; ++a) chunks(a, common, counts[mine[a]], values, gather);
     for (int64_t a = 0; a < members_count; ++a)
