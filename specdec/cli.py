@@ -33,10 +33,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "float16"],
         help="what the KV cache stores keys and values in on the own forward (arithmetic stays float32). "
-        "Unset: bfloat16 where the compiled int4 / w8a32 layer runs (half the bytes, as llama.cpp's "
-        "f16 cache), else the weights' dtype",
+        "Unset: 16 bits for int4 where the compiled layer runs (half the bytes, as llama.cpp's f16 "
+        "cache), else the weights' dtype",
     )
     parser.add_argument(
         "--backend",

@@ -122,13 +122,13 @@ def _reference_attention(q, keys, values, row, slots, head_groups):  # one query
     return (weights[:, None, :] @ v)[:, 0]
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("context", [5, 70, 200])
 def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context, kv_dtype):
     """specdec_attend over a batch of two rows: a chain of 9 queries after `context` keys and a tree
     of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys).
     Every query gets the bits it gets alone, and what float64 attention over its own slots gives;
-    in a bfloat16 cache, each query's new key and value are stored as torch rounds them. Mutation,
+    in a 16-bit cache, each query's new key and value are stored as torch rounds them. Mutation,
     checked: a grouped pass that skips the shared start's last chunk, or reads the lead query's
     slots for another's own part, fails it."""
     from types import SimpleNamespace
@@ -194,3 +194,49 @@ def test_compiled_attention_gives_the_same_bits_on_every_instruction_set_path(tm
     for out, rows_alone_equal in outputs.values():
         assert rows_alone_equal
         assert torch.equal(out, outputs[""][0])
+
+
+def test_the_kv_dtype_is_an_option_of_the_own_forward(model_dir):
+    """int4 stores keys and values in bfloat16 unless kv_dtype says float32; a float model takes
+    bfloat16 when asked (its torch attention computes in float32); an unknown dtype or another
+    backend's cache is refused, naming the option."""
+    folder = save_random_model(model_dir / "kv-dtype", "llama", seed=9)
+    assert load(folder, quantize="int4").new_cache().keys.dtype == torch.bfloat16
+    assert load(folder, quantize="int4", kv_dtype="float32").new_cache().keys.dtype == torch.float32
+    float_model = load(folder, kv_dtype="bfloat16")
+    cache = float_model.new_cache()
+    assert cache.keys.dtype == torch.bfloat16 and cache.bytes_per_token == load(folder).new_cache().bytes_per_token // 2
+    assert float_model.extend(torch.arange(5), cache).dtype == torch.float32
+    assert load(folder, quantize="int4", kv_dtype="float16").new_cache().keys.dtype == torch.float16
+    with pytest.raises(ValueError, match="unknown kv_dtype"):
+        load(folder, kv_dtype="int8")
+    with pytest.raises(ValueError, match="--kv-dtype"):
+        load(folder, backend="transformers", kv_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_cache_stores_keys_as_torch_rounds_them_at_the_edges(kv_dtype):
+    """The compiled attention's own stores round as torch's .to(dtype) does, at the values where a
+    conversion goes wrong: halfway cases, the largest finite values and past them (overflow),
+    subnormals and the smallest normals, signed zeros, infinities."""
+    from types import SimpleNamespace
+
+    from specdec.models.attention import query_list
+
+    d = 64
+    info = torch.finfo(kv_dtype)
+    edges = torch.tensor([0.0, -0.0, 1.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8,
+                          float(info.max), float(info.max) * 1.001, -float(info.max) * 1.01, float(info.tiny),
+                          float(info.tiny) / 3, 5.96e-8, 2.98e-8, 1e-45, float("inf"), -float("inf"), 65519.9,
+                          65520.0, 3.3895e38, -1e-30, 123.456, -0.00012345, 7.0e-6])
+    row = torch.cat([edges, torch.randn(d - edges.shape[0], generator=torch.Generator().manual_seed(3)) * 1e3])
+    qkv = torch.zeros(1, 3 * d)
+    qkv[0, d:2 * d] = row  # the key
+    qkv[0, 2 * d:] = row.flip(0)  # the value
+    q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
+    keys, values = torch.zeros(1, 1, 4, d, dtype=kv_dtype), torch.zeros(1, 1, 4, d, dtype=kv_dtype)
+    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d)
+    fused_layer.attend_queries(layer, q, k, v, query_list([0], [0], [torch.arange(3)]), keys, values,
+                               torch.zeros(1, 1, d))
+    assert torch.equal(keys[0, 0, 2].view(torch.int16), row.to(kv_dtype).view(torch.int16))
+    assert torch.equal(values[0, 0, 2].view(torch.int16), row.flip(0).to(kv_dtype).view(torch.int16))

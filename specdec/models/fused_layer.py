@@ -36,7 +36,8 @@ from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, Transform
 from specdec.models.w8a32 import W8A32Linear
 
 POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-KV_BITS = {torch.float32: 32, torch.bfloat16: 16}  # the cache dtypes the compiled attention stores and reads
+# The cache dtypes the compiled attention stores and reads, as its kv_format argument.
+KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 SIGNATURES = {
     "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
     "specdec_norm_linear": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
@@ -154,7 +155,7 @@ def attend_queries(
     k: torch.Tensor,  # [kv_heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
     v: torch.Tensor,  # [kv_heads, n, d]
     queries: QueryList,
-    keys: torch.Tensor,  # [rows, kv_heads, capacity, d] float32 or bfloat16, one layer's cache: each
+    keys: torch.Tensor,  # [rows, kv_heads, capacity, d] float32, bfloat16 or float16, one layer's cache: each
     values: torch.Tensor,  # same                      query's key is written into its last slot first
     out: torch.Tensor,  # [n, heads, d] contiguous, written at queries.tokens
 ) -> None:
@@ -164,13 +165,13 @@ def attend_queries(
             not (keys.is_contiguous() and values.is_contiguous() and out.is_contiguous()):
         raise ValueError("attend_queries needs q, k and v as head views of one token-major buffer and a contiguous "
                          "cache")
-    if keys.dtype not in KV_BITS or values.dtype != keys.dtype:
-        raise ValueError(f"the compiled attention reads a float32 or bfloat16 cache, not {keys.dtype}")
+    if keys.dtype not in KV_FORMATS or values.dtype != keys.dtype:
+        raise ValueError(f"the compiled attention reads a float32, bfloat16 or float16 cache, not {keys.dtype}")
     library().specdec_attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0),
         keys.stride(1), queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(),
         queries.counts.data_ptr(), queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads,
-        layer.num_kv_heads, d, 1.0 / math.sqrt(d), out.data_ptr(), KV_BITS[keys.dtype],
+        layer.num_kv_heads, d, 1.0 / math.sqrt(d), out.data_ptr(), KV_FORMATS[keys.dtype],
     )
 
 

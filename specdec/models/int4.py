@@ -44,6 +44,7 @@ SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
 W8A32_SOURCE = Path(__file__).parent / "kernels" / "w8a32_matmul.cpp"
 LAYER_SOURCE = Path(__file__).parent / "kernels" / "layer_ops.cpp"
 SOURCES = (SOURCE, W8A32_SOURCE, LAYER_SOURCE)
+HEADERS = (Path(__file__).parent / "kernels" / "float16.h",)  # included by the sources: part of the build's key
 
 
 class KernelUnavailable(RuntimeError):
@@ -54,7 +55,7 @@ class KernelUnavailable(RuntimeError):
 def compiled_kernel() -> ctypes.CDLL:
     """The kernel, compiled once per machine and source into the cache folder."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
-    missing = [str(source) for source in SOURCES if not source.is_file()]
+    missing = [str(source) for source in (*SOURCES, *HEADERS) if not source.is_file()]
     if missing:
         raise KernelUnavailable(f"the int4 kernel's source is missing from the package ({', '.join(missing)})")
     if compiler is None:
@@ -90,7 +91,7 @@ def library_key() -> str:
     """The source, compiler and machine (CPU, flags, ISA caps) the kernel is built for: a new key
     builds and checks anew."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
-    text = b"".join(source.read_bytes() for source in SOURCES if source.is_file())
+    text = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS) if source.is_file())
     text += " ".join([compiler, *_flags(), machine_key()]).encode()
     return hashlib.sha256(text).hexdigest()[:16]
 

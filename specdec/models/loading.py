@@ -195,8 +195,8 @@ def load(
     after the prefill), so greedy speculative output equals target-only output. False trades that
     for a cheaper single-token forward (docs/design.md has the measured price). int8 is exact anyway.
     A ``.gguf`` file runs on llama.cpp's kernels (backend "llama.cpp", needs specdec[llama-cpp]).
-    kv_dtype: what the own forward's KV cache stores keys and values in, "float32" or "bfloat16"
-    (arithmetic stays in dtype); None: bfloat16 where the compiled int4 / w8a32 layer runs, else dtype.
+    kv_dtype: what the own forward's KV cache stores keys and values in, "float32", "bfloat16" or
+    "float16" (arithmetic stays in dtype); None: as quantize_model chose (16 bits for int4), else dtype.
     """
     check_load_options(dtype, backend, quantize, device)
     if kv_dtype is not None and kv_dtype not in KV_DTYPES:
@@ -224,7 +224,7 @@ def load(
     ), kv_dtype)
 
 
-KV_DTYPES = ("float32", "bfloat16")
+KV_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def with_kv_dtype(model: LanguageModel, kv_dtype: str | None) -> LanguageModel:

@@ -78,8 +78,9 @@ class PaddedChains:
         cache: KVCache,
         layer_index: int,
     ) -> torch.Tensor:  # [heads, n, d]
-        cache.keys[layer_index][self.token_rows, :, self.token_slots] = k.transpose(0, 1)
-        cache.values[layer_index][self.token_rows, :, self.token_slots] = v.transpose(0, 1)
+        # .to(): a 16-bit cache stores them rounded (an indexed put does not cast by itself)
+        cache.keys[layer_index][self.token_rows, :, self.token_slots] = k.transpose(0, 1).to(cache.keys.dtype)
+        cache.values[layer_index][self.token_rows, :, self.token_slots] = v.transpose(0, 1).to(cache.values.dtype)
         if self.contiguous:
             keys = cache.keys[layer_index, : self.rows.shape[0], :, : self.key_length]  # [R, kv_heads, L, d]
             values = cache.values[layer_index, : self.rows.shape[0], :, : self.key_length]

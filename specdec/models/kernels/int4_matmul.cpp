@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "float16.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -164,25 +166,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
 }
 #else
 constexpr int kRows = 1;
-float half_to_float(uint16_t h) {  // IEEE binary16 -> binary32, exact
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0x1F) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int shift = 0;
-    uint32_t m = mantissa;
-    while (!(m & 0x400)) { m <<= 1; ++shift; }
-    bits = sign | ((113 - shift) << 23) | ((m & 0x3FF) << 13);
-  }
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
+using specdec16::half_to_float;
 template <int rows>
 void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {

@@ -17,6 +17,8 @@
 #include <limits>
 #include <memory>
 #include <vector>
+
+#include "float16.h"
 #include <omp.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -65,28 +67,44 @@ float dot(const float* a, const float* b, int64_t n) {
   return (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) + tail;
 }
 
-// A stored key or value element as a float: float32 as it is, bfloat16 (its top 16 bits) widened.
+// A stored key or value element: float32, or 16 bits (bfloat16 or float16) widened to float32
+// exactly, in registers or one at a time (the same floats either way).
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Float16 {
+  uint16_t bits;
+};
 inline float element(const float* at, int64_t i) { return at[i]; }
-inline float element(const uint16_t* at, int64_t i) {
-  const uint32_t bits = uint32_t(at[i]) << 16;
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-#if defined(__AVX2__)
+inline float element(const BFloat16* at, int64_t i) { return specdec16::bfloat16_to_float(at[i].bits); }
+inline float element(const Float16* at, int64_t i) { return specdec16::half_to_float(at[i].bits); }
+#if defined(__AVX2__) && defined(__F16C__)
 inline __m256 load8(const float* at) { return _mm256_loadu_ps(at); }
-inline __m256 load8(const uint16_t* at) {
+inline __m256 load8(const BFloat16* at) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+inline __m256 load8(const Float16* at) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))); }
+#define SPECDEC_LOAD8 1
 #endif
+
+// How the cache stores keys and values (specdec_attend's kv_format): 0 float32, 1 bfloat16, 2 float16.
+constexpr int64_t kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2;
+
+// use(at as a pointer to the stored element type).
+template <typename Use>
+void with_elements(int64_t format, const char* at, Use&& use) {
+  if (format == kFloat32) use(reinterpret_cast<const float*>(at));
+  else if (format == kBFloat16) use(reinterpret_cast<const BFloat16*>(at));
+  else use(reinterpret_cast<const Float16*>(at));
+}
 
 // dots[h] = dot(queries + h * d, key, d) for h < n, the same bits as dot() each: several queries
 // at once so that their dependent lane sums overlap (one query's chain is latency-bound). The key
 // float32 or bfloat16 (widened in registers: the same floats as widened in memory).
 template <typename Element>
 void dots_with_key(const float* queries, const Element* key, int64_t n, int64_t d, float* dots) {
-#if defined(__AVX2__)
+#if defined(SPECDEC_LOAD8)
   if (d % 8 == 0) {
     for (int64_t h0 = 0; h0 < n; h0 += 4) {
       const int64_t count = std::min<int64_t>(4, n - h0);
@@ -116,7 +134,7 @@ void dots_with_key(const float* queries, const Element* key, int64_t n, int64_t 
 template <typename Element>
 void add_weighted_value(const float* weights, const Element* value, int64_t n, int64_t d, float* into) {
   int64_t t0 = 0;
-#if defined(__AVX2__)
+#if defined(SPECDEC_LOAD8)
   if (d % 8 == 0) {
     for (int64_t h = 0; h < n; ++h) {  // head by head: each head's row of sums streams once
       const __m256 weight = _mm256_set1_ps(weights[h]);
@@ -180,39 +198,27 @@ void gather_values(const float* weights, const float* const* value, int64_t coun
   }
 }
 
-// Keys and values stored in 16 bits (bfloat16), computed with in float32: a float's bfloat16 is
-// its top 16 bits rounded to nearest even (NaN to a quiet NaN), as torch rounds it, so a key the
-// compiled attention stores is the key torch stores; widening back is exact.
-uint16_t to_bfloat16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  if (std::isnan(value)) return 0x7FC0;
-  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
-
-void widen_bfloat16(const uint16_t* from, float* to, int64_t n) {
+// Keys and values stored in 16 bits, computed with in float32: a stored element is rounded to
+// nearest even as torch rounds it (so a key the compiled attention stores is the key torch stores),
+// and widened back exactly.
+template <typename Element>
+void widen(const Element* from, float* to, int64_t n) {
   int64_t i = 0;
-#if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
-    _mm256_storeu_ps(to + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
-  }
+#if defined(SPECDEC_LOAD8)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(to + i, load8(from + i));
 #endif
-  for (; i < n; ++i) {
-    const uint32_t bits = uint32_t(from[i]) << 16;
-    std::memcpy(to + i, &bits, 4);
-  }
+  for (; i < n; ++i) to[i] = element(from, i);
 }
 
-// n floats into a cache slot of kv_bits-wide elements (32: as they are; 16: bfloat16).
-void store_elements(const float* from, char* to, int64_t n, int64_t kv_bits) {
-  if (kv_bits == 32) {
+// n floats into a cache slot in kv_format.
+void store_elements(const float* from, char* to, int64_t n, int64_t format) {
+  if (format == kFloat32) {
     std::memcpy(to, from, n * sizeof(float));
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t half = to_bfloat16(from[i]);
-    std::memcpy(to + 2 * i, &half, 2);
+    const uint16_t bits = format == kBFloat16 ? specdec16::float_to_bfloat16(from[i]) : specdec16::float_to_half(from[i]);
+    std::memcpy(to + 2 * i, &bits, 2);
   }
 }
 
@@ -412,7 +418,7 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 //   q: token t's head h at q + t * q_stride + h * d; its new key and value of kv head g likewise at
 //   k and v + t * q_stride + g * d;  out [tokens, heads * d] (stride heads * d)
 //   keys, values: one layer's cache, slot s of row r, kv head g at element r * row_stride + g *
-//   head_stride + s * d, each element kv_bits wide (32: float32; 16: bfloat16, widened to float32)
+//   head_stride + s * d, each element in kv_format (float32, bfloat16 or float16; 16 bits widened)
 //   per query i: token tokens[i], cache row rows[i], counts[i] slots at slots + i * slots_stride
 //
 // The queries of one cache row (a verify block, a tree's nodes) attend together: the slots their
@@ -424,15 +430,15 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
-                    int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_bits) {
-  const int64_t element = kv_bits / 8;  // bytes a stored key or value element takes: 4 (float32) or 2 (bfloat16)
+                    int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_format) {
+  const int64_t element = kv_format == kFloat32 ? 4 : 2;  // bytes a stored key or value element takes
   const int64_t group = heads / kv_heads;
   // Each query's own key and value first (its last slot), so that block-mates see each other.
   for (int64_t i = 0; i < queries; ++i)
     for (int64_t g = 0; g < kv_heads; ++g) {
       const int64_t at = (rows[i] * row_stride + g * head_stride + slots[i * slots_stride + counts[i] - 1] * d) * element;
-      store_elements(k + tokens[i] * q_stride + g * d, static_cast<char*>(keys) + at, d, kv_bits);
-      store_elements(v + tokens[i] * q_stride + g * d, static_cast<char*>(values) + at, d, kv_bits);
+      store_elements(k + tokens[i] * q_stride + g * d, static_cast<char*>(keys) + at, d, kv_format);
+      store_elements(v + tokens[i] * q_stride + g * d, static_cast<char*>(values) + at, d, kv_format);
     }
   // The queries by cache row, in their order, and the slots each row's queries all start with.
   std::vector<std::vector<int64_t>> members;
@@ -494,10 +500,10 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
         const int64_t m = std::min(kChunk, to - j0);
         for (int64_t c = 0; c < m; ++c) {
           const char* at = static_cast<const char*>(cache) + (base + list[j0 + c] * d) * element;
-          if (kv_bits == 32) {
+          if (kv_format == kFloat32) {
             chunk[c] = reinterpret_cast<const float*>(at);
           } else {
-            widen_bfloat16(reinterpret_cast<const uint16_t*>(at), widened.data() + c * d, d);
+            with_elements(kv_format, at, [&](auto stored) { widen(stored, widened.data() + c * d, d); });
             chunk[c] = widened.data() + c * d;
           }
         }
@@ -516,8 +522,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       const int64_t count = counts[mine[0]];
       const float* query = q + tokens[mine[0]] * q_stride + first * d;
       for (int64_t j = 0; j < count; ++j) {
-        if (kv_bits == 32) dots_with_key(query, reinterpret_cast<const float*>(slot_at(keys, j)), n, d, dots.data());
-        else dots_with_key(query, reinterpret_cast<const uint16_t*>(slot_at(keys, j)), n, d, dots.data());
+        with_elements(kv_format, slot_at(keys, j), [&](auto key) { dots_with_key(query, key, n, d, dots.data()); });
         for (int64_t h = 0; h < n; ++h) weights[h * count + j] = dots[h] * scale;
       }
     };
@@ -527,8 +532,8 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       const int64_t count = counts[mine[0]];
       for (int64_t j = 0; j < count; ++j) {
         for (int64_t h = 0; h < n; ++h) column[h] = weights[h * count + j];
-        if (kv_bits == 32) add_weighted_value(column.data(), reinterpret_cast<const float*>(slot_at(values, j)), n, d, acc.data());
-        else add_weighted_value(column.data(), reinterpret_cast<const uint16_t*>(slot_at(values, j)), n, d, acc.data());
+        with_elements(kv_format, slot_at(values, j),
+                      [&](auto value) { add_weighted_value(column.data(), value, n, d, acc.data()); });
       }
     };
     const auto score = [&](int64_t a, int64_t j0, int64_t m) {
