@@ -61,8 +61,8 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     assert all(isinstance(layer, FusedDecoderLayer) for layer in network.layers)
     assert isinstance(network.norm_then_head, FusedOutput)
     sixteen_bits = quantize == "int4"  # w8a32 keeps float32's keys and values (its promise: float32's text)
-    assert network.quantize_notice.endswith("; layer ops compiled" + (", keys and values in bfloat16" * sixteen_bits))
-    assert model.new_cache().keys.dtype == (torch.bfloat16 if sixteen_bits else torch.float32)
+    assert network.quantize_notice.endswith("; layer ops compiled" + (", keys and values in float16" * sixteen_bits))
+    assert model.new_cache().keys.dtype == (torch.float16 if sixteen_bits else torch.float32)
     calls = []
     for name in ("qkv_projection", "attend_queries", "mlp_block", "norm_then_linear"):
         original = getattr(fused_layer, name)
@@ -75,7 +75,7 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     assert calls.count("qkv_projection") == calls.count("mlp_block") == 2 * layers
     assert calls.count("attend_queries") == layers and calls.count("norm_then_linear") == 2
     monkeypatch.setattr(fused_layer, "layer_problem", lambda format: "refused")  # the same weights, torch layers
-    torch_model = load(folder, quantize=quantize, kv_dtype="bfloat16" if sixteen_bits else None)  # the same cache
+    torch_model = load(folder, quantize=quantize, kv_dtype="float16" if sixteen_bits else None)  # the same cache
     assert all(type(layer) is DecoderLayer for layer in torch_model.network.layers)
     in_torch = [torch_model.extend(tokens[:10], cache := torch_model.new_cache()),
                 torch_model.extend(tokens[10:], cache)]
@@ -197,17 +197,17 @@ def test_compiled_attention_gives_the_same_bits_on_every_instruction_set_path(tm
 
 
 def test_the_kv_dtype_is_an_option_of_the_own_forward(model_dir):
-    """int4 stores keys and values in bfloat16 unless kv_dtype says float32; a float model takes
+    """int4 stores keys and values in float16 unless kv_dtype says otherwise; a float model takes
     bfloat16 when asked (its torch attention computes in float32); an unknown dtype or another
     backend's cache is refused, naming the option."""
     folder = save_random_model(model_dir / "kv-dtype", "llama", seed=9)
-    assert load(folder, quantize="int4").new_cache().keys.dtype == torch.bfloat16
+    assert load(folder, quantize="int4").new_cache().keys.dtype == torch.float16
     assert load(folder, quantize="int4", kv_dtype="float32").new_cache().keys.dtype == torch.float32
     float_model = load(folder, kv_dtype="bfloat16")
     cache = float_model.new_cache()
     assert cache.keys.dtype == torch.bfloat16 and cache.bytes_per_token == load(folder).new_cache().bytes_per_token // 2
     assert float_model.extend(torch.arange(5), cache).dtype == torch.float32
-    assert load(folder, quantize="int4", kv_dtype="float16").new_cache().keys.dtype == torch.float16
+    assert load(folder, quantize="int4", kv_dtype="bfloat16").new_cache().keys.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="unknown kv_dtype"):
         load(folder, kv_dtype="int8")
     with pytest.raises(ValueError, match="--kv-dtype"):

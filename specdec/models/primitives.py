@@ -47,7 +47,7 @@ def scaled_dot_product(
     values: torch.Tensor,  # [..., kv_heads, length, d]
     mask: torch.Tensor | None,  # [..., k, length] bool, True = may attend; None = all
 ) -> torch.Tensor:  # [..., heads, k, d]
-    # A 16-bit cache (KVCache in bfloat16) is computed with in q's dtype: storage, not arithmetic.
+    # A 16-bit cache (KVCache in float16 or bfloat16) is computed with in q's dtype: storage, not arithmetic.
     keys, values = keys.to(q.dtype), values.to(q.dtype)
     return F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(layer.head_dim),

@@ -203,7 +203,7 @@ class LlamaFamilyModel(nn.Module):
         self.norm_then_head: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.fixed_rows: int | None = None  # set by make_batch_invariant
         # What the KV cache stores keys and values in (None: the weights' dtype); arithmetic stays in
-        # self.dtype. bfloat16 where the compiled layer runs (precisions.quantize_model), or load(kv_dtype=).
+        # self.dtype. float16 for int4 on the compiled layer (precisions.quantize_model), or load(kv_dtype=).
         self.kv_dtype: torch.dtype | None = None
 
     def restrict_output(self, token_ids: torch.Tensor) -> LlamaFamilyModel:
