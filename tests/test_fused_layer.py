@@ -98,7 +98,7 @@ def test_wrong_layer_ops_leave_the_torch_layer_with_a_one_line_notice(model_dir,
 def test_a_forward_mixing_a_prefill_and_a_verify_block_scores_each_row_as_alone(model_dir, quantize):
     """One forward in which row 0 prefills (masked SDPA over its segment) and row 1 verifies a
     block (the compiled per-query attention) gives each row the bits it gets alone: the server's
-    steps mix them. Mutation checked: FusedDecoderLayer.attend without attend_segments (the
+    steps mix them. Mutation checked: attend_compiled without attend_segments (the
     prefill's keys never written, its queries never attended) fails."""
     folder = save_random_model(model_dir / "fused-mixed", "qwen2", seed=11)
     model = load(folder, quantize=quantize)

@@ -83,18 +83,7 @@ class FusedDecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [n, hidden]
         qkv = qkv_projection(self, x, cos, sin).transpose(0, 1)  # [heads + 2 kv_heads, n, d]
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=0)
-        return mlp_block(self, x, self.attend(q, k, v, plan, cache, layer_index))
-
-    def attend(
-        self,
-        q: torch.Tensor,  # [heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
-        k: torch.Tensor,  # [kv_heads, n, d], rope applied
-        v: torch.Tensor,  # [kv_heads, n, d]
-        plan: AttentionPlan,
-        cache: KVCache,
-        layer_index: int,
-    ) -> torch.Tensor:  # [n, heads * d]
-        return attend_compiled(self, q, k, v, plan, cache, layer_index)
+        return mlp_block(self, x, attend_compiled(self, q, k, v, plan, cache, layer_index))
 
 
 def attend_compiled(
