@@ -101,7 +101,7 @@ void with_elements(int64_t format, const char* at, Use&& use) {
 
 // dots[h] = dot(queries + h * d, key, d) for h < n, the same bits as dot() each: several queries
 // at once so that their dependent lane sums overlap (one query's chain is latency-bound). The key
-// float32 or bfloat16 (widened in registers: the same floats as widened in memory).
+// float32, bfloat16 or float16 (widened in registers: the same floats as widened in memory).
 template <typename Element>
 void dots_with_key(const float* queries, const Element* key, int64_t n, int64_t d, float* dots) {
 #if defined(SPECDEC_LOAD8)
@@ -130,7 +130,7 @@ void dots_with_key(const float* queries, const Element* key, int64_t n, int64_t 
 }
 
 // into[h * d + t] += weights[h] * value[t] for h < n, each element as the plain loop's (the value
-// float32 or bfloat16, widened in registers).
+// float32, bfloat16 or float16, widened in registers).
 template <typename Element>
 void add_weighted_value(const float* weights, const Element* value, int64_t n, int64_t d, float* into) {
   int64_t t0 = 0;
