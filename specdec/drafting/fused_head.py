@@ -74,7 +74,7 @@ def fuse_head(head: DraftHead) -> str | None:
     """In place: the compiled layer and output for a head whose linears share a packed format, if
     the compiled layer passes its self-check here (layer_problem); else why not (the torch head stays)."""
     format = packed_head_format(head)
-    if format is None or not isinstance(head.midlayer, HeadLayer) or not isinstance(head.lm_head, PackedLinear):
+    if format is None or not isinstance(head.lm_head, PackedLinear):  # (the check types lm_head)
         return "the head's linears are not all packed (int4 or w8a32)"
     problem = layer_problem(format)
     if problem is None:
