@@ -41,8 +41,8 @@ def test_the_self_check_passes_here_and_refuses_wrong_layer_ops(monkeypatch, for
             assert says in fused_layer.check_layer(0, format)
     original = fused_layer.attend_queries
 
-    def attention_of_the_last_query_only(layer, q, k, v, queries, keys, values, out):
-        original(layer, q, k, v, queries, keys, values, out)
+    def attention_of_the_last_query_only(layer, q, k, v, queries, keys, values, out, *rest):
+        original(layer, q, k, v, queries, keys, values, out, *rest)
         out[queries.tokens[:-1]] = 0.0  # forgets all but the last query of a list
 
     monkeypatch.setattr(fused_layer, "attend_queries", attention_of_the_last_query_only)

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.models.base import Attention, Segment, tree_depths, tree_visibility
-from specdec.models.cache import KVCache
 from specdec.models.padded_chains import PaddedChains
+from specdec.models.paged_cache import OwnCache
 from specdec.models.primitives import AttendingLayer, scaled_dot_product
 
 
@@ -133,8 +133,8 @@ class QueryGroup:
     exact zeros."""
 
     tokens: torch.Tensor  # [b] index of each query among the forward's tokens
-    rows: torch.Tensor | None  # [b, 1] its cache row (None with prefix_of_row)
-    slots: torch.Tensor | None  # [b, L] its key slots, padding repeats slot 0 (None with prefix_of_row)
+    rows: torch.Tensor | None  # [b, 1] its cache row, in storage (cache.locate; None with prefix_of_row)
+    slots: torch.Tensor | None  # [b, L] its key slots in storage, padding repeats slot 0 (None with prefix_of_row)
     mask: torch.Tensor  # [b, 1, 1, L] True = a real key
     # (row, L) when every query sees a prefix of one row's slots (a chain, no sliding window):
     # then the keys are a view of slots 0..L-1, shared by the group, not a gathered copy.
@@ -144,15 +144,16 @@ class QueryGroup:
         self,
         layer: AttendingLayer,
         q: torch.Tensor,  # [heads, n, d]
-        cache: KVCache,
+        cache: OwnCache,
         layer_index: int,
         out: torch.Tensor,  # [heads, n, d], written at self.tokens
     ) -> None:
         if self.prefix_of_row is not None:
             row, length = self.prefix_of_row
             shape = (self.tokens.shape[0], -1, length, -1)
-            keys = cache.keys[layer_index, row, :, :length].unsqueeze(0).expand(shape)  # [b, kv_heads, L, d]
-            values = cache.values[layer_index, row, :, :length].unsqueeze(0).expand(shape)
+            row_keys, row_values = cache.prefix(layer_index, row, length)  # [kv_heads, L, d]
+            keys = row_keys.unsqueeze(0).expand(shape)  # [b, kv_heads, L, d]
+            values = row_values.unsqueeze(0).expand(shape)
         else:
             keys = cache.keys[layer_index][self.rows, :, self.slots].transpose(1, 2)  # [b, kv_heads, L, d]
             values = cache.values[layer_index][self.rows, :, self.slots].transpose(1, 2)
@@ -168,7 +169,7 @@ class QueryGroup:
         out[:, self.tokens] = torch.cat(alone)[:, :, 0].transpose(0, 1)
 
 
-def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -> list[QueryGroup]:
+def group_queries(plans: list[SegmentPlan], window: int | None, cache: OwnCache) -> list[QueryGroup]:
     """The per-query segments' queries, grouped by padded key length."""
     by_length: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
     for plan in plans:
@@ -186,7 +187,7 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
             mask[index, :, :, : query_slots.shape[0]] = True
         # Sorted distinct slots from 0 to count - 1 are exactly 0..count-1: a view suffices.
         if (
-            length <= capacity
+            length <= cache.capacity
             and len(set(rows)) == 1
             and all(int(slots[0]) == 0 and int(slots[-1]) == slots.shape[0] - 1 for _, _, slots in queries)
         ):
@@ -195,7 +196,7 @@ def group_queries(plans: list[SegmentPlan], window: int | None, capacity: int) -
         slots = torch.zeros(len(queries), length, dtype=torch.long, device=device)
         for index, (_, _, query_slots) in enumerate(queries):
             slots[index, : query_slots.shape[0]] = query_slots
-        groups.append(QueryGroup(tokens, torch.tensor(rows, device=device)[:, None], slots, mask))
+        groups.append(QueryGroup(tokens, *cache.locate(torch.tensor(rows, device=device)[:, None], slots), mask))
     return groups
 
 
@@ -204,22 +205,28 @@ class QueryList:
     """Every per-query token of a forward for one attention window, as the compiled attention reads them."""
 
     tokens: torch.Tensor  # [b] int64, index among the forward's tokens
-    rows: torch.Tensor  # [b] int64, cache row
-    slots: torch.Tensor  # [b, longest] int64, its key slots in order (the first counts[i] are real)
+    rows: torch.Tensor  # [b] int64, cache row (logical: the compiled attention groups a row's queries)
+    slots: torch.Tensor  # [b, longest] int64, its key slots in storage, in order (the first counts[i] are real)
     counts: torch.Tensor  # [b] int64
 
 
-def query_list(tokens: list[int], rows: list[int], slot_lists: list[torch.Tensor]) -> QueryList:
+def query_list(tokens: list[int], rows: list[int], slot_lists: list[torch.Tensor],
+               cache: OwnCache | None = None) -> QueryList:
+    """The queries' lists of logical slots, located in ``cache``'s storage (None: as given)."""
     counts = [int(slots.shape[0]) for slots in slot_lists]
     slots = torch.zeros(len(slot_lists), max(counts), dtype=torch.int64)
     for index, own in enumerate(slot_lists):
         slots[index, : counts[index]] = own
     as_tensor = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-    return QueryList(as_tensor(tokens), as_tensor(rows), slots, as_tensor(counts))
+    rows_tensor = as_tensor(rows)
+    if cache is not None:
+        slots = cache.locate(rows_tensor[:, None], slots)[1]
+    return QueryList(as_tensor(tokens), rows_tensor, slots, as_tensor(counts))
 
 
 @dataclass
 class AttentionPlan:
+    cache: OwnCache
     segments: list[SegmentPlan]  # used when padded is None
     padded: PaddedChains | None = None
     groups: dict[int | None, list[QueryGroup]] | None = None  # per window: the per-query segments' queries
@@ -235,20 +242,20 @@ class AttentionPlan:
         if window not in self.query_lists:
             queries = [(token, plan.row, slots) for plan in self.segments if plan.per_query is not None
                        for token, slots in zip(range(plan.start, plan.end), plan.per_query[window], strict=False)]
-            self.query_lists[window] = query_list(*map(list, zip(*queries, strict=False)))
+            self.query_lists[window] = query_list(*map(list, zip(*queries, strict=False)), self.cache)
         return self.query_lists[window]
 
 
 def plan_attention(
     attention: Attention,
     positions: torch.Tensor,
-    cache: KVCache,
+    cache: OwnCache,
     windows: set[int | None],
     per_query: bool,
 ) -> AttentionPlan:
     """per_query: attend each query over exactly its keys (after each row's prefill)."""
     if len(attention.segments) > 1 and not attention.has_trees and not per_query:
-        return AttentionPlan([], PaddedChains.build(attention, positions, cache, windows))
+        return AttentionPlan(cache, [], PaddedChains.build(attention, positions, cache, windows))
     offsets = attention.offsets
     plans = [
         plan_segment(
@@ -262,8 +269,8 @@ def plan_attention(
         for segment, start, end in zip(attention.segments, offsets, offsets[1:], strict=False)
     ]
     if not any(plan.per_query is not None for plan in plans):
-        return AttentionPlan(plans)
-    return AttentionPlan(plans, groups={window: group_queries(plans, window, cache.capacity) for window in windows})
+        return AttentionPlan(cache, plans)
+    return AttentionPlan(cache, plans, groups={window: group_queries(plans, window, cache) for window in windows})
 
 
 def attend_segments(
@@ -272,7 +279,7 @@ def attend_segments(
     k: torch.Tensor,  # [kv_heads, n, d], rope applied
     v: torch.Tensor,  # [kv_heads, n, d]
     segments: list[SegmentPlan],
-    cache: KVCache,
+    cache: OwnCache,
     layer_index: int,
     attended: torch.Tensor,  # [heads, n, d], written at the masked segments' tokens
 ) -> None:
@@ -293,7 +300,7 @@ def attend_planned(
     k: torch.Tensor,  # [kv_heads, n, d], rope applied
     v: torch.Tensor,  # [kv_heads, n, d]
     plan: AttentionPlan,
-    cache: KVCache,
+    cache: OwnCache,
     layer_index: int,
 ) -> torch.Tensor:  # [n, heads * d]; rows past the planned tokens (padding) are zeros
     """Write the block's keys and values into the cache and attend as the plan says."""

@@ -184,6 +184,13 @@ class LanguageModel:
         """A cache of ``rows`` rows, each up to ``max_length`` positions (default: the context)."""
         return self.network.new_cache(max_length or self.max_context, rows)
 
+    def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None) -> Cache | None:
+        """Rows that share one pool of ``pool_tokens`` tokens (models/paged_cache.py); None for a
+        backend whose cache is its own (llama.cpp, transformers)."""
+        if self.backend != "specdec":
+            return None
+        return self.network.new_cache(max_length or self.max_context, rows, pool_tokens)  # type: ignore[call-arg]
+
     @property
     def precision(self) -> str:
         """What the weights compute in: int8, a float dtype, or GGUF (llama.cpp keeps the file's types)."""

@@ -19,6 +19,8 @@ import torch
 
 
 class KVCache:
+    paged = False  # each row a whole tensor row (PagedKVCache: rows of blocks in one pool)
+
     def __init__(
         self,
         num_layers: int,
@@ -92,6 +94,23 @@ class KVCache:
         self.lengths += [0] * count
         self._shape = (layers, self.rows, heads, 0, head_dim)
 
+    def ensure(self, row: int, length: int) -> None:
+        """Room for row's slots up to ``length`` (here: every row's, see reserve)."""
+        self.reserve(length)
+
+    @property
+    def row_stride(self) -> int:
+        """Elements from one row to the next in a layer's keys (the compiled attention's row stride)."""
+        return self.keys.stride(1)
+
+    def locate(self, rows: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Storage (row, slot) of logical ones: here the same (a paged cache maps them)."""
+        return rows, slots
+
+    def prefix(self, layer: int, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row's slots 0..length-1 of one layer: 2 x [kv_heads, length, d], views."""
+        return self.keys[layer, row, :, :length], self.values[layer, row, :, :length]
+
     def write(
         self,
         layer: int,
@@ -108,7 +127,7 @@ class KVCache:
             raise RuntimeError(f"KV cache holds {self.capacity} positions, {end} needed; call reserve() first")
         self.keys[layer, row, :, start:end] = keys
         self.values[layer, row, :, start:end] = values
-        return self.keys[layer, row, :, :end], self.values[layer, row, :, :end]
+        return self.prefix(layer, row, end)
 
     def commit(self, row: int, count: int) -> None:
         """Keep the first ``count`` slots written past row's length."""

@@ -29,8 +29,8 @@ from torch import nn
 
 from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
-from specdec.models.cache import KVCache
 from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
+from specdec.models.paged_cache import OwnCache
 from specdec.models.primitives import AttendingLayer, RMSNorm, rotate_half
 from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
@@ -77,7 +77,7 @@ class FusedDecoderLayer(nn.Module):
         cos: torch.Tensor,  # [n, head_dim]
         sin: torch.Tensor,  # [n, head_dim]
         plan: AttentionPlan,
-        cache: KVCache,
+        cache: OwnCache,
         layer_index: int,
         fixed_rows: int | None = None,  # unused: each row is computed alone in any block (layer_ops.cpp)
     ) -> torch.Tensor:  # [n, hidden]
@@ -92,7 +92,7 @@ def attend_compiled(
     k: torch.Tensor,  # [kv_heads, n, d], rope applied
     v: torch.Tensor,  # [kv_heads, n, d]
     plan: AttentionPlan,
-    cache: KVCache,
+    cache: OwnCache,
     layer_index: int,
 ) -> torch.Tensor:  # [n, heads * d]
     """attend_planned, with the per-query tokens in one compiled call (which writes their keys and
@@ -103,7 +103,7 @@ def attend_compiled(
     out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]
     attend_segments(layer, q, k, v, plan.masked_segments, cache, layer_index, out.transpose(0, 1))
     attend_queries(layer, q, k, v, plan.query_list_for(layer.window), cache.keys[layer_index],
-                   cache.values[layer_index], out)
+                   cache.values[layer_index], out, cache.row_stride)
     return out.reshape(num_tokens, -1)
 
 
@@ -147,6 +147,7 @@ def attend_queries(
     keys: torch.Tensor,  # [rows, kv_heads, capacity, d] float32, bfloat16 or float16, one layer's cache: each
     values: torch.Tensor,  # same                      query's key is written into its last slot first
     out: torch.Tensor,  # [n, heads, d] contiguous, written at queries.tokens
+    row_stride: int | None = None,  # elements between cache rows (default: keys.stride(0); a paged pool: 0)
 ) -> None:
     """Each query over exactly its own key slots (layer_ops.cpp, specdec_attend)."""
     d = layer.head_dim
@@ -157,7 +158,8 @@ def attend_queries(
     if keys.dtype not in KV_FORMATS or values.dtype != keys.dtype:
         raise ValueError(f"the compiled attention reads a float32, bfloat16 or float16 cache, not {keys.dtype}")
     library().specdec_attend(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(),
+        keys.stride(0) if row_stride is None else row_stride,
         keys.stride(1), queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(),
         queries.counts.data_ptr(), queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads,
         layer.num_kv_heads, d, 1.0 / math.sqrt(d), out.data_ptr(), KV_FORMATS[keys.dtype],

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.models.base import Attention
-from specdec.models.cache import KVCache
+from specdec.models.paged_cache import OwnCache
 from specdec.models.primitives import AttendingLayer, scaled_dot_product
 
 
@@ -18,16 +18,19 @@ class PaddedChains:
     (short rows repeat their last query; the copies are dropped), keys up to the longest row."""
 
     rows: torch.Tensor  # [R] cache rows
-    contiguous: bool  # rows are 0..R-1: the cache rows are a view, not a copy
-    token_rows: torch.Tensor  # [n] cache row of each new token
-    token_slots: torch.Tensor  # [n] the slot it is written to
+    contiguous: bool  # rows are 0..R-1 of an unpaged cache: the cache rows are a view, not a copy
+    token_rows: torch.Tensor  # [n] storage row of each new token (cache.locate)
+    token_slots: torch.Tensor  # [n] the storage slot it is written to
+    # [R, key_length] storage rows and slots of each row's keys, for a paged cache (None: whole rows)
+    key_index: tuple[torch.Tensor, torch.Tensor] | None
     gather: torch.Tensor | None  # [R * C] which new token fills each padded query (None: every row has C)
     scatter: torch.Tensor | None  # [n] where each new token's output sits among the R * C (None: all of them)
     key_length: int
     masks: dict[int | None, torch.Tensor | None]  # per window: [R, 1, C, key_length] bool, or None = all
 
     @staticmethod
-    def build(attention: Attention, positions: torch.Tensor, cache: KVCache, windows: set[int | None]) -> PaddedChains:
+    def build(attention: Attention, positions: torch.Tensor, cache: OwnCache,
+              windows: set[int | None]) -> PaddedChains:
         device = positions.device
         segments, offsets = attention.segments, attention.offsets
         # Index bookkeeping in Python lists, then one tensor each: a few ops per forward, not per row.
@@ -58,11 +61,12 @@ class PaddedChains:
             masks[window] = None if bool(mask.all()) else mask[:, None]
         as_tensor = lambda values: torch.tensor(values, device=device)  # noqa: E731
         uniform = all(n == width for n in counts)  # no padding (plain decoding, equal drafts): views suffice
+        rows_tensor = as_tensor(rows)
         return PaddedChains(
-            as_tensor(rows),
-            rows == list(range(len(rows))),
-            as_tensor(token_rows),
-            as_tensor(token_slots),
+            rows_tensor,
+            not cache.paged and rows == list(range(len(rows))),
+            *cache.locate(as_tensor(token_rows), as_tensor(token_slots)),
+            cache.locate(rows_tensor[:, None], slots[None, :]) if cache.paged else None,
             None if uniform else as_tensor(gather),
             None if uniform else as_tensor(scatter),
             key_length,
@@ -75,13 +79,16 @@ class PaddedChains:
         q: torch.Tensor,  # [heads, n, d]
         k: torch.Tensor,  # [kv_heads, n, d]
         v: torch.Tensor,  # [kv_heads, n, d]
-        cache: KVCache,
+        cache: OwnCache,
         layer_index: int,
     ) -> torch.Tensor:  # [heads, n, d]
         # .to(): a 16-bit cache stores them rounded (an indexed put does not cast by itself)
         cache.keys[layer_index][self.token_rows, :, self.token_slots] = k.transpose(0, 1).to(cache.keys.dtype)
         cache.values[layer_index][self.token_rows, :, self.token_slots] = v.transpose(0, 1).to(cache.values.dtype)
-        if self.contiguous:
+        if self.key_index is not None:  # [R, L, kv_heads, d] gathered, as [R, kv_heads, L, d]
+            keys = cache.keys[layer_index][self.key_index[0], :, self.key_index[1]].transpose(1, 2)
+            values = cache.values[layer_index][self.key_index[0], :, self.key_index[1]].transpose(1, 2)
+        elif self.contiguous:
             keys = cache.keys[layer_index, : self.rows.shape[0], :, : self.key_length]  # [R, kv_heads, L, d]
             values = cache.values[layer_index, : self.rows.shape[0], :, : self.key_length]
         else:

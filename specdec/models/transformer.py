@@ -23,6 +23,7 @@ from torch import nn
 from specdec.models.attention import AttentionPlan, attend_planned, plan_attention
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 from specdec.models.cache import KVCache
+from specdec.models.paged_cache import BLOCK_SIZE, OwnCache, PagedKVCache
 from specdec.models.primitives import RMSNorm, rotate_half
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -146,7 +147,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,  # [n, head_dim]
         sin: torch.Tensor,  # [n, head_dim]
         plan: AttentionPlan,
-        cache: KVCache,
+        cache: OwnCache,
         layer_index: int,
         fixed_rows: int | None = None,  # see project(); padding rows are never attended
     ) -> torch.Tensor:  # [n, hidden]
@@ -243,30 +244,30 @@ class LlamaFamilyModel(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def new_cache(self, max_length: int | None = None, rows: int = 1) -> KVCache:
+    def new_cache(self, max_length: int | None = None, rows: int = 1, pool_tokens: int | None = None,
+                  ) -> OwnCache:
+        """A cache of ``rows`` rows of up to ``max_length`` positions; with ``pool_tokens``, paged:
+        the rows share one pool of that many tokens (rounded up to whole blocks)."""
         c = self.config
-        return KVCache(
-            c.num_layers,
-            c.num_kv_heads,
-            c.head_dim,
-            max_length or c.max_position_embeddings,
-            self.kv_dtype or self.dtype,
-            self.device,
-            rows,
-        )
+        shape = (c.num_layers, c.num_kv_heads, c.head_dim, max_length or c.max_position_embeddings,
+                 self.kv_dtype or self.dtype, self.device, rows)
+        if pool_tokens is not None:
+            return PagedKVCache(*shape, num_blocks=-(-pool_tokens // BLOCK_SIZE))
+        return KVCache(*shape)
 
     @torch.inference_mode()
     def forward(
         self,
         tokens: torch.Tensor,  # [n] int64, every segment's new tokens, flattened
         positions: torch.Tensor,  # [n] int64, absolute positions
-        cache: KVCache,
+        cache: OwnCache,
         attention: Attention,
         want_logits: bool = True,
         hidden_layers: tuple[int, ...] = (),  # decoder layers whose outputs to return, concatenated
     ) -> ForwardOutput:
         check_forward(tokens, positions, cache, attention)
-        cache.reserve(max(cache.lengths[s.row] + s.written + s.count for s in attention.segments))
+        for segment in attention.segments:
+            cache.ensure(segment.row, cache.lengths[segment.row] + segment.written + segment.count)
         cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
         sin = self.rope_sin[positions].to(self.dtype)
         windows = set(self.config.sliding_windows)

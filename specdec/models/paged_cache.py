@@ -1,0 +1,239 @@
+"""A paged KV cache: every row's keys and values in one pool of fixed-size blocks (as vLLM's
+paged attention and llama.cpp's unified KV pool), so one long request can use the memory that
+many short ones leave free.
+
+Row r's logical slot s lives in block ``tables[r][s // block_size]`` at offset ``s %
+block_size``. The pool is one tensor per kind, ``[layers, 1, kv_heads, blocks * block_size, d]``:
+the same layout as a one-row KVCache, so every attention path reads it through ``locate`` (logical
+row and slot -> storage row and slot) and the compiled attention reads it with a row stride of 0.
+Blocks are taken as forwards need them (``ensure``) and given back when no slot of theirs is
+committed any more (commit, compact and rollback trim a row's table). ``fork`` shares whole
+blocks by reference; a shared block is copied before a row writes into it (copy-on-write), so a
+stored prompt or OpenAI's ``n`` choices cost no copy until they diverge.
+
+The pool is allocated zeroed at its full size once: untouched pages are not resident (the OS
+maps them on first write), so memory grows with the blocks used, and free blocks are handed out
+lowest first so that the pages touched are reused.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+import torch
+
+from specdec.models.cache import KVCache
+
+#: Tokens a block holds. Small enough that a row wastes little (at most a block), large enough
+#: that tables stay short (a 32k-token row: 1,024 entries).
+BLOCK_SIZE = 32
+
+
+class CacheFullError(RuntimeError):
+    """The pool has no free block left for a row that needs one."""
+
+
+class PagedKVCache:
+    paged = True
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_length: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        rows: int,
+        num_blocks: int,
+        block_size: int = BLOCK_SIZE,
+    ) -> None:
+        if rows < 1 or num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a paged cache needs rows, blocks and a block size >= 1, got {rows}, {num_blocks}, "
+                             f"{block_size}")
+        self.max_length, self.rows, self.block_size, self.num_blocks = max_length, rows, block_size, num_blocks
+        self.lengths = [0] * rows
+        self.tables: list[list[int]] = [[] for _ in range(rows)]
+        self.references = [0] * num_blocks  # rows whose tables hold each block
+        self.free_blocks = list(range(num_blocks))  # a heap: the lowest first
+        self._device = torch.device(device)
+        # Zeros: padded or masked reads of unused slots must be finite (NaN * 0 = NaN).
+        shape = (num_layers, 1, num_kv_heads, num_blocks * block_size, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self._device)
+        self.values = torch.zeros(shape, dtype=dtype, device=self._device)
+
+    # -- sizes ---------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Slots any one row may reach (its blocks come from the pool as it grows)."""
+        return min(self.max_length, self.num_blocks * self.block_size)
+
+    @property
+    def bytes_per_token(self) -> int:
+        layers, _, heads, _, head_dim = self.keys.shape
+        return 2 * layers * heads * head_dim * self.keys.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    @property
+    def free_block_count(self) -> int:
+        return len(self.free_blocks)
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def blocks_needed(self, row: int, length: int) -> int:
+        """Blocks ``ensure(row, length)`` would take from the pool (new ones and copies of shared ones)."""
+        table, first = self.tables[row], self.lengths[row] // self.block_size
+        shared = sum(1 for block in table[first : self.blocks_for(length)] if self.references[block] > 1)
+        return max(0, self.blocks_for(length) - len(table)) + shared
+
+    # -- blocks --------------------------------------------------------------------------------
+    def _take(self) -> int:
+        if not self.free_blocks:
+            raise CacheFullError(f"the KV cache's {self.num_blocks} blocks of {self.block_size} tokens are all in use")
+        block = heapq.heappop(self.free_blocks)
+        self.references[block] = 1
+        return block
+
+    def _drop(self, block: int) -> None:
+        self.references[block] -= 1
+        if self.references[block] == 0:
+            heapq.heappush(self.free_blocks, block)
+
+    def _trim(self, row: int) -> None:
+        """Give back the row's blocks past its committed length."""
+        table = self.tables[row]
+        keep = self.blocks_for(self.lengths[row])
+        for block in table[keep:]:
+            self._drop(block)
+        del table[keep:]
+
+    def _span(self, block: int) -> slice:
+        return slice(block * self.block_size, (block + 1) * self.block_size)
+
+    def ensure(self, row: int, length: int) -> None:
+        """Blocks for row's slots up to ``length``, and its own copy of any shared block it will
+        write (from its committed length on). Raises CacheFullError when the pool runs dry (the
+        blocks taken so far stay with the row)."""
+        if length > self.max_length:
+            raise RuntimeError(f"KV cache rows hold {self.max_length} positions, {length} needed")
+        table = self.tables[row]
+        for index in range(self.lengths[row] // self.block_size, min(len(table), self.blocks_for(length))):
+            if self.references[table[index]] > 1:  # copy-on-write
+                copy = self._take()
+                self.keys[:, :, :, self._span(copy)] = self.keys[:, :, :, self._span(table[index])]
+                self.values[:, :, :, self._span(copy)] = self.values[:, :, :, self._span(table[index])]
+                self._drop(table[index])
+                table[index] = copy
+        while len(table) < self.blocks_for(length):
+            table.append(self._take())
+
+    def reserve(self, capacity: int) -> None:
+        """Nothing: blocks are taken per row as forwards need them (ensure)."""
+
+    # -- where slots live ----------------------------------------------------------------------
+    row_stride = 0  # every row is storage row 0 (the compiled attention's row stride)
+
+    def table(self, rows: torch.Tensor) -> torch.Tensor:  # [R] -> [R, longest table]
+        """Each row's block table, padded with block 0 (a padded slot reads finite garbage, masked)."""
+        tables = [self.tables[row] for row in rows.tolist()]
+        width = max(1, max(len(table) for table in tables))
+        return torch.tensor([table + [0] * (width - len(table)) for table in tables], dtype=torch.int64,
+                            device=self._device)
+
+    def locate(self, rows: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Storage (row, slot) of logical (row, slot) pairs, rows and slots broadcast together
+        (e.g. [b, 1] and [b, L]); a slot past its row's table reads block 0 (finite garbage, for
+        masked padding)."""
+        rows, slots = torch.broadcast_tensors(rows, slots)
+        unique, inverse = torch.unique(rows, return_inverse=True)
+        tables = self.table(unique)  # [U, width]
+        blocks = slots // self.block_size
+        blocks = torch.where(blocks < tables.shape[1], blocks, 0)
+        physical = tables[inverse, blocks] * self.block_size + slots % self.block_size
+        return torch.zeros_like(physical), physical
+
+    def prefix(self, layer: int, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row's slots 0..length-1 of one layer: 2 x [kv_heads, length, d] (a view where its blocks
+        are consecutive in the pool, else a gathered copy)."""
+        table = self.tables[row][: self.blocks_for(length)]
+        if table and table == list(range(table[0], table[0] + len(table))) and len(table) * self.block_size >= length:
+            start = table[0] * self.block_size
+            return self.keys[layer, 0, :, start : start + length], self.values[layer, 0, :, start : start + length]
+        _, slots = self.locate(torch.tensor([row], device=self._device), torch.arange(length, device=self._device))
+        return self.keys[layer, 0].index_select(1, slots), self.values[layer, 0].index_select(1, slots)
+
+    # -- the verbs of a cache ------------------------------------------------------------------
+    def write(
+        self,
+        layer: int,
+        row: int,
+        keys: torch.Tensor,  # [kv_heads, k, head_dim]
+        values: torch.Tensor,  # [kv_heads, k, head_dim]
+        offset: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + offset + k, head_dim]
+        """Store k new tokens' keys and values ``offset`` slots past row's committed length
+        (uncommitted), and return every slot up to them."""
+        start = self.lengths[row] + offset
+        end = start + keys.shape[1]
+        if self.blocks_for(end) > len(self.tables[row]):
+            raise RuntimeError(f"KV cache row {row} holds {len(self.tables[row]) * self.block_size} slots, {end} "
+                               "needed; call ensure() first")
+        _, slots = self.locate(torch.tensor([row], device=self._device), torch.arange(start, end, device=self._device))
+        self.keys[layer, 0][:, slots] = keys.to(self.keys.dtype)
+        self.values[layer, 0][:, slots] = values.to(self.values.dtype)
+        return self.prefix(layer, row, end)
+
+    def commit(self, row: int, count: int) -> None:
+        """Keep the first ``count`` slots written past row's length; blocks past them go back."""
+        if not 0 <= count <= len(self.tables[row]) * self.block_size - self.lengths[row]:
+            raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
+        self.lengths[row] += count
+        self._trim(row)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row's slots from ``length`` on; blocks past them go back."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
+        self.lengths[row] = length
+        self._trim(row)
+
+    def fork(self, source: int, row: int, length: int) -> None:
+        """Row ``row`` starts as ``source``'s first ``length`` slots, sharing its blocks (each row
+        copies a shared block before writing into it: ensure)."""
+        if row == source or not 0 <= length <= self.lengths[source]:
+            raise ValueError(f"cannot fork {length} slots of row {source} (length {self.lengths[source]}) "
+                             f"into row {row}")
+        self.rollback(row, 0)
+        shared = self.tables[source][: self.blocks_for(length)]
+        for block in shared:
+            self.references[block] += 1
+        self.tables[row] = list(shared)
+        self.lengths[row] = length
+
+    def compact(self, row: int, keep: Sequence[int]) -> None:
+        """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
+        path), moved into place right after the committed context, and commit them."""
+        start = self.lengths[row]
+        written = len(self.tables[row]) * self.block_size
+        if (any(b <= a for a, b in itertools.pairwise(keep))
+                or (keep and (keep[0] < 0 or start + keep[-1] >= written))):
+            raise ValueError(f"compact needs increasing offsets of written slots, got {list(keep)}")
+        moved = [i for i, offset in enumerate(keep) if offset != i]
+        if moved:  # offsets increase, so every source lies at or after its destination: gather first
+            row_index = torch.tensor([row], device=self._device)
+            _, source = self.locate(row_index, torch.tensor([start + keep[i] for i in moved], device=self._device))
+            _, target = self.locate(row_index, torch.tensor([start + i for i in moved], device=self._device))
+            self.keys[:, 0, :, target] = self.keys[:, 0, :, source]
+            self.values[:, 0, :, target] = self.values[:, 0, :, source]
+        self.lengths[row] = start + len(keep)
+        self._trim(row)
+
+
+#: Either of our own caches (what our forward and attention read).
+OwnCache = KVCache | PagedKVCache
