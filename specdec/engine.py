@@ -12,6 +12,7 @@ once over every request's tokens.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -155,7 +156,7 @@ class Engine:
         prefill is done, forked children included."""
         rows = [*requests, *(child for _, child in forks)]
         for request in rows:
-            if request.fed == 0:
+            if request.fed == 0 and cache.lengths[request.row]:  # (an empty row keeps the blocks it holds)
                 cache.rollback(request.row, 0)
         if rows:
             cache.reserve(max(request.budget_end for request in rows))
@@ -204,6 +205,25 @@ class Engine:
             if output.hidden is not None:  # [count, features]
                 request.prompt_hidden.append(output.hidden[start : start + count])
 
+    def refill(self, request: Request, cache: Cache) -> None:
+        """Feed again what a preempted request held in its (emptied) cache row: its prompt in the
+        pieces its prefill used (multiples of ``prefill_chunk``, each alone in its forward), then
+        the tokens fed by its steps in blocks whose every token is scored as alone (a verify
+        block's invariant), so the row holds the bits it held and its text goes on unchanged. Its
+        drafter's state is its own and was kept; nothing is told to it."""
+        if cache.lengths[request.row]:
+            raise ValueError(f"refill needs an emptied row, row {request.row} holds {cache.lengths[request.row]}")
+        prompt_end, end = len(request.prompt_ids) - 1, request.length - 1
+        piece = self.prefill_chunk or max(1, prompt_end)
+        cuts = [*range(0, prompt_end, piece), prompt_end]
+        # After the prompt, the first block alone when the row is still empty (as its first step fed it).
+        cuts += [*range(prompt_end + (prompt_end == 0), end, piece), end]
+        for start, stop in itertools.pairwise(sorted(set(cuts))):
+            count = stop - start
+            self.target.forward(request.tokens[start:stop], torch.arange(start, stop, device=request.tokens.device),
+                                cache, Attention.chain(count, request.row), want_logits=False)
+            cache.commit(request.row, count)
+
     def draft_length(self, request: Request, chosen: int | None = None) -> int:
         """The request's draft depth this step: its policy's, or ``chosen`` (a server's choice,
         in place of the policy's; a tree then gets its drafter's own node budget)."""
@@ -243,6 +263,9 @@ class Engine:
                 if request.matcher is not None:
                     masks[-1] = request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents)
                     request.stats.grammar_seconds += request.matcher.take_seconds()
+                # The block's slots, before the forward: a paged cache that runs dry fails this
+                # request alone (a server preempts it), not the forward of all.
+                cache.ensure(request.row, cache.lengths[request.row] + drafts[-1].num_nodes + 1)
             draft_seconds[index] += time.perf_counter() - began
         live = [index for index, request in enumerate(requests) if isolation.alive(request)]
         if len(live) < len(requests):  # the failed requests leave before the forward

@@ -24,6 +24,9 @@ class TokenCache:
     def reserve(self, capacity: int) -> None:
         """Preallocated at max_length."""
 
+    def ensure(self, row: int, length: int) -> None:
+        """Preallocated at max_length."""
+
     def commit(self, row: int, count: int) -> None:
         self.lengths[row] += count
 

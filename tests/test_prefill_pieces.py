@@ -18,10 +18,7 @@ CHUNK = 8
 
 def one_loop(scheduler: Scheduler) -> None:
     """What Scheduler.loop does once: admit into free rows, then advance."""
-    admitted = []
-    while scheduler.waiting and scheduler.free_rows:
-        admitted.append((scheduler.waiting.popleft(), scheduler.free_rows.pop()))
-    scheduler.advance(admitted)
+    scheduler.advance(scheduler.admissible())
 
 
 def make_scheduler(tiny_pair, max_batch=8, budget=CHUNK):

@@ -1,6 +1,7 @@
-"""The server's KV-cache memory: a budget chosen up front (serving/memory.py), the longest request
-it allows refused beyond with a 400 before prefill, and a cache that shrinks back when the long
-requests end (it never stays grown to the longest request seen); outputs unchanged."""
+"""The server's KV-cache memory: one pool of blocks sized up front (serving/memory.py) that every
+request draws on, the longest request it allows refused beyond with a 400 before prefill, blocks
+given back when requests end, and requests preempted (their text unchanged) when the pool runs
+dry."""
 
 import threading
 
@@ -12,6 +13,7 @@ from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.engine import Engine
+from specdec.models.paged_cache import BLOCK_SIZE
 from specdec.serving.memory import DEFAULT_SHARE, parse_size, plan_kv_budget
 from specdec.serving.scheduler import PrefillBudget, Scheduler
 from specdec.serving.server import build_app, kv_budget, serve_in_thread
@@ -27,40 +29,25 @@ def test_sizes_parse():
         parse_size("lots")
 
 
-def test_the_budget_sets_the_longest_request_and_the_options_must_agree():
+def test_the_budget_sets_the_pool_and_the_longest_request_and_the_options_must_agree():
     per_token, rows, context = 46080, 40, 8192
     default = plan_kv_budget(per_token, rows, context, available=22 * GIB)
     assert default.budget_bytes == int(22 * GIB * DEFAULT_SHARE)
-    assert default.max_model_len == default.budget_bytes // (rows * per_token) < context
-    assert rows * default.max_model_len * per_token <= default.budget_bytes
-    roomy = plan_kv_budget(per_token, rows, context, available=10**13)  # never more than the context needs
-    assert roomy.max_model_len == context and roomy.budget_bytes == rows * context * per_token
-    given = plan_kv_budget(per_token, rows, context, kv_cache_memory=4 * GIB)
-    assert given.max_model_len == 4 * GIB // (rows * per_token)
+    assert default.pool_tokens == default.budget_bytes // per_token // BLOCK_SIZE * BLOCK_SIZE
+    assert default.max_model_len == context  # one request may use the whole context: the pool holds it
+    roomy = plan_kv_budget(per_token, rows, context, available=10**13)  # never more than every row's whole context
+    assert roomy.pool_tokens == rows * context and roomy.budget_bytes == rows * context * per_token
+    small = plan_kv_budget(per_token, rows, context, kv_cache_memory=100 * 2**20)
+    assert small.pool_tokens == 2272 and small.max_model_len == 2272  # the pool, when smaller than the context
     by_length = plan_kv_budget(per_token, rows, context, max_model_len=1000, available=22 * GIB)
-    assert by_length.budget_bytes == rows * 1000 * per_token
-    with pytest.raises(ValueError, match="--max-model-len 8000 .* over --kv-cache-memory"):
-        plan_kv_budget(per_token, rows, context, kv_cache_memory=GIB, max_model_len=8000)
-    with pytest.raises(ValueError, match="is available"):
-        plan_kv_budget(per_token, rows, context, max_model_len=8000, available=GIB)
+    assert by_length.max_model_len == 1000 and by_length.pool_tokens == default.pool_tokens
+    with pytest.raises(ValueError, match="--max-model-len 8000 .* over the KV cache's"):
+        plan_kv_budget(per_token, rows, context, kv_cache_memory=GIB // 4, max_model_len=8000)
     with pytest.raises(ValueError, match="raise --kv-cache-memory"):
         plan_kv_budget(per_token, rows, context, kv_cache_memory=1000)
-    assert "40 rows (32 requests + 8 prefix-cache)" in default.describe(32)
-
-
-def test_a_cache_gives_back_what_it_shrinks_and_keeps_the_committed_slots(tiny_pair):
-    target = load(tiny_pair["target"], dtype="float64")
-    cache = target.new_cache(rows=2)
-    target.extend(torch.arange(1, 40), cache, row=1)
-    kept = cache.keys[:, 1, :, :39].clone()
-    cache.reserve(cache.max_length)
-    grown = cache.nbytes
-    cache.shrink(48)
-    assert cache.capacity == 48 and cache.nbytes * cache.max_length == grown * 48
-    assert torch.equal(cache.keys[:, 1, :, :39], kept)
-    cache.shrink(8)  # never below a committed length
-    assert cache.capacity == 39
-    assert cache.bytes_per_token * cache.capacity * cache.rows == cache.nbytes
+    with pytest.raises(ValueError, match="must be 2..8192"):
+        plan_kv_budget(per_token, rows, context, max_model_len=8193)
+    assert f"a pool of {default.pool_tokens // BLOCK_SIZE:,} blocks of {BLOCK_SIZE} tokens" in default.describe(32)
 
 
 def run(scheduler, prompts, samplings):
@@ -75,29 +62,50 @@ def run(scheduler, prompts, samplings):
     return results
 
 
-def test_the_cache_shrinks_when_the_long_request_ends_and_outputs_stay_exact(tiny_pair):
-    """A long request grows every row; once it ends and only short ones run, the cache is back
-    to what they need (a stored prefix of the long prompt goes with it), and every request got
-    what it gets alone."""
-    target = load(tiny_pair["target"], dtype="float64")
+def scheduler_with_pool(tiny_pair, pool_tokens, max_batch=4, prefix_rows=2, quantize="int4"):
+    target = load(tiny_pair["target"], quantize=quantize)
     drafter = make_drafter("model", load(tiny_pair["perturbed"], dtype="float64"))
     engine = Engine(target, drafter, gamma=3, prefill_chunk=8)
-    scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=4, prefix_rows=2,
-                          prefill=PrefillBudget(tokens=8), smallest_cache=16)
-    alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=8)
-    long_prompt = [(5 * i + 1) % target.vocab_size for i in range(target.max_context - 40)]
-    sizes = []
-    scheduler.submit([1, 2, 3], SamplingParams(max_new_tokens=60), lambda item: sizes.append(
-        (scheduler.cache.capacity, len(scheduler.prefixes.entries))))
+    scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=max_batch, prefix_rows=prefix_rows,
+                          prefill=PrefillBudget(tokens=8), pool_tokens=pool_tokens)
+    return scheduler, SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=8)
+
+
+def test_a_long_request_uses_the_pool_short_ones_leave_and_gives_its_blocks_back(tiny_pair):
+    """A request of nearly the whole context beside a short one, in a pool that could not hold
+    every row at that length: both run, the long one's blocks come back when it ends, and each
+    got what it gets alone."""
+    scheduler, alone = scheduler_with_pool(tiny_pair, pool_tokens=256)
+    pool = scheduler.cache
+    long_prompt = [(5 * i + 1) % 96 for i in range(scheduler.engine.max_context - 40)]
+    free = []
+    scheduler.submit([1, 2, 3], SamplingParams(max_new_tokens=60), lambda item: free.append(pool.free_block_count))
     first = run(scheduler, [long_prompt], [SamplingParams(max_new_tokens=30)])
-    grown = max(capacity for capacity, _ in sizes)
-    assert grown >= len(long_prompt) + 30 and any(entries for _, entries in sizes)
-    # The short request outlived the long one: the cache shrank to its need while it ran.
-    assert sizes[-1] == (3 + 60, 0)
-    second = run(scheduler, [[6, 7, 8], [9, 10]], [SamplingParams(max_new_tokens=20)] * 2)
-    assert scheduler.cache.capacity <= 2 * (3 + 20)  # grown geometrically again, within twice its need
+    assert min(free) <= pool.num_blocks - pool.blocks_for(len(long_prompt))  # it held the long prompt's blocks
+    while scheduler.running or scheduler.prefilling:
+        one_loop(scheduler)
+    stored = sum(pool.blocks_for(len(entry.tokens)) for entry in scheduler.prefixes.entries)
+    assert pool.free_block_count == pool.num_blocks - stored  # every request's blocks back; stored prompts hold theirs
     assert first[0] == alone.generate(long_prompt, SamplingParams(max_new_tokens=30)).token_ids
-    assert second[0] == alone.generate([6, 7, 8], SamplingParams(max_new_tokens=20)).token_ids
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_requests_preempted_when_the_pool_runs_dry_get_the_text_they_get_alone(tiny_pair, temperature):
+    """Six requests whose contexts do not fit together in a pool of 8 blocks: the youngest are
+    preempted (blocks freed), admitted again later, their contexts computed again, and every
+    request's tokens are what it gets alone (greedy and seeded). Mutation checked: resuming
+    without feeding the generated tokens again (Engine.refill stopping at the prompt) fails it."""
+    scheduler, alone = scheduler_with_pool(tiny_pair, pool_tokens=8 * BLOCK_SIZE, max_batch=6, prefix_rows=0)
+    prompts = [[(7 * i + 3 * k) % 90 + 3 for i in range(20 + 9 * k)] for k in range(6)]
+    samplings = [SamplingParams(max_new_tokens=50, temperature=temperature, seed=k) for k in range(6)]
+    preempted = []
+    original = scheduler.preempt
+    scheduler.preempt = lambda ticket: (preempted.append(ticket.id), original(ticket))
+    results = run(scheduler, prompts, samplings)
+    assert preempted  # the pool ran dry: some request was taken out and came back
+    assert scheduler.cache.free_block_count == scheduler.cache.num_blocks
+    for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
+        assert results[index] == alone.generate(prompt, sampling).token_ids, index
 
 
 def test_a_prompt_past_max_model_len_gets_a_400_naming_it_and_output_stops_there(tiny_pair):
@@ -114,12 +122,30 @@ def test_a_prompt_past_max_model_len_gets_a_400_naming_it_and_output_stops_there
     assert app.state.scheduler.cache.max_length == 32
 
 
-def test_kv_budget_of_a_model_counts_every_row(tiny_pair):
+def test_kv_budget_of_a_model_sizes_its_pool(tiny_pair):
     target = load(tiny_pair["target"], dtype="float32")
     budget = kv_budget(target, max_batch=4, prefix_cache_rows=2, kv_cache_memory="1MiB")
     cache = target.new_cache(rows=1)
-    assert budget.bytes_per_token == cache.bytes_per_token and budget.rows == 6
-    assert budget.max_model_len == min(target.max_context, 2**20 // (6 * cache.bytes_per_token))
+    assert budget.bytes_per_token == cache.bytes_per_token
+    assert budget.pool_tokens == 2**20 // cache.bytes_per_token // BLOCK_SIZE * BLOCK_SIZE
+    assert budget.max_model_len == min(target.max_context, budget.pool_tokens)
+
+
+def test_a_prompt_up_to_the_context_is_accepted_where_the_pool_holds_it_and_one_more_refused(tiny_pair):
+    """In a pool of one context (the default of a model with a small context), the longest prompt
+    that leaves room for a token is answered; one token more gets a 400 with the numbers."""
+    target = load(tiny_pair["target"], quantize="int4")
+    context = target.max_context
+    app = build_app(target, None, "tiny", speculation="off", max_batch=2,
+                    budget=plan_kv_budget(target.new_cache().bytes_per_token, 2, context, max_model_len=context,
+                                          kv_cache_memory=context * target.new_cache().bytes_per_token))
+    with serve_in_thread(app) as url:
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": [5] * (context - 1), "max_tokens": 4,
+                                                            "temperature": 0})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 1
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": [5] * context, "max_tokens": 4})
+        assert refused.status_code == 400 and f"{context} tokens but the context holds {context}" in \
+            refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("committed", [0, 5])

@@ -242,7 +242,8 @@ class AttentionPlan:
         if window not in self.query_lists:
             queries = [(token, plan.row, slots) for plan in self.segments if plan.per_query is not None
                        for token, slots in zip(range(plan.start, plan.end), plan.per_query[window], strict=False)]
-            self.query_lists[window] = query_list(*map(list, zip(*queries, strict=False)), self.cache)
+            tokens, rows, slot_lists = map(list, zip(*queries, strict=False))
+            self.query_lists[window] = query_list(tokens, rows, slot_lists, self.cache)
         return self.query_lists[window]
 
 

@@ -115,6 +115,8 @@ class Cache(Protocol):
     lengths: list[int]
 
     def reserve(self, capacity: int) -> None: ...
+    def ensure(self, row: int, length: int) -> None: ...  # room for row's slots up to length (a paged cache
+    # takes blocks, and raises CacheFullError when none is left)
     def commit(self, row: int, count: int) -> None: ...
     def rollback(self, row: int, length: int) -> None: ...
     def compact(self, row: int, keep: Sequence[int]) -> None: ...
@@ -186,10 +188,9 @@ class LanguageModel:
 
     def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None) -> Cache | None:
         """Rows that share one pool of ``pool_tokens`` tokens (models/paged_cache.py); None for a
-        backend whose cache is its own (llama.cpp, transformers)."""
-        if self.backend != "specdec":
-            return None
-        return self.network.new_cache(max_length or self.max_context, rows, pool_tokens)  # type: ignore[call-arg]
+        network without one (llama.cpp's and transformers' caches are their own)."""
+        make = getattr(self.network, "new_paged_cache", None)  # an optional verb of a Network
+        return None if make is None else make(rows, pool_tokens, max_length or self.max_context)
 
     @property
     def precision(self) -> str:

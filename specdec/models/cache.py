@@ -74,17 +74,6 @@ class KVCache:
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
 
-    def shrink(self, capacity: int) -> None:
-        """Give back the slots from ``capacity`` on in every row (at least every row's committed
-        length is kept): the tensors are reallocated at the smaller size, so the memory goes back
-        to the allocator, and a later reserve() grows them again."""
-        capacity = max(capacity, max(self.lengths), 1)
-        if capacity >= self.capacity:
-            return
-        # clone, not a view: a view would keep the whole old storage alive
-        self.keys = self.keys[..., :capacity, :].clone()
-        self.values = self.values[..., :capacity, :].clone()
-
     def add_rows(self, count: int) -> None:
         """``count`` more rows, empty (a cache whose rows follow requests that come and go)."""
         layers, _, heads, _, head_dim = self._shape

@@ -38,6 +38,9 @@ class HFCache:
     def reserve(self, capacity: int) -> None:
         """A dynamic cache grows by itself."""
 
+    def ensure(self, row: int, length: int) -> None:
+        """Nothing to take: see reserve."""
+
     def trim(self, row: int) -> None:
         """Drop what a forward wrote past the committed length."""
         excess = self.stored[row] - self.lengths[row]

@@ -105,6 +105,9 @@ class LlamaCppCache:
     def reserve(self, capacity: int) -> None:
         """The KV pool is allocated with the context."""
 
+    def ensure(self, row: int, length: int) -> None:
+        """Nothing to take: see reserve."""
+
     def crop(self, row: int) -> None:
         """Forget the row's uncommitted entries."""
         if row in self.trees:

@@ -11,9 +11,9 @@ committed any more (commit, compact and rollback trim a row's table). ``fork`` s
 blocks by reference; a shared block is copied before a row writes into it (copy-on-write), so a
 stored prompt or OpenAI's ``n`` choices cost no copy until they diverge.
 
-The pool is allocated zeroed at its full size once: untouched pages are not resident (the OS
-maps them on first write), so memory grows with the blocks used, and free blocks are handed out
-lowest first so that the pages touched are reused.
+The pool is allocated at its full size once but not written: untouched pages are not resident
+(the OS maps them on first write), so memory grows with the blocks used, and free blocks are
+handed out lowest first so that the pages touched are reused.
 """
 
 from __future__ import annotations
@@ -59,10 +59,14 @@ class PagedKVCache:
         self.references = [0] * num_blocks  # rows whose tables hold each block
         self.free_blocks = list(range(num_blocks))  # a heap: the lowest first
         self._device = torch.device(device)
-        # Zeros: padded or masked reads of unused slots must be finite (NaN * 0 = NaN).
+        # Empty, each block zeroed when first taken (untouched pages stay off the resident set):
+        # padded or masked reads of unused slots must be finite (NaN * 0 = NaN). Block 0, which
+        # padding reads, is zeroed now.
         shape = (num_layers, 1, num_kv_heads, num_blocks * block_size, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=self._device)
-        self.values = torch.zeros(shape, dtype=dtype, device=self._device)
+        self.keys = torch.empty(shape, dtype=dtype, device=self._device)
+        self.values = torch.empty(shape, dtype=dtype, device=self._device)
+        self.untouched = 0  # blocks from here on were never taken
+        self._zero_if_untouched(0)
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -98,7 +102,14 @@ class PagedKVCache:
             raise CacheFullError(f"the KV cache's {self.num_blocks} blocks of {self.block_size} tokens are all in use")
         block = heapq.heappop(self.free_blocks)
         self.references[block] = 1
+        self._zero_if_untouched(block)
         return block
+
+    def _zero_if_untouched(self, block: int) -> None:
+        if block >= self.untouched:  # the lowest free block first: never taken means the next one
+            self.keys[:, :, :, self._span(block)] = 0
+            self.values[:, :, :, self._span(block)] = 0
+            self.untouched = block + 1
 
     def _drop(self, block: int) -> None:
         self.references[block] -= 1

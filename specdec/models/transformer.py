@@ -244,16 +244,20 @@ class LlamaFamilyModel(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def new_cache(self, max_length: int | None = None, rows: int = 1, pool_tokens: int | None = None,
-                  ) -> OwnCache:
-        """A cache of ``rows`` rows of up to ``max_length`` positions; with ``pool_tokens``, paged:
-        the rows share one pool of that many tokens (rounded up to whole blocks)."""
+    def _cache_shape(self, max_length: int | None, rows: int,
+                     ) -> tuple[int, int, int, int, torch.dtype, torch.device, int]:
         c = self.config
-        shape = (c.num_layers, c.num_kv_heads, c.head_dim, max_length or c.max_position_embeddings,
-                 self.kv_dtype or self.dtype, self.device, rows)
-        if pool_tokens is not None:
-            return PagedKVCache(*shape, num_blocks=-(-pool_tokens // BLOCK_SIZE))
-        return KVCache(*shape)
+        return (c.num_layers, c.num_kv_heads, c.head_dim, max_length or c.max_position_embeddings,
+                self.kv_dtype or self.dtype, self.device, rows)
+
+    def new_cache(self, max_length: int | None = None, rows: int = 1) -> KVCache:
+        """A cache of ``rows`` rows of up to ``max_length`` positions, each a whole tensor row."""
+        return KVCache(*self._cache_shape(max_length, rows))
+
+    def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None) -> PagedKVCache:
+        """``rows`` rows of up to ``max_length`` positions sharing one pool of ``pool_tokens``
+        tokens (rounded up to whole blocks)."""
+        return PagedKVCache(*self._cache_shape(max_length, rows), num_blocks=-(-pool_tokens // BLOCK_SIZE))
 
     @torch.inference_mode()
     def forward(

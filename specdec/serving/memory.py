@@ -1,16 +1,17 @@
 """The server's KV-cache memory budget, chosen and stated before the first request.
 
-The scheduler's cache is one block of ``rows`` rows (``--max-batch`` request rows and the
-prefix cache's spare rows) that all have the same number of slots: a forward attends over a
-batch of rows as one padded tensor (models/attention.py), so the rows cannot each have their own
-length. What bounds its memory is then rows x the longest request (prompt and output) x the bytes
-of one token's keys and values in every layer; the budget fixes the longest request
-(``--max-model-len``) so that the product fits, the engine refuses a longer prompt with a 400
-before it is fed, and the cache grows only as far as the requests it holds need and shrinks again
-when they end (Scheduler.release), so it never stays at the longest request seen.
+The scheduler's cache is one pool of fixed-size blocks (models/paged_cache.py) shared by every
+request and the prefix cache: a request takes blocks as its prompt and output need them and
+gives them back when it ends, so one long request can use what many short ones leave free. The
+budget fixes the pool (budget / bytes of one token's keys and values in every layer); the longest
+request (``--max-model-len``) is the model's context, or the pool if that is smaller, and the
+engine refuses a longer prompt with a 400 before it is fed. When the pool runs dry, stored prompts
+go first, then the youngest request is preempted (its blocks freed, its cache recomputed later,
+its text unchanged: serving/scheduler.py).
 
-While the cache grows or shrinks, the old and the new tensors are both alive for a moment: the
-default budget is a third of the memory available at start, so that peak stays inside two thirds.
+The pool is allocated once and never grows, and its pages become resident only as blocks are
+first used. The default budget is a third of the memory available at start: the rest stays for
+the weights, the drafters' own caches and a forward's activations.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+
+from specdec.models.paged_cache import BLOCK_SIZE
 
 #: Of the memory available at start, the default budget takes this share (see the module docstring).
 DEFAULT_SHARE = 1 / 3
@@ -59,61 +62,52 @@ def human(count: float) -> str:
 
 @dataclass(frozen=True)
 class KVBudget:
-    """rows x max_model_len x bytes_per_token <= budget_bytes."""
+    """A pool of pool_tokens tokens' keys and values (pool_tokens x bytes_per_token <= budget_bytes);
+    one request holds at most max_model_len of them (prompt and output)."""
 
     budget_bytes: int
     bytes_per_token: int
-    rows: int
+    pool_tokens: int
     max_model_len: int
     source: str  # how the budget was chosen, for the start line
 
-    @property
-    def bytes_per_row(self) -> int:
-        return self.max_model_len * self.bytes_per_token
-
-    def describe(self, request_rows: int) -> str:
+    def describe(self, max_batch: int, block_size: int = BLOCK_SIZE) -> str:
         """The one line a server prints at start."""
-        spare = self.rows - request_rows
-        return (f"KV cache: {human(self.budget_bytes)} budget ({self.source}): {self.rows} rows ({request_rows} "
-                f"requests + {spare} prefix-cache) x {self.max_model_len} tokens (--max-model-len: prompt and "
-                f"output of one request) x {human(self.bytes_per_token)} per token = {human(self.bytes_per_row)} "
-                "a row at most; rows grow only as long as their requests need")
+        blocks = self.pool_tokens // block_size
+        return (f"KV cache: {human(self.budget_bytes)} budget ({self.source}): a pool of {blocks:,} blocks of "
+                f"{block_size} tokens = {blocks * block_size:,} tokens x {human(self.bytes_per_token)} a token, "
+                f"shared by up to {max_batch} requests and the prefix cache; one request up to "
+                f"{self.max_model_len:,} tokens (--max-model-len: prompt and output)")
 
 
 def plan_kv_budget(bytes_per_token: int, rows: int, context: int, kv_cache_memory: int | None = None,
                    max_model_len: int | None = None, available: int | None = None) -> KVBudget:
-    """The budget and the longest request for a cache of ``rows`` rows of ``bytes_per_token``
-    each, for a model whose context is ``context`` tokens. Given both, they must agree; given one,
-    the other follows; given neither, the budget is DEFAULT_SHARE of ``available`` (at most what
-    the whole context needs). Raises ValueError naming the option when nothing useful fits."""
+    """The pool and the longest request for ``rows`` requests (and stored prompts) sharing a
+    pool of ``bytes_per_token`` a token, on a model whose context is ``context`` tokens. The
+    budget: ``kv_cache_memory``, else DEFAULT_SHARE of ``available`` (never more than every row's
+    whole context). Raises ValueError naming the option when nothing useful fits."""
     if max_model_len is not None and not 2 <= max_model_len <= context:
         raise ValueError(f"--max-model-len must be 2..{context} (the model's context), got {max_model_len}")
     if kv_cache_memory is not None and kv_cache_memory <= 0:
         raise ValueError(f"--kv-cache-memory must be positive, got {kv_cache_memory}")
-    per_length = rows * bytes_per_token  # bytes per token of max_model_len
-    if kv_cache_memory is None and max_model_len is not None:
-        budget, source = max_model_len * per_length, "--max-model-len x rows"
-        if available is not None and budget > available:
-            raise ValueError(f"--max-model-len {max_model_len} needs {human(budget)} of KV cache for {rows} rows, "
-                             f"and {human(available)} is available: lower it, --max-batch or --prefix-cache-rows")
-        return KVBudget(budget, bytes_per_token, rows, max_model_len, source)
-    if kv_cache_memory is None:
-        if available is None:
-            budget, source = context * per_length, "the whole context: available memory unknown"
-        else:
-            budget = min(int(available * DEFAULT_SHARE), context * per_length)
-            source = f"a third of the {human(available)} available at start" if budget < context * per_length \
-                else "the whole context, within a third of the memory available"
-    else:
+    everything = rows * context * bytes_per_token  # every row at the whole context: more is never used
+    if kv_cache_memory is not None:
         budget, source = kv_cache_memory, "--kv-cache-memory"
-    longest = min(context, budget // per_length)
+    elif available is None:
+        budget, source = everything, "every row's whole context: available memory unknown"
+    elif int(available * DEFAULT_SHARE) < everything:
+        budget, source = int(available * DEFAULT_SHARE), f"a third of the {human(available)} available at start"
+    else:
+        budget, source = everything, "every row's whole context, within a third of the memory available"
+    pool = budget // bytes_per_token // BLOCK_SIZE * BLOCK_SIZE
+    longest = min(context, pool)
     if max_model_len is not None:
-        if max_model_len > longest:
-            raise ValueError(f"--max-model-len {max_model_len} x {rows} rows x {human(bytes_per_token)} a token "
-                             f"needs {human(max_model_len * per_length)}, over --kv-cache-memory "
-                             f"{human(budget)}: raise it or lower --max-model-len, --max-batch or --prefix-cache-rows")
+        if max_model_len > pool:
+            raise ValueError(f"--max-model-len {max_model_len} x {human(bytes_per_token)} a token needs "
+                             f"{human(max_model_len * bytes_per_token)}, over the KV cache's {human(budget)} "
+                             f"({source}): raise --kv-cache-memory or lower --max-model-len")
         longest = max_model_len
     if longest < 2:
-        raise ValueError(f"a KV-cache budget of {human(budget)} holds {longest} tokens a row for {rows} rows of "
-                         f"{human(bytes_per_token)} a token: raise --kv-cache-memory or lower --max-batch")
-    return KVBudget(budget, bytes_per_token, rows, longest, source)
+        raise ValueError(f"a KV-cache budget of {human(budget)} holds {pool} tokens of {human(bytes_per_token)}: "
+                         "raise --kv-cache-memory")
+    return KVBudget(budget, bytes_per_token, pool, longest, source)

@@ -59,6 +59,8 @@ class ServerMetrics:
         self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens prefilled (computed)", registry=r)
         self.forked_prompt_tokens = Counter("specdec:prompt_tokens_forked", "Prompt tokens a request copied from "
                                             "another's cache row (one prefill for OpenAI's n choices)", registry=r)
+        self.preemptions = Counter("specdec:num_preemptions", "Requests whose cache blocks were taken back while "
+                                   "the KV pool ran dry (recomputed when admitted again)", registry=r)
         self.prefix_queries = Counter("specdec:prefix_cache_queries", "Admitted requests looked up in the prefix cache",
                                       registry=r)
         self.prefix_hits = Counter("specdec:prefix_cache_hits", "Requests that started from a stored prefix",

@@ -73,13 +73,16 @@ class PrefixCache:
         self.cache.fork(request.row, row, length)
         self.entries.append(StoredPrefix(tokens, row, None if features is None else features[:length], self.clock))
 
-    def forget_longer_than(self, length: int) -> None:
-        """Drop the stored prompts longer than ``length`` tokens (their rows emptied): the
-        cache is about to shrink to that many slots a row."""
-        for entry in [entry for entry in self.entries if len(entry.tokens) > length]:
-            self.entries.remove(entry)
-            self.cache.rollback(entry.row, 0)
-            self.free_rows.append(entry.row)
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used stored prompt (its row emptied, a paged cache's blocks
+        freed where no request shares them); False when none is stored."""
+        if not self.entries:
+            return False
+        oldest = min(self.entries, key=lambda entry: entry.used)
+        self.entries.remove(oldest)
+        self.cache.rollback(oldest.row, 0)
+        self.free_rows.append(oldest.row)
+        return True
 
     def reuse(self, request: Request) -> int:
         """Copy the longest stored prefix of the request's prompt into its row (whole pieces, up to

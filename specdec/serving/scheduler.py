@@ -1,12 +1,14 @@
 """Continuous batching: requests join and leave the running batch between engine steps.
 
-One thread owns the engine and the KV cache (``max_batch`` rows). Each loop: admit waiting
-requests into free rows, feed the prompts of those still prefilling (a prompt admitted alone
-whole; else, shortest first, pieces under a token budget, PrefillBudget, so a long prompt
-stalls neither the running streams nor the requests admitted beside it), ask the controller
-how much each request drafts, run one engine step for every running request, hand each
-request's chunk to its ``emit`` callback, and free the rows of finished or cancelled requests
-(and the cache's memory that no row needs any more). Callers on other threads only submit and
+One thread owns the engine and the KV cache (``max_batch`` rows drawing on one pool of blocks).
+Each loop: admit waiting requests into free rows while the pool holds their prompts, feed the
+prompts of those still prefilling (a prompt admitted alone whole; else, shortest first, pieces
+under a token budget, PrefillBudget, so a long prompt stalls neither the running streams nor the
+requests admitted beside it), ask the controller how much each request drafts, make room in the
+pool for every step (stored prompts go first, then the youngest request is preempted: its blocks
+freed, its context computed again when it is admitted again, its text unchanged), run one engine
+step for every running request, hand each request's chunk to its ``emit`` callback, and free the
+rows (and blocks) of finished or cancelled requests. Callers on other threads only submit and
 cancel; ``emit`` runs on the scheduler thread and must not block.
 
 An error raised for one request (building it, its prefill's drafter hooks, its drafter, its grammar
@@ -29,7 +31,7 @@ from specdec.engine import Engine, Request
 from specdec.estimates import RunningMean
 from specdec.grammar import TokenMatcher
 from specdec.models.base import ForkingCache
-from specdec.models.cache import KVCache
+from specdec.models.paged_cache import CacheFullError, PagedKVCache
 from specdec.request import NOT_ISOLATED
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
@@ -40,9 +42,6 @@ from specdec.text import StreamChunk, TextStream, step_chunk
 Emit = Callable[[StreamChunk | BaseException], None]
 log = logging.getLogger("specdec.serving")
 
-
-# Slots a row keeps when the cache shrinks (default): below this a reallocation costs more than it frees.
-SMALLEST_CACHE = 256
 
 
 class QueueFullError(RuntimeError):
@@ -66,6 +65,7 @@ class Ticket:
     # and then starts from a copy of its cache row (Engine.prefill's forks), if the cache can fork.
     parent: Ticket | None = None
     matcher: TokenMatcher | None = None  # its constraint's, compiled before it was submitted
+    preempted: int = 0  # times its cache row was taken back while the pool ran dry (its text goes on)
 
     def admitted(self) -> Request:
         """Its request, for a ticket that holds a cache row (prefilling or running)."""
@@ -120,8 +120,8 @@ class PrefillBudget:
 class Scheduler:
     def __init__(self, engine: Engine, controller: SpeculationController, max_batch: int = 32,
                  max_waiting: int = 1024, metrics: ServerMetrics | None = None,
-                 prefill: PrefillBudget | None = None, prefix_rows: int = 0,
-                 smallest_cache: int = SMALLEST_CACHE) -> None:
+                 prefill: PrefillBudget | None = None, prefix_rows: int = 0, pool_tokens: int | None = None,
+                 ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_rows < 0:
@@ -129,9 +129,13 @@ class Scheduler:
         self.engine, self.controller, self.metrics = engine, controller, metrics
         self.prefill = prefill or PrefillBudget()
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.smallest_cache = smallest_cache  # slots a row keeps when the cache shrinks (give_back_memory)
-        # Rows of at most the engine's longest request (a server's --max-model-len, in its KV budget)
-        self.cache = engine.target.new_cache(rows=max_batch + prefix_rows, max_length=engine.max_context)
+        # Rows of at most the engine's longest request (a server's --max-model-len), all in one pool
+        # of blocks (serving/memory.py; default: room for every row's longest), where the backend's
+        # cache is ours; else the backend's own.
+        rows = max_batch + prefix_rows
+        pooled = engine.target.new_paged_cache(rows, pool_tokens or rows * engine.max_context, engine.max_context)
+        self.cache = pooled or engine.target.new_cache(rows=rows, max_length=engine.max_context)
+        self.pool = pooled if isinstance(pooled, PagedKVCache) else None
         self.free_rows = list(range(max_batch))
         # Recent prompts in prefix_rows spare rows (exact only where prompts go in whole pieces)
         self.prefixes = (PrefixCache(self.cache, list(range(max_batch, max_batch + prefix_rows)), engine.prefill_chunk)
@@ -203,9 +207,7 @@ class Scheduler:
                     self.wake.wait()
                 if self.stopping:
                     return
-                admitted = []
-                while self.waiting and self.free_rows:
-                    admitted.append((self.waiting.popleft(), self.free_rows.pop()))
+                admitted = self.admissible()
             try:
                 self.advance(admitted)
             except NOT_ISOLATED:
@@ -222,6 +224,9 @@ class Scheduler:
         """Admit the newcomers (ticket, free row), feed prompts, then one step for every running request."""
         built = []
         for ticket, row in admitted:
+            if ticket.request is not None:  # preempted before: its row's entries are computed again
+                self.resume(ticket, row)
+                continue
             try:  # a constraint the grammar engine refuses, a drafter's start, fail their own request only
                 ticket.request = self.engine.new_request(ticket.prompt_ids, ticket.sampling, row, ticket.matcher)
                 built.append((ticket, row))
@@ -237,6 +242,11 @@ class Scheduler:
                 reused = self.prefixes.reuse(ticket.request)
                 if self.metrics is not None:
                     self.metrics.observe_prefix_query(reused)
+            if self.pool is not None and not self.forks_later(ticket):  # its prompt's blocks, taken now
+                try:
+                    self.pool.ensure(ticket.admitted().row, len(ticket.prompt_ids))
+                except CacheFullError as error:  # has_room saw them: only a pool smaller than one prompt
+                    self.fail(ticket, error)
         for ticket in [t for t in [*self.prefilling, *self.running] if t.cancelled]:
             if self.metrics is not None:
                 self.metrics.finished("abort")
@@ -251,8 +261,8 @@ class Scheduler:
                     self.fail(ticket, error)
         if not self.running:
             return
+        draft_lengths = self.make_room(self.controller.draft_lengths([ticket.admitted() for ticket in self.running]))
         batch = [ticket.admitted() for ticket in self.running]
-        draft_lengths = self.controller.draft_lengths(batch)
         self.steps[len(batch), self.controller.last_choice] += 1
         lengths = [request.length for request in batch]
         drafted_before = [request.stats.draft_seconds for request in batch]
@@ -264,7 +274,10 @@ class Scheduler:
                    for ticket, length, before in zip(list(self.running), lengths, drafted_before, strict=True)
                    if ticket.admitted() not in failed]
         for ticket in [ticket for ticket in self.running if ticket.admitted() in failed]:
-            self.fail(ticket, failed[ticket.admitted()])
+            if isinstance(failed[ticket.admitted()], CacheFullError):  # a block more than make_room saw
+                self.preempt(ticket)
+            else:
+                self.fail(ticket, failed[ticket.admitted()])
         batch = [ticket.admitted() for ticket, _, _ in stepped]
         self.prefill.observe_step(seconds)
         draft_seconds = sum(request.stats.draft_seconds - before
@@ -293,6 +306,81 @@ class Scheduler:
                 if self.metrics is not None:
                     self.metrics.finished(finish_reason)
                 self.release(ticket)
+
+    def admissible(self) -> list[tuple[Ticket, int]]:
+        """The waiting tickets to admit now, in order, each with a free row: while rows are free
+        and the pool holds them (has_room; the rest wait for blocks to come back)."""
+        admitted: list[tuple[Ticket, int]] = []
+        while self.waiting and self.free_rows and self.has_room(self.waiting[0], [t for t, _ in admitted]):
+            admitted.append((self.waiting.popleft(), self.free_rows.pop()))
+        return admitted
+
+    def has_room(self, ticket: Ticket, admitting: list[Ticket]) -> bool:
+        """Whether the pool holds ``ticket``'s context (its prompt, or all a preempted one had)
+        beside those being admitted with it and a block for each request's next step, stored
+        prompts given up if need be. Alone it is always admitted (a prompt fits the pool:
+        serving/memory.py)."""
+        if self.pool is None:
+            return True
+        pool = self.pool
+
+        def context(waiting: Ticket) -> int:
+            return pool.blocks_for(len(waiting.prompt_ids) if waiting.request is None else waiting.request.length)
+
+        need = sum(map(context, [*admitting, ticket])) + len(self.running) + len(self.prefilling) + len(admitting) + 1
+        while pool.free_block_count < need and self.prefixes is not None and self.prefixes.evict_oldest():
+            pass
+        return pool.free_block_count >= need or not (self.running or self.prefilling or admitting)
+
+    def make_room(self, draft_lengths: list[int]) -> list[int]:
+        """The blocks every running request's step needs (its block of draft_lengths + 1 tokens):
+        stored prompts go first, then the youngest requests are preempted until the rest fit.
+        Returns the draft lengths of the requests still running."""
+        if self.pool is None:
+            return draft_lengths
+        pool = self.pool
+
+        def need() -> int:
+            return sum(pool.blocks_needed(t.admitted().row, t.admitted().length + d)
+                       for t, d in zip(self.running, draft_lengths, strict=True))
+
+        while need() > pool.free_block_count:
+            if self.prefixes is not None and self.prefixes.evict_oldest():
+                continue
+            if len(self.running) == 1:
+                break  # alone it fits (max_model_len <= the pool); a tree's extra nodes: see advance
+            youngest = max(range(len(self.running)), key=lambda index: self.running[index].id)
+            self.preempt(self.running[youngest])
+            draft_lengths = draft_lengths[:youngest] + draft_lengths[youngest + 1 :]
+        return draft_lengths
+
+    def preempt(self, ticket: Ticket) -> None:
+        """Take ``ticket``'s cache row back (its blocks freed) and queue it first: admitted again,
+        its context is computed again (resume) and its text goes on as if never stopped."""
+        request = ticket.admitted()
+        self.running.remove(ticket)
+        self.cache.rollback(request.row, 0)
+        self.free_rows.append(request.row)
+        ticket.preempted += 1
+        log.info("request %d preempted (KV pool dry), %d tokens to recompute", ticket.id, request.length)
+        if self.metrics is not None:
+            self.metrics.preemptions.inc()
+        with self.wake:
+            self.waiting.appendleft(ticket)
+
+    def resume(self, ticket: Ticket, row: int) -> None:
+        """A preempted ticket in its new row: its context fed again (Engine.refill), running again."""
+        request = ticket.admitted()
+        request.row = row
+        try:
+            self.cache.ensure(row, request.length)
+            self.engine.refill(request, self.cache)
+        except NOT_ISOLATED:
+            raise
+        except BaseException as error:  # noqa: BLE001 - see Isolation
+            self.fail(ticket, error)
+            return
+        self.running.append(ticket)
 
     def feed_prompts(self) -> None:
         """Feed the prefilling requests' prompts: a prompt admitted alone (nothing else prefills
@@ -354,18 +442,3 @@ class Scheduler:
             self.free_rows.append(ticket.request.row)
             self.passed_over.discard(ticket.request)
             ticket.request = None  # the drafter's per-request state (a draft cache) goes with it
-            self.give_back_memory()
-
-    def give_back_memory(self) -> None:
-        """Shrink the cache to what the requests it holds need, once that is under half its
-        size (halving, not every release: a reallocation copies the cache). Stored prefixes
-        longer than that go, or they would keep it grown to the longest prompt seen."""
-        if not isinstance(self.cache, KVCache):
-            return
-        held = [t.request.budget_end for t in [*self.running, *self.prefilling] if t.request is not None]
-        need = max([self.smallest_cache, *held])
-        if self.cache.capacity <= 2 * need:
-            return
-        if self.prefixes is not None:
-            self.prefixes.forget_longer_than(need)
-        self.cache.shrink(need)

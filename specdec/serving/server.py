@@ -55,6 +55,7 @@ def build_app(
     prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
     max_model_len: int | None = None,
     default_acceptance: str = "exact",
+    budget: KVBudget | None = None,
 ) -> FastAPI:
     """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
     with speculation "auto" and none given, it is measured here first. ``prefill_chunk``: prompts
@@ -62,9 +63,10 @@ def build_app(
     (PrefillBudget; at least one), so a long prompt does not stall the running streams; None:
     each prompt whole. ``prefix_cache_rows``: recent prompts kept in that many spare cache rows,
     whole pieces of them reused by prompts that begin the same way (0, or prefill_chunk None: off).
-    ``max_model_len``: the longest request, prompt and output (kv_budget() chooses it for a
-    memory budget; None: the target's context); longer prompts get a 400. ``default_acceptance``: for
-    requests that name none ("exact"; anything else is LOSSY, docs/acceptance.md)."""
+    ``max_model_len``: the longest request, prompt and output (None: the target's context, or the
+    KV pool if smaller); longer prompts get a 400. ``default_acceptance``: for requests that name
+    none ("exact"; anything else is LOSSY, docs/acceptance.md). ``budget``: the KV pool's
+    (serving/memory.py; None: kv_budget()'s default, for a backend whose cache is ours)."""
     from specdec.drafting.base import suffix_caches
     from specdec.engine import Engine
     from specdec.estimates import CostModel
@@ -73,6 +75,10 @@ def build_app(
     from specdec.serving.scheduler import PrefillBudget, Scheduler
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
 
+    if budget is None:
+        budget = kv_budget(target, max_batch, prefix_cache_rows, max_model_len=max_model_len)
+    if budget is not None:
+        max_model_len = budget.max_model_len
     # The controller chooses every step's draft lengths: no request gets a policy of its own.
     engine = Engine(target, drafter, gamma=gamma, prefill_chunk=prefill_chunk, max_context=max_model_len,
                     per_request_policy=False)
@@ -86,7 +92,8 @@ def build_app(
                                        draft_cost=draft_cost)
     metrics = ServerMetrics(suffix_caches(drafter))
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
-                          prefill=PrefillBudget(), prefix_rows=prefix_cache_rows)
+                          prefill=PrefillBudget(), prefix_rows=prefix_cache_rows,
+                          pool_tokens=None if budget is None else budget.pool_tokens)
     return create_app(scheduler, model_name, limits, metrics, default_acceptance)
 
 
@@ -152,11 +159,11 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
                        help="recent prompts kept in this many spare cache rows; a prompt that begins like one of them "
                             "copies the shared part (whole prefill pieces: exact) instead of computing it (0: off)")
     serve.add_argument("--kv-cache-memory", metavar="SIZE",
-                       help="memory for the KV cache, e.g. 6GiB (default: a third of the memory available at start, "
-                            "at most what the whole context needs); with the rows it sets --max-model-len")
+                       help="memory for the KV cache, one pool of blocks that every request draws on, e.g. 6GiB "
+                            "(default: a third of the memory available at start, at most every row's whole context)")
     serve.add_argument("--max-model-len", type=int,
-                       help="the longest request, prompt and output, in tokens (default: what --kv-cache-memory holds "
-                            "for every row, at most the model's context); a longer prompt gets a 400")
+                       help="the longest request, prompt and output, in tokens (default: the model's context, or "
+                            "the pool if smaller); a longer prompt gets a 400")
     serve.add_argument("--served-model-name", help="the model name clients pass (default: the target's folder name)")
     serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                        help="every /v1 route needs 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; "
@@ -204,8 +211,7 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                                             max_grammar_bytes=args.max_grammar_bytes,
                                             grammar_seconds=args.grammar_timeout), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows,
-                        max_model_len=budget.max_model_len if budget else args.max_model_len,
-                        default_acceptance=args.acceptance)
+                        max_model_len=args.max_model_len, default_acceptance=args.acceptance, budget=budget)
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation}"
                  f"{', API key required' if args.api_key else ''}"
                  f"{f', LOSSY acceptance {args.acceptance} by default' if args.acceptance != 'exact' else ''})")
