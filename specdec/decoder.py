@@ -11,6 +11,7 @@ from typing import Any, cast, overload
 from specdec.drafting.base import Drafter
 from specdec.engine import Engine
 from specdec.models.base import LanguageModel
+from specdec.models.paged_cache import BLOCK_SIZE
 from specdec.policy import DraftLengthPolicy
 from specdec.sampling import SamplingParams
 from specdec.text import GenerationResult, StreamChunk, TextStream, encode_prompt, step_chunk
@@ -111,7 +112,11 @@ class SpeculativeDecoder:
         requests = [self.engine.new_request(encode_prompt(tokenizer, prompt, self.target.name), sampling, row)
                     for row, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True))]
         texts = [TextStream(tokenizer, sampling.stop) for sampling in samplings]
-        cache = self.target.new_cache(rows=len(requests))
+        # One pool of what the requests can reach (models/paged_cache.py), as a server's; doubled
+        # if a tree's extra nodes ever need more.
+        tokens = sum(request.budget_end for request in requests) + BLOCK_SIZE * len(requests)
+        cache = (self.target.new_paged_cache(len(requests), tokens, growable=True)
+                 or self.target.new_cache(rows=len(requests)))
         self.engine.prefill(requests, cache)
         active = list(requests)
         while active:

@@ -143,3 +143,12 @@ def test_blocks_go_back_on_rollback_and_release_and_a_dry_pool_says_so():
     assert cache.free_block_count == 2
     cache.rollback(0, 0)
     assert cache.free_block_count == 4 and cache.blocks_needed(1, 9) == 3
+
+
+def test_a_growable_pool_doubles_when_dry_and_keeps_every_row():
+    cache = PagedKVCache(1, 1, 2, 64, torch.float32, "cpu", 2, 2, 4, growable=True)
+    _fill(cache, 0, 6, 1.0)
+    _fill(cache, 1, 5, 2.0)  # 4 blocks in all: doubled once
+    assert cache.num_blocks == 4 and cache.free_block_count == 0
+    assert torch.equal(cache.prefix(0, 0, 6)[0][0, :, 0], torch.ones(6))
+    assert torch.equal(cache.prefix(0, 1, 5)[1][0, :, 0], torch.full((5,), 2.0))

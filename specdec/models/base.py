@@ -186,11 +186,13 @@ class LanguageModel:
         """A cache of ``rows`` rows, each up to ``max_length`` positions (default: the context)."""
         return self.network.new_cache(max_length or self.max_context, rows)
 
-    def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None) -> Cache | None:
-        """Rows that share one pool of ``pool_tokens`` tokens (models/paged_cache.py); None for a
-        network without one (llama.cpp's and transformers' caches are their own)."""
+    def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None,
+                        growable: bool = False) -> Cache | None:
+        """Rows that share one pool of ``pool_tokens`` tokens (models/paged_cache.py; ``growable``:
+        doubled when it runs dry, else CacheFullError); None for a network without one (llama.cpp's
+        and transformers' caches are their own)."""
         make = getattr(self.network, "new_paged_cache", None)  # an optional verb of a Network
-        return None if make is None else make(rows, pool_tokens, max_length or self.max_context)
+        return None if make is None else make(rows, pool_tokens, max_length or self.max_context, growable)
 
     @property
     def precision(self) -> str:

@@ -49,11 +49,15 @@ class PagedKVCache:
         rows: int,
         num_blocks: int,
         block_size: int = BLOCK_SIZE,
+        growable: bool = False,
     ) -> None:
         if rows < 1 or num_blocks < 1 or block_size < 1:
             raise ValueError(f"a paged cache needs rows, blocks and a block size >= 1, got {rows}, {num_blocks}, "
                              f"{block_size}")
         self.max_length, self.rows, self.block_size, self.num_blocks = max_length, rows, block_size, num_blocks
+        # A dry pool doubles (a copy) instead of raising CacheFullError: for one generation's rows,
+        # sized to what they can reach, where a tree's extra nodes must not fail it (a server's is fixed).
+        self.growable = growable
         self.lengths = [0] * rows
         self.tables: list[list[int]] = [[] for _ in range(rows)]
         self.references = [0] * num_blocks  # rows whose tables hold each block
@@ -98,12 +102,27 @@ class PagedKVCache:
 
     # -- blocks --------------------------------------------------------------------------------
     def _take(self) -> int:
+        if not self.free_blocks and self.growable:
+            self._grow()
         if not self.free_blocks:
             raise CacheFullError(f"the KV cache's {self.num_blocks} blocks of {self.block_size} tokens are all in use")
         block = heapq.heappop(self.free_blocks)
         self.references[block] = 1
         self._zero_if_untouched(block)
         return block
+
+    def _grow(self) -> None:
+        old = self.num_blocks
+        self.num_blocks *= 2
+        for name in ("keys", "values"):
+            pool = getattr(self, name)
+            grown = torch.empty((*pool.shape[:3], self.num_blocks * self.block_size, pool.shape[4]), dtype=pool.dtype,
+                                device=self._device)
+            grown[:, :, :, : old * self.block_size] = pool
+            setattr(self, name, grown)
+        self.references += [0] * old
+        for block in range(old, self.num_blocks):
+            heapq.heappush(self.free_blocks, block)
 
     def _zero_if_untouched(self, block: int) -> None:
         if block >= self.untouched:  # the lowest free block first: never taken means the next one

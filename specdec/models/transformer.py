@@ -254,10 +254,12 @@ class LlamaFamilyModel(nn.Module):
         """A cache of ``rows`` rows of up to ``max_length`` positions, each a whole tensor row."""
         return KVCache(*self._cache_shape(max_length, rows))
 
-    def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None) -> PagedKVCache:
+    def new_paged_cache(self, rows: int, pool_tokens: int, max_length: int | None = None,
+                        growable: bool = False) -> PagedKVCache:
         """``rows`` rows of up to ``max_length`` positions sharing one pool of ``pool_tokens``
-        tokens (rounded up to whole blocks)."""
-        return PagedKVCache(*self._cache_shape(max_length, rows), num_blocks=-(-pool_tokens // BLOCK_SIZE))
+        tokens (rounded up to whole blocks; ``growable``: doubled when it runs dry)."""
+        return PagedKVCache(*self._cache_shape(max_length, rows), num_blocks=-(-pool_tokens // BLOCK_SIZE),
+                            growable=growable)
 
     @torch.inference_mode()
     def forward(
