@@ -2,13 +2,15 @@
 of what a step reads. The cache is filled with random keys and values up to each context length
 (no prefill: only the attention's reads and arithmetic differ from a real context's), then T(k)
 is timed (median of --repeats) for each block size, in each configuration: a compiled layer
-library (built as kernel_library_ab.py says; "package": the installed one) and the cache's dtype,
-swapped into the loaded model in turn, interleaved over --rounds, in one process. Prints, per
+library (built as kernel_library_ab.py says; "package": the installed one), the cache's dtype and
+layout (":paged": a PagedKVCache whose row's blocks alternate with another row's in the pool, as
+on a busy server; else one contiguous row), swapped into the loaded model in turn, interleaved
+over --rounds, in one process. Prints, per
 context, the bytes of cache a k-token block must read once (context x bytes a token) beside T(k);
 writes JSON. A library from before the 16-bit cache reads float32 only.
 
     python benchmarks/cpu/long_context.py MODEL_DIR [--quantize int4] [--contexts 64,2048,4096,8192,16384]
-        [--blocks 1,4,8,16] [--configs old.so:float32,package:float32,package:bfloat16] [--rounds 3]
+        [--blocks 1,4,8,16] [--configs old.so:float32,package:float16,package:float16:paged] [--rounds 3]
         [--repeats 3] [--out FILE.json]
 """
 
@@ -22,6 +24,7 @@ import specdec.models.fused_layer as fused_layer
 from specdec.bench.suite import machine_description
 from specdec.machine import write_measurement
 from specdec.models.loading import load
+from specdec.models.paged_cache import BLOCK_SIZE
 from specdec.models.timing import time_block
 
 
@@ -34,6 +37,25 @@ def library(path: str) -> ctypes.CDLL:
     return handle
 
 
+def filled_cache(model, context: int, length: int, paged: bool):
+    """Row 0 holding ``context`` random keys and values (room for ``length``); paged, its blocks
+    alternate with row 1's in the pool."""
+    if paged:
+        cache = model.network.new_paged_cache(2, 2 * (length + BLOCK_SIZE), length)
+        for end in range(cache.block_size, length + cache.block_size, cache.block_size):
+            cache.ensure(0, min(end, length))
+            cache.ensure(1, min(end, length))
+    else:
+        cache = model.new_cache(rows=1, max_length=length)
+        cache.reserve(length)
+    generator = torch.Generator().manual_seed(0)
+    shape = (model.network.config.num_kv_heads, context, model.network.config.head_dim)
+    for layer in range(model.network.config.num_layers):
+        cache.write(layer, 0, torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+    cache.commit(0, context)
+    return cache
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
@@ -41,7 +63,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="64,2048,4096,8192,16384")
     parser.add_argument("--blocks", default="1,4,8,16")
     parser.add_argument("--configs", default="package:float32,package:bfloat16",
-                        help="LIBRARY:KV_DTYPE, comma-separated (LIBRARY: a .so path or package)")
+                        help="LIBRARY:KV_DTYPE[:paged], comma-separated (LIBRARY: a .so path or package)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="runs/long_context.json")
@@ -50,25 +72,21 @@ def main() -> None:
     model = load(args.model, quantize=args.quantize)
     configs = {}
     for config in args.configs.split(","):
-        path, _, kv_dtype = config.rpartition(":")
-        configs[config] = (fused_layer.library() if path == "package" else library(path), getattr(torch, kv_dtype))
+        paged = config.endswith(":paged")
+        path, _, kv_dtype = config.removesuffix(":paged").rpartition(":")
+        configs[config] = (fused_layer.library() if path == "package" else library(path), getattr(torch, kv_dtype),
+                           paged)
     rows = []
     print(f"{machine_description()}; {model.name}, {model.precision}")
     print(f"{'context':>7} {'k':>3} " + " ".join(f"{name[-26:]:>26} {'MB once':>8}" for name in configs))
     for context in contexts:
         caches = {}
-        for name, (_, kv_dtype) in configs.items():
+        for name, (_, kv_dtype, paged) in configs.items():
             model.network.kv_dtype = kv_dtype
-            cache = caches[name] = model.new_cache(rows=1, max_length=context + max(blocks))
-            cache.reserve(context + max(blocks))
-            generator = torch.Generator().manual_seed(0)
-            shape = cache.keys[:, 0, :, :context].shape
-            cache.keys[:, 0, :, :context] = torch.randn(shape, generator=generator)
-            cache.values[:, 0, :, :context] = torch.randn(shape, generator=generator)
-            cache.commit(0, context)
+            caches[name] = filled_cache(model, context, context + max(blocks), paged)
         times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in configs for k in blocks}
         for _ in range(args.rounds):
-            for name, (handle, _) in configs.items():
+            for name, (handle, _, _) in configs.items():
                 fused_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
                 time_block(model, caches[name], 1, 1)
                 for k in blocks:

@@ -31,7 +31,7 @@ from specdec.engine import Engine, Request
 from specdec.estimates import RunningMean
 from specdec.grammar import TokenMatcher
 from specdec.models.base import ForkingCache
-from specdec.models.paged_cache import CacheFullError, PagedKVCache
+from specdec.models.paged_cache import BLOCK_SIZE, CacheFullError, PagedKVCache
 from specdec.request import NOT_ISOLATED
 from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
@@ -133,7 +133,8 @@ class Scheduler:
         # of blocks (serving/memory.py; default: room for every row's longest), where the backend's
         # cache is ours; else the backend's own.
         rows = max_batch + prefix_rows
-        pooled = engine.target.new_paged_cache(rows, pool_tokens or rows * engine.max_context, engine.max_context)
+        pool_tokens = pool_tokens or rows * (engine.max_context + BLOCK_SIZE)  # (a block each for rounding)
+        pooled = engine.target.new_paged_cache(rows, pool_tokens, engine.max_context)
         self.cache = pooled or engine.target.new_cache(rows=rows, max_length=engine.max_context)
         self.pool = pooled if isinstance(pooled, PagedKVCache) else None
         self.free_rows = list(range(max_batch))
