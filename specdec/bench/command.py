@@ -56,6 +56,8 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     source.add_argument("--prompts", help="a JSON list of {category, prompt} of your own instead of a suite")
     bench.add_argument("--per-category", type=int, help="use the first N prompts of each category")
     bench.add_argument("--limit", type=int, help="use the first N prompts (with --suite humaneval: problems)")
+    bench.add_argument("--categories",
+                       help="only these categories, comma-separated (--suite long: its lengths, e.g. 4k,16k)")
     bench.add_argument("--chat", action=argparse.BooleanOptionalAction,
                        help="each prompt as a user message in the target's chat template (Instruct models), for "
                        "every method alike (--suite humaneval: on where the target's tokenizer has a chat "
@@ -129,7 +131,15 @@ def run(
     if args.limit is not None and args.limit <= 0:
         raise ValueError(f"--limit must be positive, got {args.limit}")
     prompts = (load_prompts(Path(args.prompts), args.per_category) if args.prompts
-               else suite_prompts(args.suite or "bundled", args.per_category))[: args.limit]
+               else suite_prompts(args.suite or "bundled", args.per_category))
+    if args.categories:
+        wanted = args.categories.split(",")
+        unknown = sorted(set(wanted) - {prompt.category for prompt in prompts})
+        if unknown:
+            raise ValueError(f"no prompts of categories {unknown}; the suite has "
+                             f"{', '.join(dict.fromkeys(prompt.category for prompt in prompts))}")
+        prompts = [prompt for prompt in prompts if prompt.category in wanted]
+    prompts = prompts[: args.limit]
     humaneval = any(prompt.task is not None for prompt in prompts)
     check_constrained_methods(args.methods or ["auto"], prompts)  # before the models load
     named = [name.partition("@")[0] for name in args.methods or ["auto"]]  # what the methods may need, flags apart
@@ -142,6 +152,7 @@ def run(
 
     target, draft = load_models(args, errors, want_draft=bool(args.draft) or needs_draft_model(args.methods or []),
                                 resolved=resolved)
+    prompts = within_context(prompts, target, errors)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
     if head is None and target.backend == "specdec":
         from specdec.drafting.head_finder import find_head
@@ -323,3 +334,18 @@ def run_bench_forward(args: argparse.Namespace, console: Console) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def within_context(prompts: list, target, errors: Console) -> list:
+    """The prompts that leave the target's context room to generate (a long suite's 16k on an 8k
+    model: left out, with a note; generation stops at the context, as the engine's always does);
+    ValueError when none does."""
+    from specdec.text import encode_prompt
+
+    fits = [p for p in prompts if len(encode_prompt(target.tokenizer, p.text, target.name)) < target.max_context]
+    if len(fits) < len(prompts):
+        errors.print(f"[yellow]{len(prompts) - len(fits)} prompts at or past the target's context of "
+                     f"{target.max_context} tokens: left out[/]")
+    if not fits:
+        raise ValueError(f"no prompt fits the target's context of {target.max_context} tokens")
+    return fits

@@ -125,6 +125,6 @@ def llama_cpp_method(name: str, tools: LlamaCppTools, tokenizer) -> Method:
         stats = {key: int(value) for key, value in _STAT.findall(done.stderr)}
         spec = SpecStats(prompt_tokens=len(prompt_ids), generated_tokens=len(kept),
                          drafted=stats.get("n_drafted", 0), accepted=stats.get("n_accept", 0)) if stats else None
-        return MethodOutput(kept, seconds, spec)
+        return MethodOutput(kept, seconds, spec, prompt_seconds)
 
     return Method(name, run, engine="llama.cpp")

@@ -48,8 +48,9 @@ class Prompt:
 @dataclass
 class MethodOutput:
     token_ids: list[int]
-    seconds: float
+    seconds: float  # prompt and generation
     stats: SpecStats | None = None  # None for methods that report no speculation stats
+    prompt_seconds: float | None = None  # the prompt's part of seconds (prefill, prompt eval), where known
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Measurement:
     # its first generated token that differs (None: the same tokens); drift, not a failure
     drift_checked: bool = False
     first_difference: int | None = None
+    prompt_seconds: float | None = None  # the prompt's part of seconds (the median repeat's), where known
+    prompt_tokens: int = 0
 
     @property
     def stalled(self) -> bool:
@@ -165,7 +168,7 @@ def speculative_method(name: str, decoder, engine: str = "specdec", acceptance: 
             settings = dataclasses.replace(settings, acceptance=acceptance)
         started = time.perf_counter()
         result = decoder.generate(prompt_ids, sampling=settings)
-        return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats)
+        return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats, result.stats.prefill_seconds)
 
     def mark() -> Callable[[], None]:
         marks = [(cache, cache.next_sequence) for cache in suffix_caches(decoder.engine.drafter)]
@@ -252,8 +255,11 @@ def run_side_by_side(
                     forget()
             output, timings = runs[0], [run_output.seconds for run_output in runs]
             outputs[method.name] = output
+            median_run = sorted(runs, key=lambda run_output: run_output.seconds)[(len(runs) - 1) // 2]
             measured[method.name] = Measurement(method.name, method.engine, prompt, output.token_ids,
-                                                statistics.median(timings), output.stats, peak_rss_mb(), timings)
+                                                statistics.median(timings), output.stats, peak_rss_mb(), timings,
+                                                prompt_seconds=median_run.prompt_seconds,
+                                                prompt_tokens=len(prompt_ids))
             run.measurements.append(measured[method.name])
             if progress:
                 progress(f"{prompt.category}/{prompt.id or index}: {method.name}")
@@ -293,6 +299,19 @@ class Summary:
     peak_memory_mb: float | None = None
     passed: int = 0  # outputs that passed their tests, of ``checked`` prompts that have tests
     checked: int = 0
+    prompt_tokens: int = 0
+    prompt_seconds: float | None = None  # of seconds, the prompts' part (None: not known for every prompt)
+
+    @property
+    def prefill_tokens_per_second(self) -> float | None:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else None
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Generated tokens a second after the prompt is in (the prompt's time left out)."""
+        if self.prompt_seconds is None or self.seconds <= self.prompt_seconds:
+            return None
+        return self.tokens / (self.seconds - self.prompt_seconds)
 
     @property
     def pass_at_1(self) -> float | None:
@@ -307,6 +326,9 @@ class Summary:
         return {
             "method": self.method, "engine": self.engine, "category": self.category, "prompts": self.prompts,
             "tokens": self.tokens, "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
+            "prompt_tokens": self.prompt_tokens, "prompt_seconds": self.prompt_seconds,
+            "prefill_tokens_per_second": self.prefill_tokens_per_second,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
             "speedup": self.speedups, "peak_memory_mb": self.peak_memory_mb,
             "alpha": stats.alpha if stats and stats.drafted else None,
             "tau": stats.tau if stats and stats.target_forwards else None,
@@ -332,10 +354,13 @@ def summarize(measurements: Sequence[Measurement], baselines: Sequence[str]) -> 
             for row in rows:
                 if row.stats is not None:
                     stats = row.stats if stats is None else stats.merge(row.stats)
+            known = [r.prompt_seconds for r in rows if r.prompt_seconds is not None]
             by_method[name] = Summary(
                 name, rows[0].engine, category, len(rows), sum(len(r.token_ids) for r in rows),
                 sum(r.seconds for r in rows), stats, peak_memory_mb=max((r.peak_memory_mb or 0) for r in rows),
                 passed=sum(bool(r.passed) for r in rows), checked=sum(r.passed is not None for r in rows),
+                prompt_tokens=sum(r.prompt_tokens for r in rows),
+                prompt_seconds=sum(known) if len(known) == len(rows) else None,
             )
         for summary in by_method.values():
             for baseline in baselines:
@@ -349,7 +374,10 @@ def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
     rows = [s for s in summaries if s.category == category]
     baselines = list(dict.fromkeys(b for s in rows for b in s.speedups))
     checked = any(s.checked for s in rows)  # a suite with tests: pass@1 beside the speed
-    header = ["method", "tokens/s", *[f"speedup vs {b}" for b in baselines], *(["pass@1"] if checked else []),
+    # Where every method's prompt time is known: the prompt's and the generation's rates apart too.
+    phases = all(s.decode_tokens_per_second is not None for s in rows)
+    header = ["method", "tokens/s", *(["decode tok/s", "prefill tok/s"] if phases else []),
+              *[f"speedup vs {b}" for b in baselines], *(["pass@1"] if checked else []),
               "alpha", "tau", "acceptance by position"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in rows:
@@ -357,6 +385,7 @@ def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
         cells = [
             s.method,
             f"{s.tokens_per_second:.1f}",
+            *([f"{s.decode_tokens_per_second:.1f}", f"{s.prefill_tokens_per_second or 0:.1f}"] if phases else []),
             *[f"{s.speedups.get(b, float('nan')):.2f}x" for b in baselines],
             *([f"{s.passed}/{s.checked} ({s.pass_at_1:.3f})" if s.checked else "-"] if checked else []),
             f"{d['alpha']:.3f}" if d["alpha"] is not None else "-",

@@ -46,17 +46,24 @@ def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
     prompts: list[Prompt] = []
-    seen: dict[str, int] = {}  # prompts kept per category
     for index, item in enumerate(json.loads(path.read_text())):
-        category = item["category"]
-        seen[category] = seen.get(category, 0) + 1
-        if per_category is None or seen[category] <= per_category:
-            constraint = (Constraint.json_schema(item["json_schema"]) if "json_schema" in item
-                          else Constraint.regex(item["regex"]) if "regex" in item else None)
-            prompts.append(Prompt(category, item["prompt"], item.get("id", str(index)), constraint))
+        constraint = (Constraint.json_schema(item["json_schema"]) if "json_schema" in item
+                      else Constraint.regex(item["regex"]) if "regex" in item else None)
+        prompts.append(Prompt(item["category"], item["prompt"], item.get("id", str(index)), constraint))
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
-    return prompts
+    return first_of_each_category(prompts, per_category)
+
+
+def first_of_each_category(prompts: list[Prompt], per_category: int | None) -> list[Prompt]:
+    """The first ``per_category`` prompts of each category (None: all), in their order."""
+    seen: dict[str, int] = {}  # prompts kept per category
+    kept = []
+    for prompt in prompts:
+        seen[prompt.category] = seen.get(prompt.category, 0) + 1
+        if per_category is None or seen[prompt.category] <= per_category:
+            kept.append(prompt)
+    return kept
 
 
 def suite_prompts(name: str, per_category: int | None = None) -> list[Prompt]:
@@ -69,6 +76,10 @@ def suite_prompts(name: str, per_category: int | None = None) -> list[Prompt]:
         from specdec.bench.humaneval import humaneval_suite
 
         return humaneval_suite()[:per_category]  # one category: its first N problems
+    if name == "long":
+        from specdec.bench.long_suite import long_suite
+
+        return first_of_each_category(long_suite(), per_category)
     files = {"bundled": default_prompts, "editing": editing_prompts, "json": json_prompts}
     if name not in files:
         raise ValueError(f"unknown suite {name!r}; choose one of {', '.join(BENCH_SUITES)}")
