@@ -48,6 +48,9 @@ def test_command_lines_carry_the_fast_flags_and_the_sampling(tmp_path):
     lookup = command_line("llama-lookup", tools, "hi", settings)
     assert lookup[lookup.index("--spec-draft-n-max") + 1] == "6" and "-md" not in lookup
     assert command_line("llama-target", tools, "hi", settings)[0].endswith("llama-completion")
+    assert spec[spec.index("-c") + 1] == "4096"  # llama.cpp's own default, at least
+    long = command_line("llama-target", tools, "hi", settings, prompt_tokens=16000)
+    assert long[long.index("-c") + 1] == "16128"  # the prompt and the generation, in 256-token steps
 
 
 FAKE_TOOL = textwrap.dedent("""\

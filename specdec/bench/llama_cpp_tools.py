@@ -73,9 +73,13 @@ def draft_max(name: str) -> int | None:
     return int(setting) if setting else DEFAULT_DRAFT_MAX
 
 
-def command_line(name: str, tools: LlamaCppTools, prompt: str, settings: SamplingParams) -> list[str]:
+def command_line(name: str, tools: LlamaCppTools, prompt: str, settings: SamplingParams,
+                 prompt_tokens: int = 0) -> list[str]:
+    """The tool's command for one prompt; its context (-c) holds the prompt and the generation,
+    in whole 256-token steps (its own default, 4096, would cut a long prompt)."""
     base = name.partition(":")[0]
-    command = [str(tools.bin_dir / LLAMA_CPP_METHODS[base]), "-m", str(tools.target_gguf),
+    context = max(4096, -(-(prompt_tokens + settings.max_new_tokens + 2 * LOOKAHEAD) // 256) * 256)
+    command = [str(tools.bin_dir / LLAMA_CPP_METHODS[base]), "-m", str(tools.target_gguf), "-c", str(context),
                "-p", prompt, "--no-escape", "-n", str(settings.max_new_tokens + LOOKAHEAD),
                "--poll", "0", "-t", str(os.cpu_count() or 1), "-fa", "on",
                "--seed", str(settings.seed or 0), "--temp", str(settings.temperature),
@@ -111,7 +115,8 @@ def llama_cpp_method(name: str, tools: LlamaCppTools, tokenizer) -> Method:
 
     def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
         prompt = tokenizer.decode(prompt_ids)
-        done = subprocess.run(command_line(name, tools, prompt, settings), capture_output=True, text=True)
+        done = subprocess.run(command_line(name, tools, prompt, settings, len(prompt_ids)), capture_output=True,
+                              text=True)
         if done.returncode != 0:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
             raise ToolError(f"{name} exited with {done.returncode}: {tail}")
