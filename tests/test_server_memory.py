@@ -167,3 +167,45 @@ def test_a_long_chain_attends_in_blocks_and_scores_as_in_one_call(tiny_pair, mon
                         cache.keys[..., :70, :].clone()))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-12)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=1e-12)
+
+
+def test_stored_prompts_and_n_choices_share_blocks_instead_of_copying_them(tiny_pair):
+    """Blocks counted while requests run: a prompt taken from the prefix cache, and OpenAI's n
+    choices of one prompt, hold the shared blocks once (each row copies only the partly filled
+    block it writes into), and every output is what it is alone. Mutation checked: fork copying
+    its blocks (as the contiguous cache did) fails both counts."""
+    scheduler, alone = scheduler_with_pool(tiny_pair, pool_tokens=64 * BLOCK_SIZE, prefix_rows=2)
+    pool = scheduler.cache
+    prompt = [(3 * i) % 90 + 3 for i in range(90)]
+    settings = SamplingParams(max_new_tokens=8)
+    first = run(scheduler, [prompt], [settings])
+    stored = pool.num_blocks - pool.free_block_count
+    assert stored == pool.blocks_for(88)  # its whole prefill pieces of 8, kept by reference
+    in_use = []
+    scheduler.submit(prompt, settings, lambda item: in_use.append(pool.num_blocks - pool.free_block_count))
+    while scheduler.waiting or scheduler.prefilling or scheduler.running:
+        one_loop(scheduler)
+    # The stored blocks, the copy of the partly filled one it writes into, and a block of its own
+    # past them (a copy of the stored prompt would hold all of its blocks again).
+    assert max(in_use) == stored + 2
+
+    scheduler, _ = scheduler_with_pool(tiny_pair, pool_tokens=64 * BLOCK_SIZE, prefix_rows=0)
+    pool, in_use, results = scheduler.cache, [], {}
+    short = prompt[:60]  # 59 tokens prefilled: blocks 0 (full) and 1 (partly)
+
+    def emit(index):
+        def record(item):
+            in_use.append(pool.num_blocks - pool.free_block_count)
+            if not isinstance(item, BaseException) and item.result is not None:
+                results[index] = item.result.token_ids
+        return record
+
+    scheduler.submit_choices(short, [SamplingParams(max_new_tokens=3, temperature=1.0, seed=seed)
+                                     for seed in (1, 2, 3)], [emit(index) for index in range(3)])
+    while scheduler.waiting or scheduler.prefilling or scheduler.running:
+        one_loop(scheduler)
+    assert max(in_use) == 4  # block 0 once, block 1 three times (two writers copy it); copies: 6
+    assert first[0] == alone.generate(prompt, settings).token_ids
+    assert [results[i] for i in range(3)] == [
+        alone.generate(short, SamplingParams(max_new_tokens=3, temperature=1.0, seed=seed)).token_ids
+        for seed in (1, 2, 3)]

@@ -102,6 +102,7 @@ class Measurement:
 
 
 STALL_RATIO = 2.0
+WARMUP_TOKENS = 256
 
 
 class IdentityError(AssertionError):
@@ -237,8 +238,8 @@ def run_side_by_side(
     references = references or {names[reference].engine: reference}
     if warmup:  # first calls pay one-off costs (allocations, lazy imports) that are not decoding
         short = dataclasses.replace(prompts[0].settings(settings), max_new_tokens=4)
-        for method in methods:
-            method.run(encode(prompts[0].text), short)
+        for method in methods:  # at most WARMUP_TOKENS of the prompt: a long suite's would cost minutes
+            method.run(encode(prompts[0].text)[:WARMUP_TOKENS], short)
     run = SideBySide()
     for index, prompt in enumerate(prompts):
         prompt_ids = encode(prompt.text)
