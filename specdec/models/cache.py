@@ -18,7 +18,91 @@ from collections.abc import Sequence
 import torch
 
 
-class KVCache:
+class SlotVerbs:
+    """The verbs both caches share (KVCache, paged_cache.PagedKVCache), over ``locate`` (a row's
+    logical slots in storage), ``slots_held(row)`` (how many slots a row may write) and
+    ``_trim(row)`` (what goes once a row's length shrinks or its writes are settled)."""
+
+    lengths: list[int]
+    keys: torch.Tensor  # [layers, storage rows, kv_heads, storage slots, head_dim]
+    values: torch.Tensor
+
+    def locate(self, rows: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def prefix(self, layer: int, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def slots_held(self, row: int) -> int:
+        raise NotImplementedError
+
+    def _trim(self, row: int) -> None:
+        """Nothing by default: a row's slots are its own for good."""
+
+    def _row_slots(self, row: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.keys.device
+        return self.locate(torch.full((end - start,), row, device=device), torch.arange(start, end, device=device))
+
+    def write(
+        self,
+        layer: int,
+        row: int,
+        keys: torch.Tensor,  # [kv_heads, k, head_dim]
+        values: torch.Tensor,  # [kv_heads, k, head_dim]
+        offset: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + offset + k, head_dim]
+        """Store k new tokens' keys and values ``offset`` slots past row's committed length
+        (uncommitted), and return every slot up to them."""
+        start = self.lengths[row] + offset
+        end = start + keys.shape[1]
+        if end > self.slots_held(row):
+            raise RuntimeError(f"KV cache row {row} holds {self.slots_held(row)} slots, {end} needed; call ensure() "
+                               "first")
+        rows, slots = self._row_slots(row, start, end)
+        # .to(): a 16-bit cache stores them rounded (an indexed put does not cast by itself)
+        self.keys[layer][rows, :, slots] = keys.transpose(0, 1).to(self.keys.dtype)
+        self.values[layer][rows, :, slots] = values.transpose(0, 1).to(self.values.dtype)
+        return self.prefix(layer, row, end)
+
+    def commit(self, row: int, count: int) -> None:
+        """Keep the first ``count`` slots written past row's length."""
+        if not 0 <= count <= self.slots_held(row) - self.lengths[row]:
+            raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
+        self.lengths[row] += count
+        self._trim(row)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row's slots from ``length`` on."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
+        self.lengths[row] = length
+        self._trim(row)
+
+    def check_fork(self, source: int, row: int, length: int) -> None:
+        if row == source or not 0 <= length <= self.lengths[source]:
+            raise ValueError(f"cannot fork {length} slots of row {source} (length {self.lengths[source]}) "
+                             f"into row {row}")
+
+    def compact(self, row: int, keep: Sequence[int]) -> None:
+        """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
+        path), moved into place right after the committed context, and commit them."""
+        start = self.lengths[row]
+        if (any(b <= a for a, b in itertools.pairwise(keep))
+                or (keep and (keep[0] < 0 or start + keep[-1] >= self.slots_held(row)))):
+            raise ValueError(f"compact needs increasing offsets of written slots, got {list(keep)}")
+        moved = [i for i, offset in enumerate(keep) if offset != i]
+        if moved:  # offsets increase, so every source lies at or after its destination: gather first
+            device = self.keys.device
+            rows = torch.full((len(moved),), row, device=device)
+            storage_rows, source = self.locate(rows, torch.tensor([start + keep[i] for i in moved], device=device))
+            _, target = self.locate(rows, torch.tensor([start + i for i in moved], device=device))
+            self.keys[:, storage_rows, :, target] = self.keys[:, storage_rows, :, source]
+            self.values[:, storage_rows, :, target] = self.values[:, storage_rows, :, source]
+        self.lengths[row] = start + len(keep)
+        self._trim(row)
+
+
+class KVCache(SlotVerbs):
     paged = False  # each row a whole tensor row (PagedKVCache: rows of blocks in one pool)
 
     def __init__(
@@ -100,60 +184,16 @@ class KVCache:
         """Row's slots 0..length-1 of one layer: 2 x [kv_heads, length, d], views."""
         return self.keys[layer, row, :, :length], self.values[layer, row, :, :length]
 
-    def write(
-        self,
-        layer: int,
-        row: int,
-        keys: torch.Tensor,  # [kv_heads, k, head_dim]
-        values: torch.Tensor,  # [kv_heads, k, head_dim]
-        offset: int = 0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + offset + k, head_dim]
-        """Store k new tokens' keys and values ``offset`` slots past row's committed length
-        (uncommitted), and return every slot up to them."""
-        start = self.lengths[row] + offset
-        end = start + keys.shape[1]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache holds {self.capacity} positions, {end} needed; call reserve() first")
-        self.keys[layer, row, :, start:end] = keys
-        self.values[layer, row, :, start:end] = values
-        return self.prefix(layer, row, end)
-
-    def commit(self, row: int, count: int) -> None:
-        """Keep the first ``count`` slots written past row's length."""
-        if not 0 <= count <= self.capacity - self.lengths[row]:
-            raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
-        self.lengths[row] += count
-
-    def rollback(self, row: int, length: int) -> None:
-        """Forget row's slots from ``length`` on."""
-        if not 0 <= length <= self.lengths[row]:
-            raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
-        self.lengths[row] = length
+    def slots_held(self, row: int) -> int:
+        return self.capacity
 
     def fork(self, source: int, row: int, length: int) -> None:
         """Row ``row`` becomes a copy of ``source``'s first ``length`` slots (a shared prompt,
         decoded two ways): a copy, so neither row's later writes reach the other."""
-        if row == source or not 0 <= length <= self.lengths[source]:
-            raise ValueError(f"cannot fork {length} slots of row {source} (length {self.lengths[source]}) "
-                             f"into row {row}")
+        self.check_fork(source, row, length)
         self.keys[:, row, :, :length] = self.keys[:, source, :, :length]
         self.values[:, row, :, :length] = self.values[:, source, :, :length]
         self.lengths[row] = length
-
-    def compact(self, row: int, keep: Sequence[int]) -> None:
-        """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
-        path), moved into place right after the committed context, and commit them."""
-        start = self.lengths[row]
-        if (any(b <= a for a, b in itertools.pairwise(keep))
-                or (keep and (keep[0] < 0 or start + keep[-1] >= self.capacity))):
-            raise ValueError(f"compact needs increasing offsets of written slots, got {list(keep)}")
-        moved = [i for i, offset in enumerate(keep) if offset != i]
-        if moved:  # offsets increase, so every source lies at or after its destination: gather first
-            source = torch.tensor([start + keep[i] for i in moved], device=self._device)
-            target = torch.tensor([start + i for i in moved], device=self._device)
-            self.keys[:, row, :, target] = self.keys[:, row, :, source]
-            self.values[:, row, :, target] = self.values[:, row, :, source]
-        self.lengths[row] = start + len(keep)
 
 
 class RowPool:

@@ -19,12 +19,10 @@ handed out lowest first so that the pages touched are reused.
 from __future__ import annotations
 
 import heapq
-import itertools
-from collections.abc import Sequence
 
 import torch
 
-from specdec.models.cache import KVCache
+from specdec.models.cache import KVCache, SlotVerbs
 
 #: Tokens a block holds. Small enough that a row wastes little (at most a block), large enough
 #: that tables stay short (a 32k-token row: 1,024 entries).
@@ -35,7 +33,7 @@ class CacheFullError(RuntimeError):
     """The pool has no free block left for a row that needs one."""
 
 
-class PagedKVCache:
+class PagedKVCache(SlotVerbs):
     paged = True
 
     def __init__(
@@ -199,70 +197,19 @@ class PagedKVCache:
         return self.keys[layer, 0].index_select(1, slots), self.values[layer, 0].index_select(1, slots)
 
     # -- the verbs of a cache ------------------------------------------------------------------
-    def write(
-        self,
-        layer: int,
-        row: int,
-        keys: torch.Tensor,  # [kv_heads, k, head_dim]
-        values: torch.Tensor,  # [kv_heads, k, head_dim]
-        offset: int = 0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [kv_heads, length + offset + k, head_dim]
-        """Store k new tokens' keys and values ``offset`` slots past row's committed length
-        (uncommitted), and return every slot up to them."""
-        start = self.lengths[row] + offset
-        end = start + keys.shape[1]
-        if self.blocks_for(end) > len(self.tables[row]):
-            raise RuntimeError(f"KV cache row {row} holds {len(self.tables[row]) * self.block_size} slots, {end} "
-                               "needed; call ensure() first")
-        _, slots = self.locate(torch.tensor([row], device=self._device), torch.arange(start, end, device=self._device))
-        self.keys[layer, 0][:, slots] = keys.to(self.keys.dtype)
-        self.values[layer, 0][:, slots] = values.to(self.values.dtype)
-        return self.prefix(layer, row, end)
-
-    def commit(self, row: int, count: int) -> None:
-        """Keep the first ``count`` slots written past row's length; blocks past them go back."""
-        if not 0 <= count <= len(self.tables[row]) * self.block_size - self.lengths[row]:
-            raise ValueError(f"cannot commit {count} slots to row {row} of length {self.lengths[row]}")
-        self.lengths[row] += count
-        self._trim(row)
-
-    def rollback(self, row: int, length: int) -> None:
-        """Forget row's slots from ``length`` on; blocks past them go back."""
-        if not 0 <= length <= self.lengths[row]:
-            raise ValueError(f"cannot roll row {row} of length {self.lengths[row]} back to {length}")
-        self.lengths[row] = length
-        self._trim(row)
+    def slots_held(self, row: int) -> int:
+        return len(self.tables[row]) * self.block_size
 
     def fork(self, source: int, row: int, length: int) -> None:
         """Row ``row`` starts as ``source``'s first ``length`` slots, sharing its blocks (each row
         copies a shared block before writing into it: ensure)."""
-        if row == source or not 0 <= length <= self.lengths[source]:
-            raise ValueError(f"cannot fork {length} slots of row {source} (length {self.lengths[source]}) "
-                             f"into row {row}")
+        self.check_fork(source, row, length)
         self.rollback(row, 0)
         shared = self.tables[source][: self.blocks_for(length)]
         for block in shared:
             self.references[block] += 1
         self.tables[row] = list(shared)
         self.lengths[row] = length
-
-    def compact(self, row: int, keep: Sequence[int]) -> None:
-        """Keep the new slots ``keep`` (offsets past row's length, increasing: an accepted tree
-        path), moved into place right after the committed context, and commit them."""
-        start = self.lengths[row]
-        written = len(self.tables[row]) * self.block_size
-        if (any(b <= a for a, b in itertools.pairwise(keep))
-                or (keep and (keep[0] < 0 or start + keep[-1] >= written))):
-            raise ValueError(f"compact needs increasing offsets of written slots, got {list(keep)}")
-        moved = [i for i, offset in enumerate(keep) if offset != i]
-        if moved:  # offsets increase, so every source lies at or after its destination: gather first
-            row_index = torch.tensor([row], device=self._device)
-            _, source = self.locate(row_index, torch.tensor([start + keep[i] for i in moved], device=self._device))
-            _, target = self.locate(row_index, torch.tensor([start + i for i in moved], device=self._device))
-            self.keys[:, 0, :, target] = self.keys[:, 0, :, source]
-            self.values[:, 0, :, target] = self.values[:, 0, :, source]
-        self.lengths[row] = start + len(keep)
-        self._trim(row)
 
 
 #: Either of our own caches (what our forward and attention read).
