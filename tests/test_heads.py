@@ -16,7 +16,9 @@ import specdec
 from specdec import Attention, SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.drafting.fused_head import FusedHeadLayer, fuse_head
 from specdec.drafting.head import DraftHead
+from specdec.drafting.head_drafter import HeadDrafter
 from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
+from specdec.models.base import Segment
 from specdec.training.head_command import HeadTraining
 from specdec.training.head_train import train_head
 
@@ -145,6 +147,39 @@ def test_the_head_reads_the_features_that_predicted_each_token(float64_target):
             decoder.engine.step([request], cache)
             draft = drafter.propose(request, 1)
             assert draft.tokens.tolist() == request.context[-1:].tolist()
+
+
+@pytest.mark.parametrize("window", [1, 3, 64])
+def test_a_head_reads_the_last_window_of_a_long_prompt(float64_target, window):
+    """A head is fed only the last ``prompt_window`` (features at t, token t + 1) pairs of a
+    prompt, at positions counted from the window's start: its first draft's q is what the head
+    gives those pairs written out here, bit for bit, and the output stays the target's alone.
+    Mutation, checked: taking the window's tokens one position early fails it."""
+    target = float64_target
+    torch.manual_seed(4)
+    head = new_head(target).to(target.dtype)
+    drafter = HeadDrafter(head, target.max_context, prompt_window=window)
+    engine = SpeculativeDecoder(target, drafter, gamma=1).engine
+    prompt = [(i * 7 + 3) % 96 for i in range(12)]
+    request = engine.new_request(prompt, SamplingParams(max_new_tokens=8), row=0)
+    features: list[torch.Tensor] = []  # [prompt - 1, features]: what the prefill hands the head
+
+    def heard(_, prompt_features: torch.Tensor) -> None:
+        features.append(prompt_features)
+
+    engine.prefill([request], target.new_cache(), on_prefilled=heard)
+    drafter.feed([request.draft_state])
+    pairs = min(window, len(prompt) - 1)
+    assert request.draft_state.fed == pairs
+    tokens = torch.tensor(prompt[len(prompt) - pairs :])  # token t + 1 of each of the last pairs
+    logits, _ = head(tokens, head.fuse(features[0][-pairs:], batch_invariant=True), torch.arange(pairs),
+                     head.new_cache(16), Attention((Segment(0, pairs),)), logit_rows=torch.tensor([pairs - 1]))
+    assert torch.equal(drafter.to_target(logits), request.draft_state.root_logits)
+    decoder = SpeculativeDecoder(target, drafter, gamma=2)
+    assert (decoder.generate(prompt, max_new_tokens=12).token_ids
+            == SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=12).token_ids)
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        HeadDrafter(head, target.max_context, prompt_window=0)
 
 
 @pytest.mark.parametrize("kind,quantize", [("head", None), ("head-tree", None), ("head", "int8"), ("head", "int4"),

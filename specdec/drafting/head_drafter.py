@@ -9,6 +9,13 @@ them all the target's new features, then one head forward per depth scores every
 token (a chain) or next depth of nodes (a tree). Each request has its own row of the drafter's
 head cache, and the head scores each row as it would alone (DraftHead.forward's batch
 invariance), so a request's drafts, and so its seeded samples, never depend on its neighbours.
+
+A head reads only the last ``prompt_window`` tokens of a prompt: the heads are trained on windows
+of a few hundred tokens, and feeding a whole 16k-token file ran the head's layer over all of it,
+each position attending to every one before it, at the first draft (a decode-time cost several
+times the rest of the decode at 16k tokens). Positions count from the window's start; rotary
+attention depends only on the distance between positions, so this is the head's view of a
+prompt that began there.
 """
 
 from __future__ import annotations
@@ -56,11 +63,17 @@ class HeadState:
         self.pending_hidden.append(hidden)
 
 
+#: The prompt tokens a head reads (the last ones): twice the heads' training windows (256 tokens).
+PROMPT_WINDOW = 512
+
+
 class HeadDrafter(BaseDrafter):
     """Drafts a chain with a draft head, one head forward per token for every request at once."""
 
-    def __init__(self, head: DraftHead, max_context: int) -> None:
-        self.head, self.max_context = head, max_context
+    def __init__(self, head: DraftHead, max_context: int, prompt_window: int = PROMPT_WINDOW) -> None:
+        if prompt_window < 1:
+            raise ValueError(f"a head reads at least one prompt token (prompt_window {prompt_window})")
+        self.head, self.max_context, self.prompt_window = head, max_context, prompt_window
         self.vocab_size = head.config.vocab_size
         self.hidden_layers = head.config.feature_layers
         self.rows = RowPool(head.new_cache(max_context))  # one row per request drafting; more as needed
@@ -74,7 +87,8 @@ class HeadDrafter(BaseDrafter):
         return HeadState(self.rows)
 
     def prefilled(self, request: DraftRequest, hidden: torch.Tensor) -> None:  # hidden [prompt - 1, features]
-        request.draft_state.queue(request.context[1 : hidden.shape[0] + 1], hidden)
+        start = max(0, hidden.shape[0] - self.prompt_window)  # only the window's pairs are fed
+        request.draft_state.queue(request.context[start + 1 : hidden.shape[0] + 1], hidden[start:])
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         request.draft_state.queue(outcome.emitted, outcome.hidden)
@@ -155,9 +169,10 @@ class HeadTreeDrafter(HeadDrafter):
     """Drafts a tree with a draft head (tree_steps, as EAGLE-2): one head forward per depth for
     every request at once, each node reading its parent's output features."""
 
-    def __init__(self, head: DraftHead, max_context: int, budget: int = 16, branching: int = 4) -> None:
+    def __init__(self, head: DraftHead, max_context: int, budget: int = 16, branching: int = 4,
+                 prompt_window: int = PROMPT_WINDOW) -> None:
         check_tree_shape(budget, branching)
-        super().__init__(head, max_context)
+        super().__init__(head, max_context, prompt_window)
         self.budget, self.branching = budget, branching
 
     def describe(self) -> str:
