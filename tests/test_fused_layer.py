@@ -123,20 +123,24 @@ def _reference_attention(q, keys, values, row, slots, head_groups):  # one query
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("context", [5, 70, 200])
-def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context, kv_dtype):
+@pytest.mark.parametrize("context", [5, 70, 200, 250, 300])
+@pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 64), (14, 2, 40)])
+def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context, kv_dtype, heads,
+                                                                                         kv_heads, d):
     """specdec_attend over a batch of two rows: a chain of 9 queries after `context` keys and a tree
-    of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys).
+    of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys and
+    its scoring spans of 256 slots; 7 query heads a kv head, more than one gathering pass holds, and
+    a head size the vector slices do not divide).
     Every query gets the bits it gets alone, and what float64 attention over its own slots gives;
     in a 16-bit cache, each query's new key and value are stored as torch rounds them. Mutation,
-    checked: a grouped pass that skips the shared start's last chunk, or reads the lead query's
-    slots for another's own part, fails it."""
+    checked: a grouped pass that skips the shared start's last chunk, reads the lead query's
+    slots for another's own part, or scoring spans that stop at the shared start, fails it."""
     from types import SimpleNamespace
 
     from specdec.models.attention import query_list
 
     generator = torch.Generator().manual_seed(context)
-    heads, kv_heads, d, capacity = 6, 2, 64, context + 16
+    capacity = context + 16
     layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
     keys = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
     values = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)

@@ -11,6 +11,7 @@
 // The matmuls themselves are specdec_int4_linear (int4_matmul.cpp) or specdec_w8a32_linear
 // (w8a32_matmul.cpp), linked into the same library: `format` (4 or 8) says which packs the weights.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -99,103 +100,49 @@ void with_elements(int64_t format, const char* at, Use&& use) {
   else use(reinterpret_cast<const Float16*>(at));
 }
 
-// dots[h] = dot(queries + h * d, key, d) for h < n, the same bits as dot() each: several queries
-// at once so that their dependent lane sums overlap (one query's chain is latency-bound). The key
-// float32, bfloat16 or float16 (widened in registers: the same floats as widened in memory).
-template <typename Element>
-void dots_with_key(const float* queries, const Element* key, int64_t n, int64_t d, float* dots) {
-#if defined(SPECDEC_LOAD8)
-  if (d % 8 == 0) {
-    for (int64_t h0 = 0; h0 < n; h0 += 4) {
-      const int64_t count = std::min<int64_t>(4, n - h0);
-      __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t i = 0; i < d; i += 8) {
-        const __m256 k = load8(key + i);
-        for (int64_t h = 0; h < count; ++h)
-          lanes[h] = _mm256_add_ps(lanes[h], _mm256_mul_ps(_mm256_loadu_ps(queries + (h0 + h) * d + i), k));
-      }
-      for (int64_t h = 0; h < count; ++h) {
-        float l[8];
-        _mm256_storeu_ps(l, lanes[h]);
-        dots[h0 + h] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + 0.0f;
-      }
-    }
-    return;
-  }
+// The attention's products are fused multiply-adds, one rounding each (std::fma where there is no
+// vector path: the same bits, slowly, on a CPU without FMA): half the arithmetic instructions of a
+// multiply then an add, in scoring and in gathering alike.
+#if defined(__AVX2__) && defined(__FMA__)
+#define SPECDEC_FMA8 1
 #endif
-  thread_local std::vector<float> widened;
-  widened.resize(d);
-  for (int64_t i = 0; i < d; ++i) widened[i] = element(key, i);
-  for (int64_t h = 0; h < n; ++h) dots[h] = dot(queries + h * d, widened.data(), d);
+
+// dot(), its products fused: 8 interleaved lanes summed in dot()'s order, then the tail.
+float fused_dot(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] = std::fma(a[i + l], b[i + l], lanes[l]);
+  float tail = 0.0f;
+  for (; i < n; ++i) tail = std::fma(a[i], b[i], tail);
+  return (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))) + tail;
 }
 
-// into[h * d + t] += weights[h] * value[t] for h < n, each element as the plain loop's (the value
-// float32, bfloat16 or float16, widened in registers).
-template <typename Element>
-void add_weighted_value(const float* weights, const Element* value, int64_t n, int64_t d, float* into) {
-  int64_t t0 = 0;
-#if defined(SPECDEC_LOAD8)
-  if (d % 8 == 0) {
-    for (int64_t h = 0; h < n; ++h) {  // head by head: each head's row of sums streams once
-      const __m256 weight = _mm256_set1_ps(weights[h]);
-      float* row = into + h * d;
-      for (int64_t t = 0; t < d; t += 8)
-        _mm256_storeu_ps(row + t, _mm256_add_ps(_mm256_loadu_ps(row + t), _mm256_mul_ps(weight, load8(value + t))));
-    }
-    return;
-  }
-#endif
-  for (; t0 < d; ++t0) {
-    const float v = element(value, t0);
-    for (int64_t h = 0; h < n; ++h) into[h * d + t0] += weights[h] * v;
-  }
-}
-
-// out[c] = dot(query, key[c], d) * scale for c < count, the same bits as dot() each: 8 keys at once
-// (8 independent lane chains), their 8 lanes summed in dot()'s order by two horizontal adds and a
-// half swap (hadd gives (l0 + l1), (l2 + l3) ...; the halves then add as dot() does).
-void score_keys(const float* query, const float* const* key, int64_t count, int64_t d, float scale, float* out) {
+// out[c] = fused_dot(query, keys + c * d, d) * scale for c < count, the same bits each: 8 keys at
+// once (8 independent lane chains), their 8 lanes summed in fused_dot()'s order by two horizontal
+// adds and a half swap (hadd gives (l0 + l1), (l2 + l3) ...; the halves then add as it does). keys:
+// count consecutive float32 keys of d elements (a chunk widened from the cache).
+void score_keys(const float* query, const float* keys, int64_t count, int64_t d, float scale, float* out) {
   int64_t c = 0;
-#if defined(__AVX__)
+#if defined(SPECDEC_FMA8)
   if (d % 8 == 0) {
     for (; c + 8 <= count; c += 8) {
+      const float* key = keys + c * d;
       __m256 lanes[8];
       for (int kk = 0; kk < 8; ++kk) lanes[kk] = _mm256_setzero_ps();
       for (int64_t i = 0; i < d; i += 8) {
         const __m256 qv = _mm256_loadu_ps(query + i);
-        for (int kk = 0; kk < 8; ++kk) lanes[kk] = _mm256_add_ps(lanes[kk], _mm256_mul_ps(qv, _mm256_loadu_ps(key[c + kk] + i)));
+        for (int kk = 0; kk < 8; ++kk) lanes[kk] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key + kk * d + i), lanes[kk]);
       }
       const __m256 first = _mm256_hadd_ps(_mm256_hadd_ps(lanes[0], lanes[1]), _mm256_hadd_ps(lanes[2], lanes[3]));
       const __m256 second = _mm256_hadd_ps(_mm256_hadd_ps(lanes[4], lanes[5]), _mm256_hadd_ps(lanes[6], lanes[7]));
       __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(first, second, 0x20), _mm256_permute2f128_ps(first, second, 0x31));
-      dots = _mm256_add_ps(dots, _mm256_setzero_ps());  // dot()'s "+ tail" (0 here): -0 becomes +0 alike
+      dots = _mm256_add_ps(dots, _mm256_setzero_ps());  // fused_dot()'s "+ tail" (0 here): -0 becomes +0 alike
       _mm256_storeu_ps(out + c, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
     }
   }
 #endif
-  for (; c < count; ++c) out[c] = dot(query, key[c], d) * scale;
-}
-
-// acc[t] += weights[c] * value[c][t] for c < count in order, each element's sums as the plain loop's:
-// 64 elements at a time held in registers while the values stream past.
-void gather_values(const float* weights, const float* const* value, int64_t count, int64_t d, float* acc) {
-  int64_t t0 = 0;
-#if defined(__AVX__)
-  for (; t0 + 64 <= d; t0 += 64) {
-    __m256 sums[8];
-    for (int u = 0; u < 8; ++u) sums[u] = _mm256_loadu_ps(acc + t0 + 8 * u);
-    for (int64_t c = 0; c < count; ++c) {
-      const __m256 weight = _mm256_set1_ps(weights[c]);
-      for (int u = 0; u < 8; ++u) sums[u] = _mm256_add_ps(sums[u], _mm256_mul_ps(weight, _mm256_loadu_ps(value[c] + t0 + 8 * u)));
-    }
-    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(acc + t0 + 8 * u, sums[u]);
-  }
-#endif
-  for (; t0 < d; ++t0) {
-    float sum = acc[t0];
-    for (int64_t c = 0; c < count; ++c) sum = sum + weights[c] * value[c][t0];
-    acc[t0] = sum;
-  }
+  for (; c < count; ++c) out[c] = fused_dot(query, keys + c * d, d) * scale;
 }
 
 // Keys and values stored in 16 bits, computed with in float32: a stored element is rounded to
@@ -340,6 +287,75 @@ void rope(float* y, const float* cos, const float* sin, int64_t M, int64_t strid
       }
     }
 }
+constexpr int64_t kChunk = 32;   // slots widened at once: they stay in the first-level caches
+constexpr int64_t kSpan = 256;   // slots one scoring job covers
+#if defined(__AVX512F__)
+constexpr int64_t kSliceVectors = 4;  // 32 registers: 6 heads' sums of a 32-element slice (a 16-bit cache line)
+#else
+constexpr int64_t kSliceVectors = 2;  // 16 registers: 6 heads' sums of a 16-element slice
+#endif
+constexpr int64_t kSlice = 8 * kSliceVectors;  // elements of a value one gathering job covers (where d allows)
+constexpr int64_t kHeadsAtOnce = 6;
+
+constexpr int64_t kAhead = 16;  // slots ahead whose cache lines are prefetched (a paged row's blocks
+                                 // are scattered: the hardware's stream prefetch stops at each jump)
+
+inline void prefetch(const void* at) {
+#if defined(__x86_64__)
+  _mm_prefetch(static_cast<const char*>(at), _MM_HINT_T0);
+#endif
+}
+
+// out[h][t] = (sum over j < count in order of weights[h][j] * value(list[j])[t0 + t]) / totals[h]
+// for t < width and h < heads; value(s) the d elements at values + (base + s * d). The vector
+// path's sums are the plain loop's, element by element, whatever the slice's width. Heads, a
+// template argument, so that every head's sums stay in registers.
+template <int64_t Heads, typename Element>
+void gather_slice(const float* const* weights, const float* totals, const Element* values, int64_t base,
+                  const int64_t* list, int64_t count, int64_t d, int64_t t0, int64_t width, float* const* out) {
+#if defined(SPECDEC_LOAD8) && defined(SPECDEC_FMA8)
+  if (width == kSlice) {
+    __m256 sums[Heads][kSliceVectors];
+    for (int64_t h = 0; h < Heads; ++h)
+      for (int64_t u = 0; u < kSliceVectors; ++u) sums[h][u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      if (j + kAhead < count) prefetch(values + base + list[j + kAhead] * d + t0);
+      const Element* value = values + base + list[j] * d + t0;
+      __m256 parts[kSliceVectors];
+      for (int64_t u = 0; u < kSliceVectors; ++u) parts[u] = load8(value + 8 * u);
+      for (int64_t h = 0; h < Heads; ++h) {
+        const __m256 weight = _mm256_set1_ps(weights[h][j]);
+        for (int64_t u = 0; u < kSliceVectors; ++u) sums[h][u] = _mm256_fmadd_ps(weight, parts[u], sums[h][u]);
+      }
+    }
+    for (int64_t h = 0; h < Heads; ++h) {
+      const __m256 total = _mm256_set1_ps(totals[h]);
+      for (int64_t u = 0; u < kSliceVectors; ++u) _mm256_storeu_ps(out[h] + 8 * u, _mm256_div_ps(sums[h][u], total));
+    }
+    return;
+  }
+#endif
+  for (int64_t h = 0; h < Heads; ++h)
+    for (int64_t t = 0; t < width; ++t) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < count; ++j) sum = std::fma(weights[h][j], element(values + base + list[j] * d, t0 + t), sum);
+      out[h][t] = sum / totals[h];
+    }
+}
+
+// gather_slice for n heads (1 <= n <= kHeadsAtOnce).
+template <typename Element>
+void gather_heads(int64_t n, const float* const* weights, const float* totals, const Element* values, int64_t base,
+                  const int64_t* list, int64_t count, int64_t d, int64_t t0, int64_t width, float* const* out) {
+  switch (n) {
+    case 1: return gather_slice<1>(weights, totals, values, base, list, count, d, t0, width, out);
+    case 2: return gather_slice<2>(weights, totals, values, base, list, count, d, t0, width, out);
+    case 3: return gather_slice<3>(weights, totals, values, base, list, count, d, t0, width, out);
+    case 4: return gather_slice<4>(weights, totals, values, base, list, count, d, t0, width, out);
+    case 5: return gather_slice<5>(weights, totals, values, base, list, count, d, t0, width, out);
+    default: return gather_slice<kHeadsAtOnce>(weights, totals, values, base, list, count, d, t0, width, out);
+  }
+}
 }  // namespace
 
 extern "C" {
@@ -422,11 +438,19 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 //   per query i: token tokens[i], cache row rows[i], counts[i] slots at slots + i * slots_stride
 //
 // The queries of one cache row (a verify block, a tree's nodes) attend together: the slots their
-// lists share from the start (the row's committed context) are read once for all of them, key by
-// key and value by value, then each query's own slots. Why: one query at a time read the whole
-// context's cache once per query, k times for a k-token block (at 11k tokens of context, ~0.6 GB a
-// query on the 1.5B target). Each query's sums still run over its slots in its order, so its bits
-// do not depend on the others in the call.
+// lists share from the start (the row's committed context) are read once for all of them, then
+// each query's own slots. Why: one query at a time read the whole context's cache once per query,
+// k times for a k-token block (at 11k tokens of context, ~0.6 GB a query on the 1.5B target).
+// Three phases, each split across threads so that every key and value is read from memory once
+// whatever the number of kv heads and threads (splitting a kv head's query heads between threads
+// read its cache once per split, and 3 kv heads on 2 threads left one thread with twice the work):
+//   1. scores, by (row, kv head, span of kSpan slots): a chunk of keys widened once, every query
+//      head of the kv head and every query of the row scored against it;
+//   2. each (query, head)'s softmax: its maximum, exp and sum;
+//   3. values, by (row, kv head, slice of kSlice elements): each query's sums over its slots in
+//      order, kept in registers for up to 4 heads while the slice of each value streams past.
+// A query's dot products, softmax and sums run in the same order whatever else is in the call (a
+// dot as dot(), the sums slot after slot), so its bits do not depend on the others in the call.
 void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
@@ -442,16 +466,18 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
     }
   // The queries by cache row, in their order, and the slots each row's queries all start with.
   std::vector<std::vector<int64_t>> members;
-  std::vector<int64_t> shared;
+  std::vector<int64_t> shared, longest;
   for (int64_t i = 0; i < queries; ++i) {
     int64_t found = 0;
     while (found < int64_t(members.size()) && rows[members[found][0]] != rows[i]) ++found;
     if (found == int64_t(members.size())) {
       members.push_back({i});
       shared.push_back(counts[i]);
+      longest.push_back(counts[i]);
       continue;
     }
     members[found].push_back(i);
+    longest[found] = std::max(longest[found], counts[i]);
     const int64_t* mine = slots + i * slots_stride;
     const int64_t* theirs = slots + members[found][0] * slots_stride;
     int64_t common = std::min(shared[found], counts[i]);
@@ -462,111 +488,82 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
       }
     shared[found] = common;
   }
-  // One job per (row, kv head, share of its query heads): each key and value is read once for all
-  // the heads that share it (grouped-query attention) and all the row's queries. Each head's sums
-  // run in the same order as alone, so the bits do not depend on the grouping.
-  const int64_t row_groups = int64_t(members.size());
-  // A kv head's query heads split in two only where whole kv heads would leave a thread idle (3 kv
-  // heads on 2 threads): each split reads (and widens) the kv head's keys and values again.
-  const int64_t threads = omp_get_max_threads(), whole = row_groups * kv_heads;
-  const int64_t splits = (whole % threads == 0 || whole >= 4 * threads || group == 1) ? 1 : 2;
-  const int64_t share = group / splits + (group % splits != 0);
-  const int64_t jobs_per_row = kv_heads * splits;
-  constexpr int64_t kChunk = 32;  // slots a pass reads while they stay in the first-level caches
-#pragma omp parallel for schedule(static) if (row_groups * jobs_per_row > 1)
-  for (int64_t job = 0; job < row_groups * jobs_per_row; ++job) {
-    const std::vector<int64_t>& mine = members[job / jobs_per_row];
-    const int64_t part = job % jobs_per_row, g = part % kv_heads, first = g * group + (part / kv_heads) * share;
-    const int64_t n = std::min(first + share, (g + 1) * group) - first, common = shared[job / jobs_per_row];
-    const int64_t members_count = int64_t(mine.size()), base = rows[mine[0]] * row_stride + g * head_stride;
-    if (n <= 0) continue;
-    thread_local std::vector<int64_t> offsets;  // member a's weights start at offsets[a]: n rows of counts[a]
-    offsets.resize(members_count + 1);
-    offsets[0] = 0;
-    for (int64_t a = 0; a < members_count; ++a) offsets[a + 1] = offsets[a] + n * counts[mine[a]];
-    thread_local std::vector<float> weights, acc, totals;
-    thread_local std::vector<const float*> chunk;  // the slots of a chunk of keys (or values)
-    weights.resize(offsets[members_count]);
-    acc.assign(members_count * n * d, 0.0f);
-    totals.resize(members_count * n);
-    chunk.resize(kChunk);
-    const int64_t* lead = slots + mine[0] * slots_stride;
-    // Each pass over a chunk of slots: [from, to) of member a's list, or of the shared start when a < 0.
-    thread_local std::vector<float> widened;  // a chunk of 16-bit keys or values as floats
+  // Query i's weights for head h: counts[i] floats at weights + starts[i] + h * counts[i].
+  std::vector<int64_t> starts(queries + 1, 0);
+  for (int64_t i = 0; i < queries; ++i) starts[i + 1] = starts[i] + heads * counts[i];
+  const Scratch<5> weights_buffer(starts[queries]);
+  float* weights = weights_buffer.get();
+  std::vector<float> totals(queries * heads);
+  const auto cache_base = [&](int64_t r, int64_t g) { return rows[members[r][0]] * row_stride + g * head_stride; };
+
+  // 1. Scores: (row, kv head, span) jobs.
+  std::vector<std::array<int64_t, 3>> jobs;
+  for (int64_t r = 0; r < int64_t(members.size()); ++r)
+    for (int64_t g = 0; g < kv_heads; ++g)
+      for (int64_t j0 = 0; j0 < longest[r]; j0 += kSpan) jobs.push_back({r, g, j0});
+#pragma omp parallel for schedule(static) if (jobs.size() > 1)
+  for (size_t job = 0; job < jobs.size(); ++job) {
+    const auto [r, g, j0] = jobs[job];
+    const std::vector<int64_t>& mine = members[r];
+    const int64_t base = cache_base(r, g), common = shared[r], j1 = j0 + kSpan;
+    thread_local std::vector<float> widened;
     widened.resize(kChunk * d);
-    const auto chunks = [&](int64_t a, int64_t from, int64_t to, const void* cache, auto&& use) {
-      const int64_t* list = a < 0 ? lead : slots + mine[a] * slots_stride;
-      for (int64_t j0 = from; j0 < to; j0 += kChunk) {
-        const int64_t m = std::min(kChunk, to - j0);
+    // [from, to) of list, a chunk at a time, widened, then scored for each member in [first, last).
+    const auto score = [&](const int64_t* list, int64_t from, int64_t to, size_t first, size_t last) {
+      for (int64_t c0 = from; c0 < to; c0 += kChunk) {
+        const int64_t m = std::min(kChunk, to - c0);
         for (int64_t c = 0; c < m; ++c) {
-          const char* at = static_cast<const char*>(cache) + (base + list[j0 + c] * d) * element;
-          if (kv_format == kFloat32) {
-            chunk[c] = reinterpret_cast<const float*>(at);
-          } else {
-            with_elements(kv_format, at, [&](auto stored) { widen(stored, widened.data() + c * d, d); });
-            chunk[c] = widened.data() + c * d;
+          if (c0 + c + kAhead < to) {
+            const char* ahead = static_cast<const char*>(keys) + (base + list[c0 + c + kAhead] * d) * element;
+            for (int64_t line = 0; line < d * element; line += 64) prefetch(ahead + line);
           }
+          with_elements(kv_format, static_cast<const char*>(keys) + (base + list[c0 + c] * d) * element,
+                        [&](auto stored) { widen(stored, widened.data() + c * d, d); });
         }
-        for (int64_t b = a < 0 ? 0 : a; b < (a < 0 ? members_count : a + 1); ++b) use(b, j0, m);
+        for (size_t a = first; a < last; ++a) {
+          const int64_t i = mine[a];
+          for (int64_t h = g * group; h < (g + 1) * group; ++h)
+            score_keys(q + tokens[i] * q_stride + h * d, widened.data(), m, d, scale,
+                       weights + starts[i] + h * counts[i] + c0);
+        }
       }
     };
-    // A query alone in its row: slot by slot, all its heads at once while the key (or value) is in
-    // registers, widened there from 16 bits (dots_with_key: the same bits as score_keys).
-    const int64_t* own_slots = slots + mine[0] * slots_stride;
-    const auto slot_at = [&](const void* cache, int64_t j) {
-      return static_cast<const char*>(cache) + (base + own_slots[j] * d) * element;
-    };
-    const auto score_alone = [&]() {
-      thread_local std::vector<float> dots;
-      dots.resize(n);
-      const int64_t count = counts[mine[0]];
-      const float* query = q + tokens[mine[0]] * q_stride + first * d;
-      for (int64_t j = 0; j < count; ++j) {
-        with_elements(kv_format, slot_at(keys, j), [&](auto key) { dots_with_key(query, key, n, d, dots.data()); });
-        for (int64_t h = 0; h < n; ++h) weights[h * count + j] = dots[h] * scale;
-      }
-    };
-    const auto gather_alone = [&]() {
-      thread_local std::vector<float> column;  // the slot's weight for each head
-      column.resize(n);
-      const int64_t count = counts[mine[0]];
-      for (int64_t j = 0; j < count; ++j) {
-        for (int64_t h = 0; h < n; ++h) column[h] = weights[h * count + j];
-        with_elements(kv_format, slot_at(values, j),
-                      [&](auto value) { add_weighted_value(column.data(), value, n, d, acc.data()); });
-      }
-    };
-    const auto score = [&](int64_t a, int64_t j0, int64_t m) {
-      const int64_t count = counts[mine[a]];
-      for (int64_t h = 0; h < n; ++h)
-        score_keys(q + tokens[mine[a]] * q_stride + (first + h) * d, chunk.data(), m, d, scale,
-                   weights.data() + offsets[a] + h * count + j0);
-    };
-    const bool alone = members_count == 1;
-    if (alone) score_alone();
-    else chunks(-1, 0, common, keys, score);
-    for (int64_t a = 0; a < members_count && !alone; ++a) chunks(a, common, counts[mine[a]], keys, score);
-    for (int64_t a = 0; a < members_count; ++a)
-      for (int64_t h = 0; h < n; ++h) {
-        const int64_t count = counts[mine[a]];
-        float* row = weights.data() + offsets[a] + h * count;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
-        totals[a * n + h] = exp_minus_and_sum(row, top, count);
-      }
-    const auto gather = [&](int64_t a, int64_t j0, int64_t m) {
-      const int64_t count = counts[mine[a]];
-      for (int64_t h = 0; h < n; ++h)
-        gather_values(weights.data() + offsets[a] + h * count + j0, chunk.data(), m, d, acc.data() + (a * n + h) * d);
-    };
-    if (alone) gather_alone();
-    else chunks(-1, 0, common, values, gather);
-    for (int64_t a = 0; a < members_count && !alone; ++a) chunks(a, common, counts[mine[a]], values, gather);
-    for (int64_t a = 0; a < members_count; ++a)
-      for (int64_t h = 0; h < n; ++h) {
-        float* target = out + tokens[mine[a]] * heads * d + (first + h) * d;
-        const float* sums = acc.data() + (a * n + h) * d;
-        for (int64_t t = 0; t < d; ++t) target[t] = sums[t] / totals[a * n + h];
+    score(slots + mine[0] * slots_stride, j0, std::min(j1, common), 0, mine.size());
+    for (size_t a = 0; a < mine.size(); ++a)
+      score(slots + mine[a] * slots_stride, std::max(j0, common), std::min(j1, counts[mine[a]]), a, a + 1);
+  }
+  // 2. Each (query, head)'s softmax weights, unnormalized, and their total.
+#pragma omp parallel for schedule(static) if (queries * heads > 1)
+  for (int64_t ih = 0; ih < queries * heads; ++ih) {
+    const int64_t i = ih / heads, h = ih % heads, count = counts[i];
+    float* row = weights + starts[i] + h * count;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
+    totals[ih] = exp_minus_and_sum(row, top, count);
+  }
+  // 3. Values: (row, kv head, slice) jobs.
+  const int64_t slice = d % kSlice == 0 ? kSlice : d;
+  jobs.clear();
+  for (int64_t r = 0; r < int64_t(members.size()); ++r)
+    for (int64_t g = 0; g < kv_heads; ++g)
+      for (int64_t t0 = 0; t0 < d; t0 += slice) jobs.push_back({r, g, t0});
+#pragma omp parallel for schedule(static) if (jobs.size() > 1)
+  for (size_t job = 0; job < jobs.size(); ++job) {
+    const auto [r, g, t0] = jobs[job];
+    const int64_t base = cache_base(r, g);
+    for (const int64_t i : members[r])
+      for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += kHeadsAtOnce) {
+        const int64_t n = std::min(kHeadsAtOnce, (g + 1) * group - h0);
+        const float* head_weights[kHeadsAtOnce];
+        float* head_out[kHeadsAtOnce];
+        for (int64_t h = 0; h < n; ++h) {
+          head_weights[h] = weights + starts[i] + (h0 + h) * counts[i];
+          head_out[h] = out + tokens[i] * heads * d + (h0 + h) * d + t0;
+        }
+        with_elements(kv_format, static_cast<const char*>(values), [&](auto stored) {
+          gather_heads(n, head_weights, totals.data() + i * heads + h0, stored, base, slots + i * slots_stride,
+                       counts[i], d, t0, slice, head_out);
+        });
       }
   }
 }
