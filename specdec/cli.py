@@ -26,7 +26,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=["int8", "int4", "w8a32", "none"],
         help="int8 weights and activations; int4: 4-bit weight groups; w8a32: 8-bit weight groups with "
-        "float32 activations, which hold a 4- or 8-bit GGUF's weights exactly (float32's text); the last two "
+        "float32 activations, which hold a 4- or 8-bit GGUF's weights exactly; the last two "
         "on kernels compiled and checked on this CPU (CPU only). Unset, on a CPU: w8a32 for the default "
         "SmolLM2 pair (where its kernel builds; else int8 or its GGUF on llama.cpp, whichever is measured "
         "fastest and exact here, once) and for a GGUF target on the own forward; none otherwise",
@@ -35,8 +35,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--kv-dtype",
         choices=["float32", "bfloat16", "float16"],
         help="what the KV cache stores keys and values in on the own forward (arithmetic stays float32). "
-        "Unset: 16 bits for int4 where the compiled layer runs (half the bytes, as llama.cpp's f16 "
-        "cache), else the weights' dtype",
+        "Unset: float16 for int4 and w8a32 where the compiled layer runs (half the bytes, as llama.cpp's "
+        "f16 cache), else the weights' dtype; float32 with w8a32 gives the float32 target's text",
     )
     parser.add_argument(
         "--backend",
@@ -193,7 +193,7 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
         own_forward = gguf_on_own_forward(args.target, args.backend) if gguf else args.backend in ("auto", "specdec")
         if args.quantize is None and own_forward and args.dtype == "float32" and args.device == "cpu":
             if gguf:
-                quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic: float32's text
+                quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic
             from specdec.models.precision_choice import announce_precision
 
             chosen = announce_precision(args.target, "specdec" if gguf else args.backend, args.trust_remote_code,

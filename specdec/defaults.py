@@ -133,8 +133,8 @@ def default_pair(status=None) -> DefaultPair:
     return smollm2_pair(status) or toy_pair()
 
 
-FLOAT32_TEXT = ("own forward, w8a32: the GGUF's 4- and 8-bit weights held exactly, float32 activations (the "
-                "float32 target's text; --quantize int4 is faster, with int8 activations)")
+FLOAT32_TEXT = ("own forward, w8a32: the GGUF's 4- and 8-bit weights held exactly, float32 activations, keys "
+                "and values in float16 (--quantize int4 is faster, with int8 activations)")
 
 
 def fastest_default_target(

@@ -226,7 +226,7 @@ def test_int4_says_in_one_line_which_kernel_runs_and_the_output_equals_target_on
 
 
 @pytest.mark.parametrize("options, quantize", [
-    (["--backend", "specdec"], "w8a32"),  # dequantized on the own forward: its weights exactly, float32's text
+    (["--backend", "specdec"], "w8a32"),  # dequantized on the own forward: its weights exactly, float32 arithmetic
     (["--backend", "specdec", "--quantize", "int4"], "int4"),
     (["--backend", "specdec", "--quantize", "none"], None),
     (["--backend", "specdec", "--dtype", "bfloat16"], None),

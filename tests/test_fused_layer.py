@@ -60,9 +60,8 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     network = model.network
     assert all(isinstance(layer, FusedDecoderLayer) for layer in network.layers)
     assert isinstance(network.norm_then_head, FusedOutput)
-    sixteen_bits = quantize == "int4"  # w8a32 keeps float32's keys and values (its promise: float32's text)
-    assert network.quantize_notice.endswith("; layer ops compiled" + (", keys and values in float16" * sixteen_bits))
-    assert model.new_cache().keys.dtype == (torch.float16 if sixteen_bits else torch.float32)
+    assert network.quantize_notice.endswith("; layer ops compiled, keys and values in float16")
+    assert model.new_cache().keys.dtype == torch.float16
     calls = []
     for name in ("qkv_projection", "attend_queries", "mlp_block", "norm_then_linear"):
         original = getattr(fused_layer, name)
@@ -75,7 +74,7 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     assert calls.count("qkv_projection") == calls.count("mlp_block") == 2 * layers
     assert calls.count("attend_queries") == layers and calls.count("norm_then_linear") == 2
     monkeypatch.setattr(fused_layer, "layer_problem", lambda format: "refused")  # the same weights, torch layers
-    torch_model = load(folder, quantize=quantize, kv_dtype="float16" if sixteen_bits else None)  # the same cache
+    torch_model = load(folder, quantize=quantize, kv_dtype="float16")  # the same cache
     assert all(type(layer) is DecoderLayer for layer in torch_model.network.layers)
     in_torch = [torch_model.extend(tokens[:10], cache := torch_model.new_cache()),
                 torch_model.extend(tokens[10:], cache)]

@@ -143,9 +143,10 @@ def test_every_instruction_set_path_gives_the_same_bits_at_every_block_size(tmp_
 
 def test_a_model_with_gguf_weights_computes_what_float32_computes(model_dir):
     """A random qwen2-style model whose linears hold Q4_1 weights: w8a32 (compiled layers, float32
-    activations) gives the float32 model's logits within float32 rounding and its greedy tokens;
-    int4 (int8 activations) is far further off. Mutation checked: the compiled MLP's SiLU in
-    float16 (or int8 activations) fails the bound."""
+    activations) with a float32 cache gives the float32 model's logits within float32 rounding and
+    its greedy tokens; int4 (int8 activations) is far further off. By default w8a32 stores keys and
+    values in float16, as int4 does. Mutation checked: the compiled MLP's SiLU in float16 (or int8
+    activations) fails the bound."""
     folder = save_random_model(model_dir / "w8a32-gguf", "qwen2", seed=9)
     weights = load_file(str(folder / "model.safetensors"))
     for name, tensor in weights.items():
@@ -154,7 +155,9 @@ def test_a_model_with_gguf_weights_computes_what_float32_computes(model_dir):
             packed = quants.quantize(tensor.float().numpy(), kind)
             weights[name] = torch.from_numpy(quants.dequantize(packed, kind).copy())
     save_file(weights, str(folder / "model.safetensors"))
-    reference, fast, four_bit = load(folder), load(folder, quantize="w8a32"), load(folder, quantize="int4")
+    reference, four_bit = load(folder), load(folder, quantize="int4", kv_dtype="float32")
+    assert load(folder, quantize="w8a32").new_cache().keys.dtype == torch.float16
+    fast = load(folder, quantize="w8a32", kv_dtype="float32")
     assert all(isinstance(layer, FusedDecoderLayer) for layer in fast.network.layers)
     assert isinstance(fast.network.norm_then_head, FusedOutput)
     assert "100.0% of weight groups held exactly" in fast.network.quantize_notice
