@@ -2,11 +2,13 @@
 
 Starts the server (its start line printed), sends one `/v1/completions` request per --chars value
 at once (each the start of an installed source file cut at the first def past that many
-characters: bench/long_suite.py's "continue" ask; files in turn: rich/console.py, pydantic/main.py,
-fastapi/routing.py), greedy, and prints each answer's status, seconds and usage, and the server's
-resident memory before, at its peak (sampled every 0.5 s) and after.
+characters: bench/long_suite.py's "continue" ask; files in turn: --modules, by default the long
+suite's rich/console.py, pydantic/main.py, fastapi/routing.py), greedy, and prints each answer's
+status, seconds and usage, and the server's resident memory before, at its peak (sampled every
+0.5 s) and after.
 
     python benchmarks/cpu/serve_long_prompts.py [--target DIR] --chars 31000 [--chars ...] [--max-tokens 16]
+        [--modules rich.console pydantic.main fastapi.routing click.core]
 """
 
 import argparse
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--chars", type=int, action="append", required=True)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--modules", nargs="+", default=list(SOURCES),
+                        help="installed modules whose source the prompts start with, in turn")
     args = parser.parse_args()
     command = [sys.executable, "-m", "specdec", "serve", "--port", str(args.port),
                *(["--target", args.target] if args.target else [])]
@@ -61,7 +65,7 @@ def main() -> None:
             time.sleep(0.5)
 
     threading.Thread(target=sample, daemon=True).start()
-    sources = [inspect.getsource(importlib.import_module(name)) for name in SOURCES]
+    sources = [inspect.getsource(importlib.import_module(name)) for name in args.modules]
     results: list = [None] * len(args.chars)
 
     def request(index: int, chars: int) -> None:
