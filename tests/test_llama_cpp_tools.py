@@ -9,7 +9,14 @@ import textwrap
 
 import pytest
 
-from specdec.bench.llama_cpp_tools import LOOKAHEAD, LlamaCppTools, ToolError, command_line, parse_timing
+from specdec.bench.llama_cpp_tools import (
+    LOOKAHEAD,
+    LlamaCppTools,
+    ToolError,
+    command_line,
+    parse_timing,
+    server_command,
+)
 from specdec.cli import main
 from specdec.sampling import SamplingParams
 
@@ -51,6 +58,9 @@ def test_command_lines_carry_the_fast_flags_and_the_sampling(tmp_path):
     assert spec[spec.index("-c") + 1] == "4096"  # llama.cpp's own default, at least
     long = command_line("llama-target", tools, "hi", settings, prompt_tokens=16000)
     assert long[long.index("-c") + 1] == "16128"  # the prompt and the generation, in 256-token steps
+    server = server_command(tools, 16128, 8999)
+    assert server[0].endswith("llama-server") and "--spec-default" in server and server[server.index("-np") + 1] == "1"
+    assert server[server.index("--port") + 1] == "8999" and server[server.index("-c") + 1] == "16128"
 
 
 FAKE_TOOL = textwrap.dedent("""\
@@ -70,11 +80,45 @@ FAKE_TOOL = textwrap.dedent("""\
 """)
 
 
+FAKE_SERVER = textwrap.dedent("""\
+    #!{python}
+    # Answers as llama-server does: /health, then /completion with the continuation and timings.
+    import http.server, json, sys
+    args = sys.argv[1:]
+    assert "--spec-default" in args
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def reply(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self.reply({{"status": "ok"}})
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            count = request["n_predict"]  # the bench's + LOOKAHEAD
+            self.reply({{"content": "".join((["a", "b"] * count)[:count]),
+                        "timings": {{"prompt_n": 3, "prompt_ms": 20.0, "predicted_n": count, "predicted_ms": 80.0,
+                                    "draft_n": 10, "draft_n_accepted": 4}}}})
+
+        def log_message(self, *arguments):
+            pass
+
+    http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
+""")
+
+
 def fake_tools(folder, wrong_lookup: bool):
     folder.mkdir()
-    for name in ("llama-completion", "llama-speculative", "llama-lookup"):
+    for name in ("llama-completion", "llama-speculative", "llama-lookup", "llama-server"):
         path = folder / name
-        path.write_text(FAKE_TOOL.format(python=sys.executable, wrong=wrong_lookup))
+        path.write_text((FAKE_SERVER if name == "llama-server" else FAKE_TOOL).format(python=sys.executable,
+                                                                                    wrong=wrong_lookup))
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     for name in ("t.gguf", "d.gguf"):
         (folder / name).write_bytes(b"GGUF")
@@ -89,6 +133,7 @@ def test_bench_runs_llama_cpp_tools_against_their_own_target(tiny_pair, tmp_path
     out = tmp_path / "bench"
     code = main(["bench", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["same"]), "--prompts",
                  str(prompts), "--methods", "model:fixed", "llama-target", "llama-speculative:4", "llama-lookup",
+                 "llama-server-spec",
                  "--llama-cpp-bin", str(tools), "--target-gguf", str(tools / "t.gguf"), "--draft-gguf", str(tools /
                  "d.gguf"), "--max-new-tokens", "6", "--out", str(out), "--repeats", "1"])
     payload = json.loads((out / "results.json").read_text())
@@ -98,8 +143,11 @@ def test_bench_runs_llama_cpp_tools_against_their_own_target(tiny_pair, tmp_path
     produced = 6 + LOOKAHEAD
     assert rows["llama-target"]["seconds"] == pytest.approx(0.01 + 0.09 * 6 / produced)  # scaled to the kept
     assert rows["llama-speculative:4"]["seconds"] == pytest.approx(0.01 + 0.09 * 6 / (produced + 2))
+    assert rows["llama-server-spec"]["tokens"] == 6  # its own timings, scaled to the kept tokens:
+    assert rows["llama-server-spec"]["seconds"] == pytest.approx(0.02 + 0.08 * 6 / produced)
     overall = {s["method"]: s for s in payload["summaries"] if s["category"] == "all"}
     assert overall["llama-speculative:4"]["alpha"] == 0.75 and overall["llama-speculative:4"]["tau"] is None
+    assert overall["llama-server-spec"]["alpha"] == 0.4
     assert "llama-target" in overall["llama-lookup"]["speedup"]
     assert payload["failed_methods"] == (["llama-lookup"] if wrong_lookup else [])
     assert code == (1 if wrong_lookup else 0)

@@ -25,12 +25,14 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
         help="target-only (always run), auto (the default drafter), DRAFTER:POLICY such as model:cost, ngram:fixed or "
         "head-tree:fixed (--draft-head), all (every drafter but the heads with every policy), "
         "transformers-generate, transformers-assisted[:N|:heuristic], "
-        "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N] (default: auto, "
+        "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N], llama-server-spec "
+        "(llama-server --spec-default) (default: auto, "
         "ngram:cost, suffix:cost, and head:cost, suffix-or-head:cost where a head is found for the target; "
         "model:cost with --draft)",
     )
     llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
-    llama.add_argument("--llama-cpp-bin", help="folder with llama-completion, llama-speculative, llama-lookup")
+    llama.add_argument("--llama-cpp-bin",
+                       help="folder with llama-completion, llama-speculative, llama-lookup, llama-server")
     llama.add_argument("--target-gguf", help="the target as a GGUF file for llama.cpp's tools")
     llama.add_argument("--draft-gguf", help="the draft as a GGUF file for llama-speculative")
     bench.add_argument(
