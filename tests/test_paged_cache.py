@@ -130,6 +130,21 @@ def test_a_fork_shares_whole_blocks_and_copies_one_only_when_written():
     assert cache.free_block_count == 4 and cache.prefix(0, 1, 11)[0][0, 10, 0] == 2.0
 
 
+def test_remembered_slots_follow_the_blocks_that_hold_them():
+    """Writes locate a run of slots once and remember it by the blocks holding it: after a
+    rollback gives a block back and another row takes it, the same run of slots of the first row
+    is written where its new block is, never into the block it held before. Mutation, checked:
+    a key without the row's blocks fails it."""
+    cache = _cache(num_blocks=4)
+    _fill(cache, 0, 6, 1.0)  # blocks of 4: row 0's slots 4-5 in its second block
+    cache.rollback(0, 4)
+    _fill(cache, 1, 4, 2.0)  # row 1 takes the block row 0 gave back
+    _fill(cache, 0, 2, 3.0)  # the same run of row 0, now in another block
+    assert cache.tables[0][1] != cache.tables[1][0]
+    assert torch.equal(cache.prefix(0, 0, 6)[0][0, :, 0], torch.tensor([1.0] * 4 + [3.0] * 2))
+    assert torch.equal(cache.prefix(0, 1, 4)[0][0, :, 0], torch.full((4,), 2.0))
+
+
 def test_blocks_go_back_on_rollback_and_release_and_a_dry_pool_says_so():
     cache = _cache(num_blocks=4)
     _fill(cache, 0, 13, 1.0)
