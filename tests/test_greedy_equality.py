@@ -98,10 +98,10 @@ def test_transformers_adapter_equals_target_only(tiny_pair):
 @pytest.mark.parametrize("quantize", ["int8", "int4", "w8a32"])
 def test_int8_models_equal_int8_target_only(tiny_pair, quantize):
     # int8 activations amplify float noise unless a token is scored the same in a block as alone;
-    # int4 stores keys and values in float16 (the compiled attention widens them): 16-bit KV too
+    # int4 and w8a32 store keys and values in float16 (the compiled attention widens them): 16-bit KV too
     load_one = lambda path: load(path, quantize=quantize)  # noqa: E731
     target, drafts = load_one(tiny_pair["target"]), {kind: load_one(tiny_pair[kind]) for kind in DRAFT_KINDS}
-    assert (target.new_cache().keys.dtype == torch.float16) == (quantize == "int4")
+    assert (target.new_cache().keys.dtype == torch.float16) == (quantize in ("int4", "w8a32"))
     counts = check_equality(target, {kind: make_drafter("model", drafts[kind]) for kind in DRAFT_KINDS}, "fixed")
     assert counts["same"][0] == counts["same"][1] > 0
     assert 0 < counts["perturbed"][0] < counts["perturbed"][1]
