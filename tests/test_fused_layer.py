@@ -121,30 +121,44 @@ def _reference_attention(q, keys, values, row, slots, head_groups):  # one query
     return (weights[:, None, :] @ v)[:, 0]
 
 
+@pytest.fixture
+def two_threads():
+    """Two threads, as on the 2-core machines the kernel's job split was tuned on."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the kernels' OpenMP runtime is torch's (one libgomp)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("context", [5, 70, 200, 250, 300])
 @pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 64), (14, 2, 40)])
+@pytest.mark.parametrize("copies", [1, 3])
 def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_as_alone(context, kv_dtype, heads,
-                                                                                         kv_heads, d):
-    """specdec_attend over a batch of two rows: a chain of 9 queries after `context` keys and a tree
-    of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys and
-    its scoring spans of 256 slots; 7 query heads a kv head, more than one gathering pass holds, and
-    a head size the vector slices do not divide).
+                                                                                         kv_heads, d, copies,
+                                                                                         two_threads):
+    """specdec_attend over a batch of rows: a chain of 20 queries after `context` keys and a tree
+    of 5 nodes after a shorter context (shared starts longer and shorter than its chunks of keys,
+    its scoring spans of 256 slots and its blocks of 16 queries; 7 query heads a kv head, more than
+    one gathering pass holds, and a head size the vector slices do not divide), that pair of rows
+    once (three passes) or three times (on 2 threads, enough rows that each (row, kv head) is one job).
     Every query gets the bits it gets alone, and what float64 attention over its own slots gives;
     in a 16-bit cache, each query's new key and value are stored as torch rounds them. Mutation,
     checked: a grouped pass that skips the shared start's last chunk, reads the lead query's
-    slots for another's own part, or scoring spans that stop at the shared start, fails it."""
+    slots for another's own part, scoring spans that stop at the shared start, scoring jobs that
+    skip a row's second block of queries, or whole-row jobs that skip a row's last query's
+    softmax, fails it."""
     from types import SimpleNamespace
 
     from specdec.models.attention import query_list
 
     generator = torch.Generator().manual_seed(context)
-    capacity = context + 16
+    capacity = context + 32
     layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
-    keys = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
-    values = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
-    chain, tree_parents, tree_context = 9, [-1, 0, 0, 1, 2], max(context // 2, 1)
-    tokens = chain + len(tree_parents)
+    keys = torch.randn(2 * copies, kv_heads, capacity, d, generator=generator).to(kv_dtype)
+    values = torch.randn(2 * copies, kv_heads, capacity, d, generator=generator).to(kv_dtype)
+    chain, tree_parents, tree_context = 20, [-1, 0, 0, 1, 2], max(context // 2, 1)
+    tokens = (chain + len(tree_parents)) * copies
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
     q, k, v = (qkv.view(tokens, -1, d).transpose(0, 1).split([heads, kv_heads, kv_heads]))
     slot_lists = [torch.arange(context + i + 1) for i in range(chain)]
@@ -153,7 +167,8 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
         while tree_parents[path[-1]] >= 0:
             path.append(tree_parents[path[-1]])
         slot_lists.append(torch.cat([torch.arange(tree_context), torch.tensor(path[::-1]) + tree_context]))
-    rows = [0] * chain + [1] * len(tree_parents)
+    slot_lists = slot_lists * copies
+    rows = [2 * copy + row for copy in range(copies) for row in [0] * chain + [1] * len(tree_parents)]
     together = torch.zeros(tokens, heads, d)
     fused_layer.attend_queries(layer, q, k, v, query_list(list(range(tokens)), rows, slot_lists), keys, values,
                                together)

@@ -296,6 +296,8 @@ constexpr int64_t kSliceVectors = 2;  // 16 registers: 6 heads' sums of a 16-ele
 #endif
 constexpr int64_t kSlice = 8 * kSliceVectors;  // elements of a value one gathering job covers (where d allows)
 constexpr int64_t kHeadsAtOnce = 6;
+constexpr int64_t kPairsPerThread = 4;  // (row, kv head) pairs a thread that attends them whole should get
+constexpr int64_t kMembersAtOnce = 16;  // a row's queries one scoring job covers (a long prompt piece's are many)
 
 constexpr int64_t kAhead = 16;  // slots ahead whose cache lines are prefetched (a paged row's blocks
                                  // are scattered: the hardware's stream prefetch stops at each jump)
@@ -441,16 +443,23 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 // lists share from the start (the row's committed context) are read once for all of them, then
 // each query's own slots. Why: one query at a time read the whole context's cache once per query,
 // k times for a k-token block (at 11k tokens of context, ~0.6 GB a query on the 1.5B target).
-// Three phases, each split across threads so that every key and value is read from memory once
-// whatever the number of kv heads and threads (splitting a kv head's query heads between threads
-// read its cache once per split, and 3 kv heads on 2 threads left one thread with twice the work):
-//   1. scores, by (row, kv head, span of kSpan slots): a chunk of keys widened once, every query
-//      head of the kv head and every query of the row scored against it;
-//   2. each (query, head)'s softmax: its maximum, exp and sum;
-//   3. values, by (row, kv head, slice of kSlice elements): each query's sums over its slots in
-//      order, kept in registers for up to 4 heads while the slice of each value streams past.
-// A query's dot products, softmax and sums run in the same order whatever else is in the call (a
-// dot as dot(), the sums slot after slot), so its bits do not depend on the others in the call.
+// Three steps for each (row, kv head): 1. scores, a chunk of keys widened once and every query
+// head of the kv head and every query of the row scored against it; 2. each (query, head)'s
+// softmax: its maximum, exp and sum; 3. values, each query's sums over its slots in order, kept in
+// registers for up to 6 heads while a slice of kSlice elements of each value streams past.
+// How they are split across threads, so that every thread is busy and every key and value is read
+// from memory about once:
+//   - a batch of rows (at least kPairsPerThread (row, kv head) pairs a thread), or rows no longer
+//     than a span: one job per pair, or per part of its query heads when pairs are fewer than two
+//     a thread, doing its three steps in turn (a server's step: measured in the server, a pass's
+//     wait cost more than the work, and waking the threads for each of three passes more still);
+//   - else (a few long rows) three passes in one parallel region: scores by (row, kv head, span of
+//     kSpan slots, block of kMembersAtOnce queries), softmax by (query, head), values by (row, kv
+//     head, slice). Splitting a kv head's query heads between threads would read its cache once
+//     per split, and 3 kv heads on 2 threads would leave one thread with twice the work.
+// A query's dot products, softmax and sums run in the same order whatever else is in the call or
+// however it is split (a dot as dot(), the sums slot after slot, each head's alone), so its bits do
+// not depend on the others in the call.
 void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
@@ -496,20 +505,18 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   std::vector<float> totals(queries * heads);
   const auto cache_base = [&](int64_t r, int64_t g) { return rows[members[r][0]] * row_stride + g * head_stride; };
 
-  // 1. Scores: (row, kv head, span) jobs.
-  std::vector<std::array<int64_t, 3>> jobs;
-  for (int64_t r = 0; r < int64_t(members.size()); ++r)
-    for (int64_t g = 0; g < kv_heads; ++g)
-      for (int64_t j0 = 0; j0 < longest[r]; j0 += kSpan) jobs.push_back({r, g, j0});
-#pragma omp parallel for schedule(static) if (jobs.size() > 1)
-  for (size_t job = 0; job < jobs.size(); ++job) {
-    const auto [r, g, j0] = jobs[job];
+  const int64_t slice = d % kSlice == 0 ? kSlice : d;
+
+  // 1. Scores of members [first, last) of row r for query heads [h0, h1) of kv head g over slots
+  // [j0, j0 + kSpan): a chunk of keys widened once for all of them (the shared slots), then each
+  // member's own slots.
+  const auto score_span = [&](int64_t r, int64_t g, int64_t h0, int64_t h1, int64_t j0, size_t first, size_t last) {
     const std::vector<int64_t>& mine = members[r];
     const int64_t base = cache_base(r, g), common = shared[r], j1 = j0 + kSpan;
     thread_local std::vector<float> widened;
     widened.resize(kChunk * d);
-    // [from, to) of list, a chunk at a time, widened, then scored for each member in [first, last).
-    const auto score = [&](const int64_t* list, int64_t from, int64_t to, size_t first, size_t last) {
+    // [from, to) of list, a chunk at a time, widened, then scored for each member in [begin, end).
+    const auto score = [&](const int64_t* list, int64_t from, int64_t to, size_t begin, size_t end) {
       for (int64_t c0 = from; c0 < to; c0 += kChunk) {
         const int64_t m = std::min(kChunk, to - c0);
         for (int64_t c = 0; c < m; ++c) {
@@ -520,51 +527,91 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
           with_elements(kv_format, static_cast<const char*>(keys) + (base + list[c0 + c] * d) * element,
                         [&](auto stored) { widen(stored, widened.data() + c * d, d); });
         }
-        for (size_t a = first; a < last; ++a) {
+        for (size_t a = begin; a < end; ++a) {
           const int64_t i = mine[a];
-          for (int64_t h = g * group; h < (g + 1) * group; ++h)
+          for (int64_t h = h0; h < h1; ++h)
             score_keys(q + tokens[i] * q_stride + h * d, widened.data(), m, d, scale,
                        weights + starts[i] + h * counts[i] + c0);
         }
       }
     };
-    score(slots + mine[0] * slots_stride, j0, std::min(j1, common), 0, mine.size());
-    for (size_t a = 0; a < mine.size(); ++a)
+    score(slots + mine[0] * slots_stride, j0, std::min(j1, common), first, last);
+    for (size_t a = first; a < last; ++a)
       score(slots + mine[a] * slots_stride, std::max(j0, common), std::min(j1, counts[mine[a]]), a, a + 1);
-  }
-  // 2. Each (query, head)'s softmax weights, unnormalized, and their total.
-#pragma omp parallel for schedule(static) if (queries * heads > 1)
-  for (int64_t ih = 0; ih < queries * heads; ++ih) {
-    const int64_t i = ih / heads, h = ih % heads, count = counts[i];
+  };
+  // 2. Query i's softmax weights for head h, unnormalized, and their total.
+  const auto softmax = [&](int64_t i, int64_t h) {
+    const int64_t count = counts[i];
     float* row = weights + starts[i] + h * count;
     float top = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
-    totals[ih] = exp_minus_and_sum(row, top, count);
-  }
-  // 3. Values: (row, kv head, slice) jobs.
-  const int64_t slice = d % kSlice == 0 ? kSlice : d;
-  jobs.clear();
-  for (int64_t r = 0; r < int64_t(members.size()); ++r)
-    for (int64_t g = 0; g < kv_heads; ++g)
-      for (int64_t t0 = 0; t0 < d; t0 += slice) jobs.push_back({r, g, t0});
-#pragma omp parallel for schedule(static) if (jobs.size() > 1)
-  for (size_t job = 0; job < jobs.size(); ++job) {
-    const auto [r, g, t0] = jobs[job];
+    totals[i * heads + h] = exp_minus_and_sum(row, top, count);
+  };
+  // 3. Values of row r's members for query heads [h0, h1) of kv head g, elements [t0, t0 + slice)
+  // of each head's output.
+  const auto gather = [&](int64_t r, int64_t g, int64_t h0, int64_t h1, int64_t t0) {
     const int64_t base = cache_base(r, g);
     for (const int64_t i : members[r])
-      for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += kHeadsAtOnce) {
-        const int64_t n = std::min(kHeadsAtOnce, (g + 1) * group - h0);
+      for (int64_t first = h0; first < h1; first += kHeadsAtOnce) {
+        const int64_t n = std::min(kHeadsAtOnce, h1 - first);
         const float* head_weights[kHeadsAtOnce];
         float* head_out[kHeadsAtOnce];
         for (int64_t h = 0; h < n; ++h) {
-          head_weights[h] = weights + starts[i] + (h0 + h) * counts[i];
-          head_out[h] = out + tokens[i] * heads * d + (h0 + h) * d + t0;
+          head_weights[h] = weights + starts[i] + (first + h) * counts[i];
+          head_out[h] = out + tokens[i] * heads * d + (first + h) * d + t0;
         }
         with_elements(kv_format, static_cast<const char*>(values), [&](auto stored) {
-          gather_heads(n, head_weights, totals.data() + i * heads + h0, stored, base, slots + i * slots_stride,
+          gather_heads(n, head_weights, totals.data() + i * heads + first, stored, base, slots + i * slots_stride,
                        counts[i], d, t0, slice, head_out);
         });
       }
+  };
+
+  // Whole jobs, each a (row, kv head) pair's or a part of its query heads' three steps, one after
+  // the other: where pairs are enough to keep every thread busy (a server's batch), or where every
+  // row is short enough that parts reading its keys and values again cost less than a pass's wait.
+  const int64_t pairs = int64_t(members.size()) * kv_heads, threads = omp_get_max_threads();
+  const bool short_rows = *std::max_element(longest.begin(), longest.end()) <= kSpan;
+  if (pairs >= kPairsPerThread * threads || short_rows) {
+    const int64_t parts = pairs >= kPairsPerThread * threads ? 1 : std::min(group, (2 * threads + pairs - 1) / pairs);
+    const int64_t share = (group + parts - 1) / parts;
+#pragma omp parallel for schedule(dynamic, 1) if (pairs * parts > 1)
+    for (int64_t job = 0; job < pairs * parts; ++job) {
+      const int64_t r = job / parts / kv_heads, g = job / parts % kv_heads;
+      const int64_t h0 = g * group + job % parts * share, h1 = std::min(h0 + share, (g + 1) * group);
+      if (h0 >= h1) continue;
+      for (int64_t j0 = 0; j0 < longest[r]; j0 += kSpan) score_span(r, g, h0, h1, j0, 0, members[r].size());
+      for (const int64_t i : members[r])
+        for (int64_t h = h0; h < h1; ++h) softmax(i, h);
+      for (int64_t t0 = 0; t0 < d; t0 += slice) gather(r, g, h0, h1, t0);
+    }
+    return;
+  }
+  // Else three passes, each split finer, in one parallel region (a thread woken once, then waiting
+  // at each pass's end): scores by (row, kv head, span, block of queries), softmax by (query, head),
+  // values by (row, kv head, slice).
+  std::vector<std::array<int64_t, 5>> scoring;
+  std::vector<std::array<int64_t, 3>> gathering;
+  for (int64_t r = 0; r < int64_t(members.size()); ++r)
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      for (int64_t j0 = 0; j0 < longest[r]; j0 += kSpan)
+        for (int64_t first = 0; first < int64_t(members[r].size()); first += kMembersAtOnce)
+          scoring.push_back({r, g, j0, first, std::min(first + kMembersAtOnce, int64_t(members[r].size()))});
+      for (int64_t t0 = 0; t0 < d; t0 += slice) gathering.push_back({r, g, t0});
+    }
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (size_t job = 0; job < scoring.size(); ++job)
+      score_span(scoring[job][0], scoring[job][1], scoring[job][1] * group, (scoring[job][1] + 1) * group,
+                 scoring[job][2], size_t(scoring[job][3]), size_t(scoring[job][4]));
+#pragma omp for schedule(static)
+    for (int64_t ih = 0; ih < queries * heads; ++ih) softmax(ih / heads, ih % heads);
+#pragma omp for schedule(static)
+    for (size_t job = 0; job < gathering.size(); ++job) {
+      const int64_t g = gathering[job][1];
+      gather(gathering[job][0], g, g * group, (g + 1) * group, gathering[job][2]);
+    }
   }
 }
 }
