@@ -9,9 +9,11 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +23,7 @@ from specdec.drafting.corpus import CORPUS
 from specdec.engine import Request
 from specdec.metrics import SpecStats
 from specdec.sampling import TokenLogprob
+from specdec.stops import StopMatcher
 
 
 class TokenSource(str, enum.Enum):
@@ -73,6 +76,30 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) 
             raise ValueError(f"{model_name} has no tokenizer; pass the prompt as token ids")
         return list(tokenizer.encode(prompt))
     return [int(token) for token in prompt]
+
+
+# Unicode normalization can map up to 3 bytes of text to one byte of a token's spelling (NFKC's
+# full-width forms: U+FF21 -> "A"); nothing maps more.
+NORMALIZED_BYTES = 3
+_longest_spelling: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def fewest_tokens(tokenizer: Any, text: str) -> int | None:
+    """A lower bound on the tokens ``text`` encodes to, without encoding it: its UTF-8 bytes over
+    the most one token can stand for (the longest token's spelling, times NORMALIZED_BYTES; a
+    byte-level or SentencePiece spelling is never shorter than the bytes it stands for). None for
+    a tokenizer without a vocabulary to read. Why: a prompt far past the context is refused
+    before its whole text is tokenized (megabytes take seconds)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        longest = _longest_spelling[tokenizer]
+    except (KeyError, TypeError):
+        longest = max((len(token.encode()) for token in get_vocab()), default=1)
+        with contextlib.suppress(TypeError):  # (a tokenizer that cannot be weakly referenced: not kept)
+            _longest_spelling[tokenizer] = longest
+    return len(text.encode()) // (longest * NORMALIZED_BYTES)
 
 
 def chat_text(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
@@ -133,17 +160,6 @@ class IncrementalDetokenizer:
         return delta
 
 
-def held_back_length(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of some stop string."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
-
-
 class TextStream:
     """Token ids (with a label each, such as how the token came about) in, released text out.
 
@@ -152,7 +168,7 @@ class TextStream:
 
     def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.stops = [stop for stop in stops if stop]
+        self.stops = StopMatcher(stops)  # the text so far against every stop string at once
         self.pieces: list[tuple[str, Any]] = []  # text not yet released, with labels
         self.released = 0  # characters of detokenizer.text released so far
         self.stop_at: int | None = None  # where the final text ends, once a stop string completed
@@ -163,15 +179,11 @@ class TextStream:
         return self.detokenizer.text[: self.stop_at]
 
     def push(self, token_id: int, label: Any = None) -> bool:
-        before = len(self.detokenizer.text)
         delta = self.detokenizer.push(token_id)
         self.pieces.append((delta, label))
-        text = self.detokenizer.text
-        # A stop string newly completed must end inside the text this token added.
-        hits = [text.find(stop, max(0, before - len(stop) + 1)) for stop in self.stops]
-        hits = [hit for hit in hits if hit >= 0]
-        if hits:
-            self.stop_at = min(hits)
+        # A stop string newly completed ends inside the text this token added (the text only grows).
+        if self.stop_at is None:
+            self.stop_at = self.stops.feed(delta)
         return self.stop_at is not None
 
     def release(self, final: bool = False) -> list[tuple[str, Any]]:
@@ -182,7 +194,7 @@ class TextStream:
         elif final:
             end = len(text)
         else:
-            end = len(text) - held_back_length(text[self.released :], self.stops)
+            end = len(text) - min(self.stops.held, len(text) - self.released)
         out: list[tuple[str, Any]] = []
         budget = max(0, end - self.released)
         while self.pieces and budget > 0:

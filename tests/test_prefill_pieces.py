@@ -45,11 +45,27 @@ def test_a_long_prompt_admitted_beside_a_short_one_goes_in_pieces_and_the_short_
     assert short_ticket in scheduler.running and short_ticket.request.length > 4  # prefilled and stepped
     fed = [long_ticket.request.fed]
     assert fed[0] <= CHUNK
-    while long_ticket in scheduler.prefilling and short_ticket.request is not None:  # (alone, it goes in whole)
+    while long_ticket in scheduler.prefilling:
         one_loop(scheduler)
         fed.append(long_ticket.request.fed)
     assert max(b - a for a, b in itertools.pairwise(fed)) <= CHUNK
     assert len(fed) >= 4
+
+
+def test_a_long_prompt_alone_goes_in_pieces_and_a_request_arriving_during_it_starts_at_the_next_loop(tiny_pair):
+    """Nothing else runs or waits: the long prompt still gets one loop's budget at a time, so a
+    short request submitted after its first loop is admitted, prefilled and stepped in the next
+    one, while the long one is still prefilling. Mutation, checked: feeding a prompt admitted
+    alone whole (the old rule) fails it."""
+    scheduler = make_scheduler(tiny_pair)
+    vocab = scheduler.engine.target.vocab_size
+    long_ticket = scheduler.submit(long_prompt(vocab), SamplingParams(max_new_tokens=4), lambda item: None)
+    one_loop(scheduler)
+    assert long_ticket in scheduler.prefilling and long_ticket.request.fed <= CHUNK
+    short_ticket = scheduler.submit([5, 6, 7, 8], SamplingParams(max_new_tokens=40), lambda item: None)
+    one_loop(scheduler)
+    assert short_ticket in scheduler.running and short_ticket.request.length > 4
+    assert long_ticket in scheduler.prefilling
 
 
 def test_a_burst_admitted_together_starts_together_and_a_long_prompt_among_it_waits_its_turn(tiny_pair):

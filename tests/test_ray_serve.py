@@ -43,8 +43,8 @@ def test_two_replicas_serve_the_same_greedy_text():
         streamed = client.completions.create(model="toy", prompt="def f(x):", max_tokens=8, temperature=0, stream=True)
         assert "".join(chunk.choices[0].text for chunk in streamed) == expected  # server-sent events through Ray
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401  # no key, no answer
-        pids = {httpx.get(f"http://127.0.0.1:{port}/health").json()["pid"] for _ in range(30)}
-        assert len(pids) == 2  # both replicas answer
+        replicas = {httpx.get(f"http://127.0.0.1:{port}/health").json()["replica"] for _ in range(30)}
+        assert len(replicas) == 2  # both replicas answer
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -259,12 +259,13 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_the_running_streams_steps(
     assert beside_streams.count(8) >= 12 and max(beside_streams) <= 8  # 99 tokens: 12 pieces of 8 and one of 3
 
 
-def test_the_prefill_budget_is_a_share_of_a_decode_step():
+def test_the_prefill_budget_is_a_share_of_a_decode_step_or_a_stated_latency_alone():
     budget = PrefillBudget(share=0.5)
     assert budget.next() == 1  # nothing measured yet: one piece
     budget.observe_step(0.020)
     budget.observe_prefill(tokens=100, seconds=0.050)  # 0.5 ms a token
     assert budget.next() == 20  # half of 20 ms
+    assert budget.next(streams_running=False) == 500  # alone: 0.25 s of prefill a loop
     assert PrefillBudget(tokens=64).next() == 64
     with pytest.raises(ValueError, match="at least one token"):
         PrefillBudget(tokens=0)

@@ -149,3 +149,69 @@ def test_a_non_streaming_client_that_leaves_while_tokens_flow_frees_its_row(targ
     # ...because the request was cancelled, not because it ended (EOS, or all its tokens)
     assert running and all(request.finish_reason is None and len(request.generated_ids) < 2000
                            for request in running)
+
+
+def test_health_says_nothing_of_the_host_and_no_api_docs_are_served(target):
+    with serve(target) as url:
+        health = httpx.get(f"{url}/health").json()
+        assert set(health) == {"status", "running", "waiting", "draft_length", "replica"}
+        assert health["status"] == "ok" and len(health["replica"]) == 8
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert httpx.get(f"{url}{path}").status_code == 404
+
+
+def test_stop_strings_past_the_limit_get_a_400_naming_it(target):
+    from specdec.serving.protocol import MAX_STOP_CHARACTERS, MAX_STOP_STRINGS
+
+    with serve(target) as url:
+        assert completion(url, {"prompt": "x", "stop": [f"s{i}" for i in range(MAX_STOP_STRINGS)]}).status_code == 200
+        for stop in ([f"s{i}" for i in range(MAX_STOP_STRINGS + 1)], ["x" * (MAX_STOP_CHARACTERS + 1)]):
+            refused = completion(url, {"prompt": "x", "stop": stop})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "stop"
+            assert f"at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARACTERS}" in refused.json()["error"]["message"]
+
+
+def test_a_shutdown_ends_what_still_runs_after_the_grace_period_and_the_server_exits(target):
+    """SIGTERM (handle_exit, as uvicorn's signal handler calls it) while a stream and a plain
+    request of 2,000 tokens run (a minute's work): within the 1 s grace period they go on; then the
+    stream ends with a server_shutting_down event and [DONE], the plain request gets a 503, and the
+    server's thread ends. Mutation, checked: without the scheduler's abort, the requests run to
+    their end (the thread is still serving when the test gives up on it)."""
+    import signal
+    import threading
+    import time
+
+    from specdec.serving.server import running_in_thread
+    from specdec.serving.shutdown import graceful_server
+
+    app = build_app(target, make_drafter("ngram"), MODEL, speculation="on", max_batch=4,
+                    limits=ServerLimits(max_tokens=2000))
+    scheduler = app.state.scheduler
+    server = graceful_server(app, "127.0.0.1", 0, grace=1.0)
+    request = {"model": MODEL, "prompt": "import os\n", "max_tokens": 2000, "temperature": 0.8, "seed": 1}
+    events: list[str] = []
+    plain: list[httpx.Response] = []
+    with running_in_thread(server) as url:
+        def stream() -> None:
+            with httpx.stream("POST", f"{url}/v1/completions", json={**request, "stream": True}, timeout=120) as lines:
+                events.extend(line.removeprefix("data: ") for line in lines.iter_lines() if line.startswith("data: "))
+
+        clients = [threading.Thread(target=stream),
+                   threading.Thread(target=lambda: plain.append(httpx.post(f"{url}/v1/completions", json=request,
+                                                                           timeout=120)))]
+        for client in clients:
+            client.start()
+        deadline = time.monotonic() + 60
+        while len(events) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(events) >= 3 and scheduler.load[0] == 2  # both run
+        server.handle_exit(signal.SIGTERM, None)
+        for client in clients:
+            client.join(timeout=60)
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "server_shutting_down"
+        assert plain[0].status_code == 503 and plain[0].json()["error"]["code"] == "server_shutting_down"
+        assert "--shutdown-timeout" in plain[0].json()["error"]["message"]
+        assert scheduler.load == (0, 0)
+        http = next(thread for thread in threading.enumerate() if thread.name == "specdec-http")
+        http.join(timeout=30)
+        assert not http.is_alive()  # the server exited by itself (its lifespan stopped the scheduler)

@@ -15,6 +15,7 @@ import pytest
 
 import specdec.serving.scheduler as scheduler_module
 from specdec import load
+from specdec.constraint import ConstraintError
 from specdec.defaults import default_model
 from specdec.drafting.ngram import NGramDrafter
 from specdec.grammar import GrammarCompiler, TokenMatcher
@@ -111,6 +112,9 @@ def raw_body(field: str, json_text: str) -> str:
 REFUSED = {  # what the grammar engine refuses, or a limit does, before the request joins the batch
     "regex_lexer_limit": json.dumps(body("x", guided_regex="a{1000000}")),
     "regex_nested_repeats": json.dumps(body("x", guided_regex="((a{100}){100}){100}")),
+    # its first token a free choice, so the forced-token walk stops before the repetition: the bound
+    # on repetitions refuses it (it failed mid-generation before)
+    "regex_repeat_after_a_choice": json.dumps(body("x", guided_regex="(b|c)a{1000000}")),
     "regex_syntax": json.dumps(body("x", guided_regex="(")),
     "schema_5000_levels": raw_body("guided_json", nested_schema(5000)),
     "schema_5000_levels_as_text": raw_body("guided_json", json.dumps(nested_schema(5000))),
@@ -242,8 +246,11 @@ def inject(kind: str, target, monkeypatch, seen: list[int], scheduler_of: Callab
         monkeypatch.setattr(scheduler_module, "step_chunk", failing_chunk)
         return None, {}
     # The grammar matcher: only the victim is constrained, so every matcher is the victim's. Before
-    # the forward (its masks) with a panic, or after it (consuming the emitted tokens).
-    method, error = ("masks_along", Panic(SECRET)) if kind == "matcher_masks" else ("consume", RuntimeError(SECRET))
+    # the forward (its masks) with a panic, or after it (consuming the emitted tokens), with an
+    # internal error or the grammar engine's refusal of the client's grammar (its lexer's limit).
+    method, error = {"matcher_masks": ("masks_along", Panic(SECRET)),
+                     "matcher_consume": ("consume", RuntimeError(SECRET)),
+                     "matcher_refuses": ("consume", ConstraintError("the lexer's size limit was reached"))}[kind]
 
     def failing(self, *args):
         seen.append(len(scheduler_of().running))
@@ -254,9 +261,12 @@ def inject(kind: str, target, monkeypatch, seen: list[int], scheduler_of: Callab
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("kind", ["matcher_masks", "matcher_consume", "drafter_start", "drafter_propose",
-                                  "drafter_observe", "detokenizer"])
+@pytest.mark.parametrize("kind", ["matcher_masks", "matcher_consume", "matcher_refuses", "drafter_start",
+                                  "drafter_propose", "drafter_observe", "detokenizer"])
 def test_an_error_while_generating_ends_that_request_only(target, alone, monkeypatch, kind, stream):
+    """A 500 (or an error event) for an internal error, a 400 (invalid_request_error) where the
+    grammar engine stopped on the client's grammar: its input, not the server, is at fault."""
+    status, code = (400, "grammar_failed") if kind == "matcher_refuses" else (500, "generation_failed")
     seen: list[int] = []
     holder: list = []
     drafter, extra = inject(kind, target, monkeypatch, seen, lambda: holder[0])
@@ -270,9 +280,10 @@ def test_an_error_while_generating_ends_that_request_only(target, alone, monkeyp
             error = json.loads(data[-2])["error"]  # type: ignore[index]
         else:
             response, texts = beside_innocents(scheduler, url, lambda: complete(url, victim))
-            assert response.status_code == 500, response.text  # type: ignore[attr-defined]
+            assert response.status_code == status, response.text  # type: ignore[attr-defined]
             error = response.json()["error"]  # type: ignore[attr-defined]
-        assert error["code"] == "generation_failed"
+        assert error["code"] == code
+        assert error["type"] == ("invalid_request_error" if status == 400 else "server_error")
         assert_one_line(error)
         assert texts == alone
         assert seen and max(seen) > 1  # it failed inside a batch it shared with innocent streams

@@ -122,6 +122,33 @@ def test_a_prompt_past_max_model_len_gets_a_400_naming_it_and_output_stops_there
     assert app.state.scheduler.cache.max_length == 32
 
 
+def test_a_prompt_text_past_the_context_is_refused_before_it_is_tokenized(tiny_pair, monkeypatch):
+    """A text whose bytes alone need more tokens than the context (at most the tokenizer's longest
+    spelling a token, times what normalization can shrink) is refused without encoding it,
+    completions and chat alike; a text the bound lets through but whose tokens do not fit is
+    refused by its count, as before."""
+    from specdec.text import NORMALIZED_BYTES
+
+    target = load(tiny_pair["target"], dtype="float64")
+    app = build_app(target, None, "tiny", speculation="off", max_batch=2, max_model_len=32)
+    encoded: list[int] = []
+    encode = target.tokenizer.encode
+    monkeypatch.setattr(target.tokenizer, "encode",
+                        lambda text, *a, **k: encoded.append(len(text)) or encode(text, *a, **k))
+    longest = max(len(token.encode()) for token in target.tokenizer.get_vocab())
+    too_long = "a" * (32 * longest * NORMALIZED_BYTES)
+    with serve_in_thread(app) as url:
+        for route, body in [("completions", {"prompt": too_long}),
+                            ("chat/completions", {"messages": [{"role": "user", "content": too_long}]})]:
+            refused = httpx.post(f"{url}/v1/{route}", json={**body, "max_tokens": 4})
+            assert refused.status_code == 400, refused.text
+            assert "at least 32 tokens" in refused.json()["error"]["message"]
+        assert encoded == []
+        counted = httpx.post(f"{url}/v1/completions", json={"prompt": too_long[:40], "max_tokens": 4})
+        assert counted.status_code == 400 and "prompt has 40 tokens" in counted.json()["error"]["message"]
+        assert encoded == [40]
+
+
 def test_kv_budget_of_a_model_sizes_its_pool(tiny_pair):
     target = load(tiny_pair["target"], dtype="float32")
     budget = kv_budget(target, max_batch=4, prefix_cache_rows=2, kv_cache_memory="1MiB")

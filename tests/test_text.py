@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec import SpeculativeDecoder, load
-from specdec.text import TextStream, held_back_length
+from specdec.stops import StopMatcher
+from specdec.text import TextStream
 
 
 class CharTokenizer:
@@ -48,10 +49,37 @@ def test_held_text_is_released_once_it_cannot_be_a_stop_string():
     assert "".join(p for p, _ in stream.release()) == "ex"
 
 
-def test_held_back_length():
-    assert held_back_length("abcab", ["abcd"]) == 2
-    assert held_back_length("xyz", ["abc", "zq"]) == 1
-    assert held_back_length("abc", ["abc"]) == 0  # a complete stop string is not held, it stops
+def held_back_reference(text: str, stops) -> int:
+    """Slow and obvious: the longest suffix of text that is a proper prefix of a stop string."""
+    return max([size for stop in stops for size in range(1, len(stop)) if text.endswith(stop[:size])], default=0)
+
+
+def test_the_stop_matcher_holds_back_what_may_still_become_a_stop_string():
+    matcher = StopMatcher(["abcd"])
+    assert matcher.feed("xabcab") is None and matcher.held == 2
+    matcher = StopMatcher(["abc", "zq"])
+    assert matcher.feed("xyz") is None and matcher.held == 1
+    assert matcher.feed("q") == 2  # "zq" from index 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("ab", min_size=1, max_size=5), min_size=1, max_size=4),
+       st.lists(st.text("abc", max_size=4), max_size=12))
+def test_the_stop_matcher_finds_what_searching_each_stop_string_finds(stops, pieces):
+    """Fed piece by piece: the earliest start of a stop string ending in the new piece (each
+    string searched from where it could end there), and the held-back length, as the obvious
+    per-string search and suffix test give them; the cost per character does not grow with the
+    number of strings (one automaton). Mutation, checked: matches found only at a state's own
+    string (no fallback outputs) fail it."""
+    matcher, text = StopMatcher(stops), ""
+    for piece in pieces:
+        before, text = len(text), text + piece
+        hits = [hit for stop in stops if (hit := text.find(stop, max(0, before - len(stop) + 1))) >= 0]
+        found = matcher.feed(piece)
+        assert found == (min(hits) if hits else None)
+        if found is not None:
+            return
+        assert matcher.held == held_back_reference(text, stops)
 
 
 def first_stop_reference(text: str, stops) -> str:

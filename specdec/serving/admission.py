@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +23,42 @@ from specdec.request import NOT_ISOLATED
 from specdec.serving.protocol import ApiError
 
 log = logging.getLogger("specdec.serving")
+
+
+# The largest repetition a regex may ask for, nested bounds multiplied ("(a{100}){100}": 10,000).
+# The grammar engine expands a bounded repetition as it goes, so a{1000000} passes compilation and
+# the forced-token walk, then fails once tokens flow, in the middle of a batch.
+MAX_REPETITION = 10_000
+
+
+def largest_repetition(pattern: str) -> int | None:
+    """The largest product of nested repetition bounds in ``pattern`` (an unbounded one counts
+    its lower bound), or None where Python's regex parser cannot read it (a syntax only the
+    grammar engine's own dialect has: the engine judges it alone)."""
+    import re._constants as constants
+    import re._parser as parser
+
+    try:
+        parsed = parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None
+
+    def largest(items: Any) -> int:
+        found = 1
+        for op, value in items:
+            if op in (constants.MAX_REPEAT, constants.MIN_REPEAT, getattr(constants, "POSSESSIVE_REPEAT", None)):
+                low, high, inner = value
+                found = max(found, max(1, low if high == constants.MAXREPEAT else high) * largest(inner))
+            else:
+                for part in value if isinstance(value, (tuple, list)) else ():
+                    if isinstance(part, parser.SubPattern):
+                        found = max(found, largest(part))
+                    elif isinstance(part, list):  # a branch's alternatives
+                        found = max([found, *(largest(branch) for branch in part
+                                              if isinstance(branch, parser.SubPattern))])
+        return found
+
+    return largest(parsed)
 
 
 class ConstraintCompiler:
@@ -42,6 +79,10 @@ class ConstraintCompiler:
         if size > self.max_bytes:
             raise ApiError(400, f"{param} is {size} bytes; this server compiles at most {self.max_bytes} "
                                 "(--max-grammar-bytes)", param, code="grammar_too_large")
+        repetition = largest_repetition(constraint.source) if constraint.kind == "regex" else None
+        if repetition is not None and repetition > MAX_REPETITION:
+            raise ApiError(400, f"{param} repeats up to {repetition} times (nested bounds multiplied); this server "
+                                f"takes at most {MAX_REPETITION}", param, code="grammar_too_complex")
         work = asyncio.get_running_loop().run_in_executor(self.pool, self.compile, constraint)
         try:
             matcher = await asyncio.wait_for(work, self.seconds)
@@ -66,6 +107,21 @@ class ConstraintCompiler:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ShuttingDown(RuntimeError):
+    """The server stopped a request it had no time left to finish (specdec serve's shutdown)."""
+
+
+def ended_by(error: BaseException) -> ApiError:
+    """The API error of a request that ``error`` ended while it generated: a client's grammar that
+    the grammar engine stopped on is the client's to fix (400), a shutdown is the server's
+    unavailability (503), anything else an internal error (500)."""
+    if isinstance(error, ConstraintError):
+        return ApiError(400, public_message(error), kind="invalid_request_error", code="grammar_failed")
+    if isinstance(error, ShuttingDown):
+        return ApiError(503, str(error), kind="server_error", code="server_shutting_down")
+    return ApiError(500, public_message(error), kind="server_error", code="generation_failed")
 
 
 def public_message(error: BaseException) -> str:

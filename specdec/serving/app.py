@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import hmac
 import json
-import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.decoder import GenerationResult, StreamChunk
 from specdec.grammar import TokenMatcher
 from specdec.sampling import SamplingParams, TokenLogprob
-from specdec.serving.admission import ConstraintCompiler, public_message
+from specdec.serving.admission import ConstraintCompiler, ended_by
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (
     FINISH_REASONS,
@@ -46,7 +46,7 @@ from specdec.serving.protocol import (
     usage,
 )
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
-from specdec.text import chat_prompt_ids, encode_prompt
+from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens
 
 
 @dataclass
@@ -132,7 +132,7 @@ class Session:
                 except asyncio.TimeoutError:
                     continue
                 if isinstance(item, BaseException):  # the error that ended this request (Scheduler.fail)
-                    raise ApiError(500, public_message(item), kind="server_error", code="generation_failed")
+                    raise ended_by(item)
                 yield item
                 if item.result is not None:
                     return
@@ -306,7 +306,9 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
         scheduler.stop()
         grammars.close()
 
-    app = FastAPI(title="specdec", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: they answer without the key and describe the server to
+    # anyone (docs/serving.md documents the API).
+    app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler  # for tests and embedding programs
     app.state.max_body_bytes = limits.max_body_bytes or max(1 << 20, 32 * max_context)
     add_error_handlers(app)
@@ -328,6 +330,15 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model",
                            code="model_not_found")
 
+    def refuse_past_context(texts: list[str], param: str) -> None:
+        """A 400 for a prompt whose text alone must hold more tokens than the context, before
+        tokenizing it (the engine's check_prompt counts the tokens of the rest)."""
+        fewest = sum(fewest_tokens(tokenizer, text) or 0 for text in texts)
+        if fewest >= max_context:
+            size = sum(len(text.encode()) for text in texts)
+            raise ApiError(400, f"prompt has at least {fewest} tokens ({size} bytes of text) but the context holds "
+                                f"{max_context}: no room to generate; shorten the prompt", param)
+
     async def admit(body: CompletionRequest | ChatRequest, sampling: SamplingParams, prompt_ids: list[int],
                     param: str) -> list[Session]:
         """Every check before the request joins the batch, its constraint compiled last (off the loop)."""
@@ -343,8 +354,11 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     async def completions(body: CompletionRequest, http: Request):
         check_model(body.model)
         sampling = body.sampling(body.max_tokens, 16, limits.max_tokens, default_acceptance)
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            refuse_past_context([prompt], "prompt")
         try:
-            prompt_ids = encode_prompt(tokenizer, body.single_prompt(), model_name)
+            prompt_ids = encode_prompt(tokenizer, prompt, model_name)
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from error
         sessions = await admit(body, sampling, prompt_ids, "prompt")
@@ -356,8 +370,10 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
         check_model(body.model)
         sampling = body.sampling(body.requested_max_tokens, limits.default_chat_tokens, limits.max_tokens,
                                  default_acceptance)
+        messages = [m.as_text(index) for index, m in enumerate(body.messages)]
+        refuse_past_context([message["content"] for message in messages], "messages")
         try:
-            prompt_ids = chat_prompt_ids(tokenizer, [m.as_text(index) for index, m in enumerate(body.messages)])
+            prompt_ids = chat_prompt_ids(tokenizer, messages)
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
         sessions = await admit(body, sampling, prompt_ids, "messages")
@@ -368,11 +384,13 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                              "owned_by": "specdec", "max_model_len": max_context}]}
 
+    replica = secrets.token_hex(4)  # tells replicas apart behind a balancer; unlike a pid, says nothing of the host
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         running, waiting = scheduler.load
-        return {"status": "ok", "running": running, "waiting": waiting, "pid": os.getpid(),
-                "draft_length": scheduler.controller.last_choice}
+        return {"status": "ok", "running": running, "waiting": waiting,
+                "draft_length": scheduler.controller.last_choice, "replica": replica}
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

@@ -19,6 +19,10 @@ from specdec.decoder import GenerationResult
 from specdec.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 
 MAX_CHOICES = 16  # the most choices (n) one request may ask for
+# Stop strings a request may give (OpenAI's API takes 4); matching costs the same per token
+# however many there are (stops.py), but each one is held in memory per running request.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARACTERS = 4096
 # Our finish reasons in OpenAI's words.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "context": "length"}
 MAX_TEMPERATURE = 2.0  # OpenAI's range: 0..2
@@ -170,6 +174,10 @@ class SamplingFields(BaseModel):
             raise ApiError(400, f"seed must be a 64-bit integer, in [-2^63, 2^63 - 1]; got {self.seed}", "seed")
         stop = tuple(check_text(text, "stop") for text in ((self.stop,) if isinstance(self.stop, str) else
                                                           (self.stop or ())))
+        if len(stop) > MAX_STOP_STRINGS or sum(map(len, stop)) > MAX_STOP_CHARACTERS:
+            raise ApiError(400, f"stop has {len(stop)} strings of {sum(map(len, stop))} characters in all; this "
+                                f"server takes at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARACTERS} in all",
+                           "stop")
         try:
             return SamplingParams(temperature=temperature, top_k=self.top_k or 0,
                                   top_p=1.0 if self.top_p is None else self.top_p,

@@ -82,14 +82,17 @@ class Ticket:
 
 @dataclass
 class PrefillBudget:
-    """How many prompt tokens a loop feeds while streams run: ``tokens`` when given, else as many
-    as cost ``share`` of a decode step, from the measured seconds of both (decayed means; before
-    any measurement, ``initial``). The engine feeds whole pieces (Engine.prefill, at least one),
-    so a running stream's inter-token time grows by about ``share`` while a long prompt
-    prefills, or by one piece where a piece costs more."""
+    """How many prompt tokens a loop feeds: ``tokens`` when given, else, while streams run, as
+    many as cost ``share`` of a decode step, and while none runs, as many as cost ``alone_seconds``
+    (from the measured seconds of both, decayed means; before any measurement, ``initial``). The
+    engine feeds whole pieces (Engine.prefill, at least one), so a running stream's inter-token
+    time grows by about ``share`` while a long prompt prefills, or by one piece where a piece
+    costs more; and a request that arrives while a long prompt prefills alone is admitted within
+    about ``alone_seconds`` (a loop admits newcomers before it feeds)."""
 
     tokens: int | None = None
     share: float = 0.5
+    alone_seconds: float = 0.25
     initial: int = 1
     decay: float = 0.9
     step_seconds: RunningMean = field(default_factory=RunningMean)
@@ -99,13 +102,14 @@ class PrefillBudget:
         if self.tokens is not None and self.tokens < 1:
             raise ValueError(f"a prefill budget needs at least one token, got {self.tokens}")
 
-    def next(self) -> int:
+    def next(self, streams_running: bool = True) -> int:
         if self.tokens is not None:
             return self.tokens
         step, per_token = self.step_seconds.mean, self.seconds_per_token.mean
-        if step is None or per_token is None:
+        seconds = (None if step is None else self.share * step) if streams_running else self.alone_seconds
+        if seconds is None or per_token is None:
             return self.initial
-        return max(1, int(self.share * step / per_token))
+        return max(1, int(seconds / per_token))
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens:
@@ -152,6 +156,7 @@ class Scheduler:
         self.ids = itertools.count()
         self.wake = threading.Condition()
         self.stopping = False
+        self.aborting: BaseException | None = None  # set by abort(): every request from then on ends with it
         self.thread = threading.Thread(target=self.loop, name="specdec-scheduler", daemon=True)
 
     def start(self) -> Scheduler:
@@ -163,6 +168,13 @@ class Scheduler:
             self.stopping = True
             self.wake.notify()
         self.thread.join()
+
+    def abort(self, error: BaseException) -> None:
+        """End every request held (waiting, prefilling or running) with ``error``, and every one
+        submitted from now on, at the next loop (a shutdown's end of grace: serving/shutdown.py)."""
+        with self.wake:
+            self.aborting = error
+            self.wake.notify()
 
     def submit(self, prompt_ids: Sequence[int], sampling: SamplingParams, emit: Emit) -> Ticket:
         """Queue a request; its chunks go to ``emit``. Raises ValueError for a prompt the
@@ -208,7 +220,16 @@ class Scheduler:
                     self.wake.wait()
                 if self.stopping:
                     return
-                admitted = self.admissible()
+                ending: list[tuple[Ticket, BaseException]] = []
+                if self.aborting is not None:
+                    ending = [(ticket, self.aborting)
+                              for ticket in dict.fromkeys([*self.waiting, *self.prefilling, *self.running])]
+                    self.waiting.clear()
+                admitted = [] if ending else self.admissible()
+            for ticket, error in ending:
+                self.fail(ticket, error)
+            if ending:
+                continue
             try:
                 self.advance(admitted)
             except NOT_ISOLATED:
@@ -384,12 +405,13 @@ class Scheduler:
         self.running.append(ticket)
 
     def feed_prompts(self) -> None:
-        """Feed the prefilling requests' prompts: a prompt admitted alone (nothing else prefills
-        or runs) whole; else the next PrefillBudget tokens, shortest prompt first (so a short one
-        admitted beside a long one starts at once), the requests the last loop passed over first
-        of all, in the order they came (so a long one still moves while short ones keep coming).
-        With nothing running, the prompts that fit in one piece all go in at once besides (a
-        burst starts together, as it would alone). The requests done start running."""
+        """Feed the prefilling requests' prompts: the next PrefillBudget tokens (a prompt alone
+        too, so that one arriving during it is admitted at the next loop), shortest prompt first
+        (so a short one admitted beside a long one starts at once), the requests the last loop
+        passed over first of all, in the order they came (so a long one still moves while short
+        ones keep coming). With nothing running, the prompts that fit in one piece all go in at
+        once besides (a burst starts together, as it would alone). An engine without pieces
+        (prefill_chunk None) feeds every prompt whole. The requests done start running."""
         forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
         forks = [(ticket.parent.request, ticket.admitted()) for ticket in forking
                  if ticket.parent is not None and ticket.parent.request is not None]
@@ -398,9 +420,9 @@ class Scheduler:
         # Stable: the passed over in the order they came (none waits for ever), then shortest first.
         requests.sort(key=lambda r: (0, 0) if r in self.passed_over else (1, left[r]))
         budget = None
-        if self.running or len(requests) > 1:
-            budget = self.prefill.next()
-            if not self.running and self.engine.prefill_chunk is not None:
+        if self.engine.prefill_chunk is not None:  # in pieces: a loop's worth, and newcomers admitted between loops
+            budget = self.prefill.next(streams_running=bool(self.running))
+            if not self.running:
                 budget += sum(count for count in left.values() if count <= self.engine.prefill_chunk)
         fed_before = [request.fed for request in requests]
         started = time.perf_counter()

@@ -14,6 +14,7 @@ from specdec.names import SPECULATION_MODES, help_formatter
 from specdec.progress import waiting
 
 if TYPE_CHECKING:  # the web stack and torch load only when a server is built, not for every CLI command
+    import uvicorn
     from fastapi import FastAPI
 
     from specdec.drafting.base import Drafter
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # the web stack and torch load only when a server is built, n
 DEFAULT_PREFILL_CHUNK = 16
 # Spare cache rows holding recent prompts (serving/prefixes.py): a shared system prompt is prefilled once.
 DEFAULT_PREFIX_CACHE_ROWS = 8
+# Seconds running requests get to finish once the server is told to stop (serving/shutdown.py).
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
 def profile_grid(max_batch: int, gamma: int) -> tuple[list[int], list[int]]:
@@ -115,9 +118,16 @@ def kv_budget(target: LanguageModel, max_batch: int, prefix_cache_rows: int, kv_
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve ``app`` on a free port in a background thread while the block runs; yields the base
     URL (http://HOST:PORT). For tests and benchmarks."""
-    import uvicorn
+    from specdec.serving.shutdown import graceful_server
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
+    with running_in_thread(graceful_server(app, host, 0)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_in_thread(server: uvicorn.Server) -> Iterator[str]:
+    """Run a uvicorn ``server`` (port 0: a free one) in a background thread while the block runs;
+    yields its base URL."""
     thread = threading.Thread(target=server.run, name="specdec-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
@@ -127,7 +137,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://{host}:{port}"
+        yield f"http://{server.config.host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=60)
@@ -176,6 +186,9 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--grammar-timeout", type=float, default=20.0,
                        help="seconds a request's schema, regex or grammar may take to compile (on a worker thread, "
                             "not the serving loop); longer gets a 400")
+    serve.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
+                       help="on SIGTERM or Ctrl-C, seconds running requests get to finish; those still running then "
+                            "end with an error (a stream's last event, else a 503) and the server exits")
     from specdec.acceptance import add_acceptance_option
 
     add_acceptance_option(serve, " for requests whose body names no \"acceptance\"")
@@ -193,9 +206,8 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
-    import uvicorn
-
     from specdec.serving.app import ServerLimits
+    from specdec.serving.shutdown import graceful_server
 
     target, drafter = build_drafter(args, errors)
     name = args.served_model_name or target.name
@@ -218,5 +230,5 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
     if not args.api_key and not is_loopback(args.host):
         errors.print(f"[yellow]warning: serving on {args.host} without an API key: anyone who can reach it can use "
                      "it (--api-key KEY or SPECDEC_API_KEY)[/]")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    graceful_server(app, args.host, args.port, args.shutdown_timeout).run()
     return 0
