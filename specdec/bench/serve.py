@@ -246,8 +246,11 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
     from specdec.serving.server import build_app, profile_grid, serve_in_thread
     from specdec.serving.speculation import profile_verify_costs
 
-    if min(args.concurrency) < 1 or args.requests < 1 or args.repeats < 1 or args.turns < 1:
-        raise ValueError("--concurrency, --requests, --repeats and --turns must be positive")
+    # (the long-prompt workload takes 0 streams: the long prompt alone, a short request behind it)
+    if min(args.concurrency) < (0 if args.workload == "long-prompt" else 1) or args.requests < 1 or \
+            args.repeats < 1 or args.turns < 1:
+        raise ValueError("--concurrency, --requests, --repeats and --turns must be positive (--concurrency 0: "
+                         "--workload long-prompt only)")
     target, make_drafter = load_drafting(args, errors)
     drafters = {mode: make_drafter() for mode in args.modes}  # each server its own drafter (and suffix cache)
     if args.compare_cache:
