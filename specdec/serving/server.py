@@ -120,7 +120,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
     URL (http://HOST:PORT). For tests and benchmarks."""
     from specdec.serving.shutdown import graceful_server
 
-    with running_in_thread(graceful_server(app, host, 0)) as url:
+    with running_in_thread(graceful_server(app, host, 0, DEFAULT_SHUTDOWN_TIMEOUT)) as url:
         yield url
 
 

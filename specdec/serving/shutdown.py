@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from specdec.serving.admission import ShuttingDown
-from specdec.serving.server import DEFAULT_SHUTDOWN_TIMEOUT
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -40,7 +39,7 @@ class GracefulServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def graceful_server(app: FastAPI, host: str, port: int, grace: float = DEFAULT_SHUTDOWN_TIMEOUT) -> GracefulServer:
+def graceful_server(app: FastAPI, host: str, port: int, grace: float) -> GracefulServer:
     """A uvicorn server for ``app`` (built by build_app: its scheduler is app.state.scheduler)
     that shuts down within about ``grace`` seconds."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
