@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from specdec.progress import dim_lines, output_console, waiting
+from specdec.models.precision_choice import SMALL_MODEL_PARAMETERS
+from specdec.progress import dim_lines, library_bars_off_unless_terminal, output_console, waiting
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +28,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=["int8", "int4", "w8a32", "none"],
         help="int8 weights and activations; int4: 4-bit weight groups; w8a32: 8-bit weight groups with "
         "float32 activations, which hold a 4- or 8-bit GGUF's weights exactly; the last two "
-        "on kernels compiled and checked on this CPU (CPU only). Unset, on a CPU: w8a32 for the default "
-        "SmolLM2 pair (where its kernel builds; else int8 or its GGUF on llama.cpp, whichever is measured "
-        "fastest and exact here, once) and for a GGUF target on the own forward; none otherwise",
+        "on kernels compiled and checked on this CPU (CPU only). Unset, on a CPU in float32 on the own "
+        "forward: for a --target, the fastest precision whose verify blocks are exact here, measured once per "
+        "machine and model (a folder: int4, int8 or its own float32; a GGUF: int4 or w8a32; a model under "
+        f"{SMALL_MODEL_PARAMETERS // 1_000_000}M parameters keeps float32, w8a32 for a GGUF, unmeasured); for the "
+        "default SmolLM2 pair, w8a32 where its kernel builds (else int8 or its GGUF on llama.cpp, whichever "
+        "is measured fastest and exact here, once); none on another backend or device",
     )
     parser.add_argument(
         "--kv-dtype",
@@ -180,7 +184,8 @@ def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool
     """(target, draft, quantize, default pair or None): --target/--draft, or the default pair when
     no --target is given. --quantize unset on a CPU in float32 means, for the default SmolLM2 pair,
     w8a32 where the kernels compile (else the measured fastest exact of int8 and llama.cpp); for a
-    GGUF target on the own forward, w8a32 (its weights exactly); none otherwise. reads_hidden (a
+    --target on the own forward, the measured fastest exact precision (precision_choice; a GGUF
+    starts from w8a32, its weights exactly); none otherwise. reads_hidden (a
     draft head reads the target's hidden states): --backend auto means the own forward, the one
     backend that gives them."""
     from specdec.defaults import default_pair
@@ -347,6 +352,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (model cards record it)
     console, errors = output_console(), Console(stderr=True)
+    with library_bars_off_unless_terminal():
+        return run_command(args, console, errors)
+
+
+def run_command(args: argparse.Namespace, console: Console, errors: Console) -> int:
     try:
         check_arguments(args)
         if args.command == "generate":

@@ -3,14 +3,16 @@ target's tokenizer into a datastore (specdec.drafting.datastore), the default da
 target (this Python's standard library, built once per tokenizer and cached), and what ``--index``
 asks for.
 
-Files that quote a benchmark suite are left out by the rule that keeps them out of training data
-(specdec.training.data.collect_files): a drafter never retrieves the answers it is measured on.
+The default datastore leaves out files that quote a benchmark suite, by the rule that keeps them
+out of training data (specdec.training.data.collect_files): a drafter never retrieves the answers
+it is measured on. A user's own index (`specdec index build`) keeps every file it is given.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
-import resource
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -44,32 +46,55 @@ def encode_files(tokenizer: Any, files: Sequence[Path], progress: Callable[[str]
 
 def build_index(paths: Sequence[str | Path], tokenizer: Any, out: Path, globs: Sequence[str] = (),
                 progress: Callable[[str], None] | None = None,
-                skip_folders: frozenset[str] = frozenset({"__pycache__"})) -> BuildReport:
+                skip_folders: frozenset[str] = frozenset({"__pycache__"}), leave_out_suites: bool = False,
+                ) -> BuildReport:
     """A datastore in ``out`` of the files under ``paths`` (``.py`` unless ``globs`` say otherwise),
-    tokenized with ``tokenizer``. Written beside ``out`` first, then moved into place: an
-    interrupted build leaves no half datastore."""
+    tokenized with ``tokenizer``; ``leave_out_suites``: without the files that quote a benchmark
+    suite (the default datastore's rule, not a user's index). Written beside ``out`` first, then
+    moved into place: an interrupted build leaves no half datastore."""
     from specdec.training.data import collect_files
 
-    files = collect_files(paths, skip_folders=skip_folders, what="corpus", globs=globs)
+    files = collect_files(paths, skip_folders=skip_folders, what="corpus", globs=globs,
+                          leave_out_suites=leave_out_suites)
     partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
+    before = process_memory("VmRSS")
+    counted = restart_peak()
     report = write_datastore(partial, encode_files(tokenizer, files, progress), tokenizer_fingerprint(tokenizer),
                              [str(Path(path).resolve()) for path in paths])
+    peak = process_memory("VmHWM") if counted else None
+    if peak is not None and before is not None:
+        report = dataclasses.replace(report, memory_bytes=max(0, peak - before))
     if out.exists():
         shutil.rmtree(out)
     partial.rename(out)
     return report
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def process_memory(field: str) -> int | None:
+    """A field of /proc/self/status in bytes (VmRSS: resident now; VmHWM: the peak), None off Linux."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def restart_peak() -> bool:
+    """Count the peak resident memory (VmHWM) from now on (Linux: /proc/self/clear_refs); False
+    where it cannot be (then a build's own peak is not known)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def describe_build(report: BuildReport, out: Path) -> str:
+    memory = "" if report.memory_bytes is None else (
+        f", {report.memory_bytes / 2**20:.0f} MiB of memory at its peak (beyond what the process held before)")
     return (f"datastore {out}: {report.tokens:,} tokens of {report.documents:,} files, built in "
-            f"{report.seconds:.1f} s (tokenizing included), {report.disk_bytes / 2**20:.1f} MiB on disk, "
-            f"peak memory {peak_rss_mb():.0f} MiB")
+            f"{report.seconds:.1f} s (tokenizing included), {report.disk_bytes / 2**20:.1f} MiB on disk{memory}")
 
 
 def default_sources() -> list[Path]:
@@ -95,7 +120,8 @@ def default_datastore(tokenizer: Any, say: Callable[[str], None]) -> Datastore:
     if not (folder / "meta.json").is_file():
         say(f"building the default datastore (this Python's standard library) for this tokenizer, once: {folder}")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        report = build_index(default_sources(), tokenizer, folder, skip_folders=INSTALLED_FOLDERS | DEFAULT_SKIPPED)
+        report = build_index(default_sources(), tokenizer, folder, skip_folders=INSTALLED_FOLDERS | DEFAULT_SKIPPED,
+                             leave_out_suites=True)
         say(describe_build(report, folder))
     return Datastore.open(folder, fingerprint)
 

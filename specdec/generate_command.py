@@ -238,8 +238,9 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         write_text(console, [(piece, SOURCE_STYLES[source] if args.show else "") for piece, source in chunk.pieces])
         streamed = chunk.result or streamed
     assert streamed is not None, "a stream's last chunk holds the result"
-    if console.is_terminal:
+    if console.is_terminal or args.show:  # (--show: the legend below goes on a line of its own)
         console.print()
+        console.file.flush()
     if args.show:
         legend = Text("tokens: ")
         for source, style in SOURCE_STYLES.items():

@@ -33,3 +33,28 @@ def waiting(console: Console, message: str) -> Iterator[Callable[[str], None]]:
 def dim_lines(console: Console) -> Callable[[str], None]:
     """A function that prints a line on ``console``, dim: what a command says as it goes."""
     return lambda text: console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def library_bars_off_unless_terminal() -> Iterator[None]:
+    """transformers' and huggingface_hub's progress bars (loading, converting, writing weights)
+    off while the block runs, where stderr is not a terminal: a log or a pipe would get their
+    carriage-return frames, one line of them per bar; our own status lines say what runs."""
+    import sys
+
+    if sys.stderr.isatty():
+        yield
+        return
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    hub_was_off, transformers_was_on = are_progress_bars_disabled(), transformers_logging.is_progress_bar_enabled()
+    disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not hub_was_off:
+            enable_progress_bars()
+        if transformers_was_on:
+            transformers_logging.enable_progress_bar()

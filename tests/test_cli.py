@@ -26,11 +26,65 @@ def test_generate_streams_text_and_prints_stats(tiny_pair, capsys):
 def test_show_colours_tokens_and_no_draft_is_target_only(tiny_pair, capsys):
     code = main(["generate", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["target"]),
                  "hi", "--max-new-tokens", "8", "--show"])
-    assert code == 0 and "draft" in capsys.readouterr().err  # the legend
+    shown = capsys.readouterr()
+    assert code == 0 and "draft" in shown.err  # the legend...
+    assert shown.out.endswith("\n") and any(line.startswith("tokens:") for line in shown.err.splitlines())  # own line
     code = main(["generate", "--target", str(tiny_pair["target"]), "--no-draft", "hi", "--max-new-tokens", "8",
                  "--json", "--temperature", "0.9", "--seed", "3"])
     stats = json.loads(capsys.readouterr().out)
     assert code == 0 and stats["drafted"] == 0 and stats["tau"] == 1.0
+
+
+def test_no_progress_bar_frames_when_stderr_is_not_a_terminal(monkeypatch, capsys):
+    """transformers' and huggingface_hub's tqdm bars (a GGUF's conversion, a folder's weights)
+    would write carriage-return frames into a log; every command runs with them off when stderr
+    is not a terminal (as under capsys), and they come back after. Mutation, checked: main without
+    library_bars_off_unless_terminal fails it."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as transformers_logging
+
+    import specdec.cli as cli
+
+    for _ in transformers_logging.tqdm(range(3)):  # (the bar draws, unless off)
+        pass
+    assert "\r" in capsys.readouterr().err
+    seen = []
+
+    def command(args, console, errors):
+        for _ in transformers_logging.tqdm(range(3)):
+            pass
+        seen.append((transformers_logging.is_progress_bar_enabled(), are_progress_bars_disabled()))
+        return 0
+
+    monkeypatch.setattr(cli, "run_command", command)
+    assert main(["generate", "hi"]) == 0
+    assert seen == [(False, True)] and "\r" not in capsys.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+
+
+def test_the_quantize_help_says_what_an_unset_quantize_does(tiny_pair, monkeypatch):
+    """Each case the help names, against resolve_models: a small folder keeps float32 unmeasured;
+    a larger one gets the measured fastest exact precision; another backend gets none."""
+
+    from rich.console import Console
+
+    import specdec.models.precision_choice as precision_choice
+    from specdec.cli import build_parser, resolve_models
+
+    parser = build_parser()
+    generate = next(action for action in parser._subparsers._group_actions[0].choices["generate"]._actions
+                    if "--quantize" in action.option_strings)
+    target = str(tiny_pair["target"])
+
+    def quantize_for(*options: str) -> str | None:
+        args = parser.parse_args(["generate", "--target", target, *options, "x"])
+        return resolve_models(args, Console(stderr=True))[2]
+
+    assert "under 50M parameters keeps float32" in generate.help and quantize_for() is None
+    monkeypatch.setattr(precision_choice, "worth_measuring", lambda path: True)
+    monkeypatch.setattr(precision_choice, "choose_precision", lambda *a: ("int4", "int4: fastest and exact here"))
+    assert "the fastest precision whose verify blocks are exact here" in generate.help and quantize_for() == "int4"
+    assert "none on another backend" in generate.help and quantize_for("--backend", "transformers") is None
 
 
 def test_errors_are_one_line_not_a_traceback(tmp_path, capsys):

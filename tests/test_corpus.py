@@ -130,6 +130,47 @@ def test_index_build_on_the_command_line_then_generate_with_it(tmp_path, tiny_pa
     assert capsys.readouterr().out.splitlines()[0] == drafted.out.splitlines()[0]
 
 
+def test_a_users_index_keeps_a_file_that_quotes_a_benchmark_prompt(tmp_path, tiny_pair, capsys):
+    """The benchmark-line filter keeps the suites out of training data and the default datastore,
+    never out of a user's own index: a file of theirs that quotes a bundled prompt's line is
+    indexed beside the others. Mutation, checked: index build leaving out such files (the old
+    rule) counts 1 file."""
+    import json
+
+    from specdec.cli import main
+    from specdec.defaults import default_prompts
+    from specdec.training.data import quotes_the_suites
+
+    prompt = next(item["prompt"] for item in json.loads(default_prompts().read_text())
+                  if any(len(line.strip()) >= 30 for line in item["prompt"].splitlines()))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "quoted.py").write_text("import os\n\n" + prompt + "    return None\n")
+    (tmp_path / "src" / "own.py").write_text("def add(a, b):\n    return a + b\n")
+    assert quotes_the_suites(tmp_path / "src" / "quoted.py")
+    assert main(["index", "build", str(tmp_path / "src"), "--target", str(tiny_pair["target"]),
+                 "--out", str(tmp_path / "ix")]) == 0
+    assert "tokens of 2 files" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/clear_refs").exists(), reason="Linux's /proc")
+def test_the_build_line_reports_the_builds_own_memory_not_the_processs_peak(tmp_path, tiny_pair):
+    """The process held 256 MiB before (then freed them): a tiny build's line says a few MiB, not
+    the process's peak (it said "peak memory 12845 MiB" for a 20 MiB datastore after a model load).
+    Mutation, checked: reporting the process's peak fails it."""
+    from transformers import AutoTokenizer
+
+    from specdec.corpus_index import build_index, describe_build
+
+    held = bytearray(256 << 20)
+    held[:: 4096] = b"x" * len(held[:: 4096])  # every page touched: resident
+    del held
+    (tmp_path / "code.py").write_text("def hello(name): return 'hello ' + name\n" * 3)
+    report = build_index([tmp_path / "code.py"], AutoTokenizer.from_pretrained(str(tiny_pair["target"])),
+                         tmp_path / "ix")
+    assert report.memory_bytes is not None and report.memory_bytes < 64 << 20
+    assert "MiB of memory at its peak" in describe_build(report, tmp_path / "ix")
+
+
 def greedy_outputs(target, count: int, seed: int) -> list[list[int]]:
     """The target's own greedy continuations of random prompts: a corpus the target agrees with."""
     decoder = SpeculativeDecoder(target)

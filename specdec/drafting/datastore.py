@@ -49,6 +49,7 @@ class BuildReport:
     documents: int
     seconds: float
     disk_bytes: int
+    memory_bytes: int | None = None  # the build's own peak resident memory (corpus_index.build_index), if known
 
 
 def write_datastore(folder: Path, documents: Iterable[Sequence[int]], fingerprint: str,

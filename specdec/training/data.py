@@ -23,13 +23,15 @@ INSTALLED_FOLDERS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",),
                   skip_folders: Collection[str] = INSTALLED_FOLDERS, what: str = "training data",
-                  globs: Sequence[str] = ()) -> list[Path]:
+                  globs: Sequence[str] = (), leave_out_suites: bool = True) -> list[Path]:
     """Every file under the given files/folders with one of the suffixes, in a stable order.
     Files under a folder named in ``skip_folders`` are skipped: by default installed packages and
-    caches, which are not the corpus, only next to it. So is a file that quotes the benchmark
+    caches, which are not the corpus, only next to it. With ``leave_out_suites`` (training data,
+    the default datastore that benchmarks draft from), so is a file that quotes the benchmark
     suites (quotes_the_suites): a drafter is never trained on (nor retrieves from) the code it is
-    measured on (the suites excerpt standard-library functions). ``what`` names the files in errors;
-    ``globs`` (patterns of file names, "*.js"), where given, take the place of the suffixes."""
+    measured on (the suites excerpt standard-library functions); a user's own index keeps every
+    file. ``what`` names the files in errors; ``globs`` (patterns of file names, "*.js"), where
+    given, take the place of the suffixes."""
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -38,11 +40,12 @@ def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",
         for file in candidates:
             skipped = set(skip_folders) & set(file.parts)
             wanted = any(fnmatch.fnmatch(file.name, glob) for glob in globs) if globs else file.suffix in suffixes
-            if file.is_file() and wanted and not skipped and not quotes_the_suites(file):
+            if file.is_file() and wanted and not skipped and not (leave_out_suites and quotes_the_suites(file)):
                 found.append(file)
     if not found:
-        raise ValueError(f"no {' '.join(globs) or '/'.join(suffixes)} files under {', '.join(map(str, paths))} "
-                         "(files that quote the benchmark suites are left out)")
+        left_out = " (files that quote the benchmark suites are left out)" if leave_out_suites else ""
+        raise ValueError(f"no {' '.join(globs) or '/'.join(suffixes)} files under {', '.join(map(str, paths))}"
+                         f"{left_out}")
     return sorted(found)
 
 
