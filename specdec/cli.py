@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from specdec.models.precision_choice import SMALL_MODEL_PARAMETERS
+from specdec.names import SMALL_MODEL_PARAMETERS
 from specdec.progress import dim_lines, library_bars_off_unless_terminal, output_console, waiting
 
 
@@ -82,7 +82,7 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
         "--gamma",
         type=int,
         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold and auto; a tree's "
-        "depth limit; default: 12 for auto, else 4)",
+        "depth limit; default: 12 for auto, 8 for threshold, else 4)",
     )
     parser.add_argument(
         "--drafter",
@@ -92,7 +92,8 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
         "model: the draft model; ngram: prompt lookup (no model); suffix: suffix decoding (no model: "
         "this request's text and a cache of earlier outputs); staged: draft model + n-gram "
         "stage; tree / ngram-tree / staged-tree / suffix-tree: token trees; A+B: both, merged into one tree; "
-        "suffix-or-X: suffix decoding where the text repeats 4+ tokens, drafter X elsewhere (default: auto)",
+        "suffix-or-X: suffix decoding where the text repeats 4+ tokens, drafter X elsewhere; none: the target "
+        "alone, as --no-draft (default: auto)",
     )
     parser.add_argument(
         "--tree",
@@ -116,15 +117,15 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-head",
         metavar="DIR",
-        help="an EAGLE-3 draft head folder for --drafter head|head-tree (specdec train-head; "
-        "default: the default pair's shipped head)",
+        help="an EAGLE-3 draft head folder for --drafter head|head-tree and auto (specdec train-head; "
+        "default: the default pair's shipped head, or one found for the target, as auto finds it)",
     )
     parser.add_argument(
         "--policy",
         choices=POLICIES + TREE_POLICIES,
         help="how many tokens to draft each step (tree-cost: a tree's depth and width from measured "
-        "acceptance and costs; auto: the auto drafter chooses, up to --gamma; default: auto for the auto "
-        "drafter, else fixed)",
+        "acceptance and costs; auto: the auto drafter's own, it chooses up to --gamma; default: auto for the "
+        "auto drafter, tree-cost for trees, else fixed; not for serve, whose controller chooses)",
     )
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram matched (ngram and staged)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (ngram and staged)")
@@ -291,7 +292,7 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
     head = args.draft_head or (pair.head if pair and target.backend == "specdec" else None)
-    if head is None and auto and not args.no_draft:
+    if head is None and (auto or reads_target(args.drafter)) and not args.no_draft:  # found for the target
         from specdec.drafting.head_finder import find_head
 
         head = find_head(target)
@@ -327,8 +328,19 @@ def load_own_target(args: argparse.Namespace, errors: Console):
 def check_arguments(args: argparse.Namespace) -> None:
     """The sampling and drafting options' errors, right after parsing: before any model loads
     (a real pair takes a minute), one line each."""
-    from specdec.names import DRAFTERS, base_kinds
+    from specdec.names import AUTO, DRAFTERS, NO_DRAFTER, base_kinds
 
+    if getattr(args, "drafter", None) == NO_DRAFTER:  # --drafter none: the target alone, as --no-draft
+        if not hasattr(args, "no_draft"):
+            raise ValueError(f"--drafter {NO_DRAFTER} does not apply to {args.command}")
+        args.drafter, args.no_draft = None, True
+    if args.command in ("serve", "bench-serve") and args.policy is not None:
+        raise ValueError(f"--policy does not apply to {args.command}: its speculation controller chooses every "
+                         "step's draft lengths from measured costs (--speculation auto; on: always --gamma; off: none)")
+    drafter = getattr(args, "drafter", None) or (AUTO if not getattr(args, "tree", False) else None)
+    if getattr(args, "policy", None) == AUTO and drafter != AUTO:
+        raise ValueError(f"--policy {AUTO} is the auto drafter's own (it chooses each step's draft and length); "
+                         f"give --drafter {AUTO}, or another --policy for --drafter {drafter or 'with --tree'}")
     for flag, least in (("gamma", 0), ("tree_budget", 1), ("suffix_cache_tokens", 0)):
         value = getattr(args, flag, None)
         if value is not None and value < least:

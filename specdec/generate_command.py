@@ -238,10 +238,12 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         write_text(console, [(piece, SOURCE_STYLES[source] if args.show else "") for piece, source in chunk.pieces])
         streamed = chunk.result or streamed
     assert streamed is not None, "a stream's last chunk holds the result"
-    if console.is_terminal or args.show:  # (--show: the legend below goes on a line of its own)
+    if console.is_terminal:
         console.print()
-        console.file.flush()
     if args.show:
+        console.file.flush()
+        if not console.is_terminal:  # the text ends without a newline (piped: its bytes exactly)
+            errors.print()  # so the legend starts a line of its own where both streams meet (2>&1)
         legend = Text("tokens: ")
         for source, style in SOURCE_STYLES.items():
             if style:

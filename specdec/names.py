@@ -32,6 +32,10 @@ POLICIES = ("fixed", "heuristic", "threshold", "cost", "auto")  # specdec.policy
 # (specdec.drafting.auto): its policy only caps the length, at this many tokens unless --gamma says.
 AUTO = "auto"
 AUTO_GAMMA, GAMMA = 12, 4
+THRESHOLD_GAMMA = 8  # the threshold policy's cap when --gamma is unset
+NO_DRAFTER = "none"  # --drafter none: the target alone (as --no-draft)
+# Models under this many parameters keep float32 unmeasured (specdec.models.precision_choice).
+SMALL_MODEL_PARAMETERS = 50_000_000
 
 
 def default_policy(drafter: str) -> str:
@@ -40,8 +44,8 @@ def default_policy(drafter: str) -> str:
 
 
 def default_gamma(policy: str | None) -> int:
-    """--gamma when unset: a cap for the auto policy, the draft length for the others."""
-    return AUTO_GAMMA if policy == AUTO else GAMMA
+    """--gamma when unset: a cap for the auto and threshold policies, the draft length for the others."""
+    return {AUTO: AUTO_GAMMA, "threshold": THRESHOLD_GAMMA}.get(policy or "", GAMMA)
 TREE_POLICIES = ("tree-cost",)  # for tree drafters (with a chain drafter, a depth cost model)
 VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation

@@ -215,7 +215,7 @@ def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
     if name == "heuristic":
         return HeuristicPolicy(gamma)
     if name == "threshold":
-        return ThresholdPolicy(max_gamma=max(gamma, 8))
+        return ThresholdPolicy(max_gamma=gamma)
     if name == "cost":
         return CostModelPolicy(gamma=gamma)
     if name == "tree-cost":

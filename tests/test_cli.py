@@ -28,7 +28,8 @@ def test_show_colours_tokens_and_no_draft_is_target_only(tiny_pair, capsys):
                  "hi", "--max-new-tokens", "8", "--show"])
     shown = capsys.readouterr()
     assert code == 0 and "draft" in shown.err  # the legend...
-    assert shown.out.endswith("\n") and any(line.startswith("tokens:") for line in shown.err.splitlines())  # own line
+    # ...on a line of its own where both streams meet (2>&1): piped, the text ends without a newline
+    assert not shown.out.endswith("\n") and "\n\ntokens:" in shown.err
     code = main(["generate", "--target", str(tiny_pair["target"]), "--no-draft", "hi", "--max-new-tokens", "8",
                  "--json", "--temperature", "0.9", "--seed", "3"])
     stats = json.loads(capsys.readouterr().out)
@@ -85,6 +86,38 @@ def test_the_quantize_help_says_what_an_unset_quantize_does(tiny_pair, monkeypat
     monkeypatch.setattr(precision_choice, "choose_precision", lambda *a: ("int4", "int4: fastest and exact here"))
     assert "the fastest precision whose verify blocks are exact here" in generate.help and quantize_for() == "int4"
     assert "none on another backend" in generate.help and quantize_for("--backend", "transformers") is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--policy", "cost"], "--policy does not apply to serve"),
+    (["bench-serve", "--policy", "threshold"], "--policy does not apply to bench-serve"),
+    (["generate", "x", "--drafter", "ngram", "--policy", "auto"], "--policy auto is the auto drafter's own"),
+    (["generate", "x", "--tree", "--policy", "auto"], "--policy auto is the auto drafter's own"),
+])
+def test_an_option_that_would_be_ignored_is_refused_in_one_line(argv, message, capsys):
+    """Options that used to be accepted and then ignored (serve's --policy: its controller chooses;
+    --policy auto beside another drafter: it meant a fixed gamma) are errors before anything loads."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_drafter_none_is_no_draft(tiny_pair, capsys):
+    base = ["generate", "--target", str(tiny_pair["target"]), "hi", "--max-new-tokens", "6", "--json"]
+    assert main([*base, "--drafter", "none"]) == 0
+    none = json.loads(capsys.readouterr().out)
+    assert main([*base, "--no-draft"]) == 0
+    assert none == {**json.loads(capsys.readouterr().out), **{k: none[k] for k in none if "seconds" in k or
+                                                                k.endswith("per_second") or k == "tpot"}}
+    assert none["drafted"] == 0
+
+
+def test_threshold_caps_drafts_at_the_given_gamma():
+    from specdec.names import default_gamma
+    from specdec.policy import make_policy
+
+    assert make_policy("threshold", 4).next_shape().depth == 4  # it was max(gamma, 8)
+    assert make_policy("threshold", default_gamma("threshold")).next_shape().depth == 8  # unset: as before
 
 
 def test_errors_are_one_line_not_a_traceback(tmp_path, capsys):

@@ -70,6 +70,20 @@ def test_auto_takes_the_found_head_through_the_command_line(targets, head_folder
     assert "draft head found" not in capsys.readouterr().err
 
 
+def test_drafter_head_takes_the_found_head_as_auto_does(targets, head_folder, capsys):
+    """--drafter head (and head-tree) without --draft-head: the head found for the target, as
+    auto finds it; a target with none found gets the one-line error naming --draft-head."""
+    from specdec.cli import main
+
+    for kind in ("head", "head-tree"):
+        assert main(["generate", "--target", targets["target"].path, "def f(x):", "--drafter", kind,
+                     "--max-new-tokens", "6", "--no-echo"]) == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"draft head found for this target: {head_folder}" in err and "EAGLE-3 head" in err
+    assert main(["generate", "--target", targets["same shape"].path, "x", "--drafter", "head"]) == 2
+    assert "--draft-head DIR" in capsys.readouterr().err
+
+
 def test_the_identity_survives_its_file(targets, head_folder):
     assert read_identity(head_folder) == target_identity(targets["target"])
     drafter = make_drafter("auto", target=targets["target"], head=head_folder)

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SMALL_MODEL_PARAMETERS = 50_000_000
+from specdec.names import SMALL_MODEL_PARAMETERS
+
 FOLDER_CANDIDATES = ("int4", "int8", "none")  # none: the checkpoint's own float32
 GGUF_CANDIDATES = ("int4", "w8a32")  # w8a32 holds a GGUF's 4- and 8-bit weights exactly: float32's text
 
