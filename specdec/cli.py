@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from specdec.names import SMALL_MODEL_PARAMETERS
+from specdec.names import SMALL_MODEL_PARAMETERS, TREE_BUDGET, TREE_COST_MAX_BUDGET
 from specdec.progress import dim_lines, library_bars_off_unless_terminal, output_console, waiting
 
 
@@ -102,7 +102,9 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
         "(several earlier occurrences as branches), staged -> staged-tree (the staged chain "
         "with the draft's next-best tokens as side leaves); A+B merges two drafters into one tree",
     )
-    parser.add_argument("--tree-budget", type=int, default=16, help="most tree nodes per step (trees, merges)")
+    parser.add_argument("--tree-budget", type=int, help=f"most tree nodes per step (trees, merges; default "
+                        f"{TREE_BUDGET}; under --policy tree-cost, the most it may choose, unset: "
+                        f"{TREE_COST_MAX_BUDGET})")
     parser.add_argument(
         "--suffix-cache-tokens",
         type=int,
@@ -306,7 +308,8 @@ def load_drafting(args: argparse.Namespace, errors: Console):
         if args.no_draft or (draft is None and needs_model):
             drafter = None
         else:
-            options = dict(max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree, tree_budget=args.tree_budget,
+            options = dict(max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
+                           tree_budget=args.tree_budget or TREE_BUDGET,
                            target=target, vocab_rule=args.vocab_rule, head=head,
                            suffix_cache_tokens=args.suffix_cache_tokens, corpus=corpus)
             drafter = make_drafter(args.drafter, draft, **{**options, **overrides})

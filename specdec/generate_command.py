@@ -199,6 +199,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     from specdec.decoder import GenerationResult, SpeculativeDecoder
     from specdec.drafting.base import describe_drafter
+    from specdec.policy import make_policy
     from specdec.text import chat_prompt_ids, encode_prompt
 
     target, drafter = build_drafter(args, errors)
@@ -209,7 +210,8 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         prompt = chat_prompt_ids(target.tokenizer, messages)
     else:
         prompt = encode_prompt(target.tokenizer, text, target.name)
-    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, policy=args.policy,
+    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma,
+                                 policy=make_policy(args.policy, args.gamma, args.tree_budget),
                                  draft_forced=not args.no_forced_tokens)
     decoder.engine.check_prompt(prompt)  # a prompt too long for the context fails before it is echoed
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)

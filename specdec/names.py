@@ -36,6 +36,8 @@ THRESHOLD_GAMMA = 8  # the threshold policy's cap when --gamma is unset
 NO_DRAFTER = "none"  # --drafter none: the target alone (as --no-draft)
 # Models under this many parameters keep float32 unmeasured (specdec.models.precision_choice).
 SMALL_MODEL_PARAMETERS = 50_000_000
+TREE_BUDGET = 16  # --tree-budget unset: a tree drafter's nodes per step
+TREE_COST_MAX_BUDGET = 64  # the most nodes the tree-cost policy chooses unless --tree-budget caps it
 
 
 def default_policy(drafter: str) -> str:

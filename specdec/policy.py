@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule
-from specdec.names import POLICIES, TREE_POLICIES
+from specdec.names import POLICIES, TREE_COST_MAX_BUDGET, TREE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class TreeCostPolicy(FixedPolicy):
 
     name = "tree-cost"
 
-    def __init__(self, gamma: int, max_depth: int = 8, max_width: int = 4, max_budget: int = 64,
+    def __init__(self, gamma: int, max_depth: int = 8, max_width: int = 4, max_budget: int = TREE_COST_MAX_BUDGET,
                  costs: CostModel | None = None) -> None:
         super().__init__(gamma)
         self.max_depth, self.max_width, self.max_budget = max(max_depth, gamma), max_width, max_budget
@@ -192,7 +192,7 @@ class TreeCostPolicy(FixedPolicy):
     def next_shape(self) -> DraftShape:
         best = self.costs.best_tree_shape(self.acceptance, self.shapes())
         if best is None:
-            return DraftShape(self.gamma, self.gamma)  # the starting shape: width 1
+            return DraftShape(self.gamma, min(self.gamma, self.max_budget))  # the starting shape: width 1
         depth, width = best
         return DraftShape(depth, depth * width)
 
@@ -208,8 +208,9 @@ class TreeCostPolicy(FixedPolicy):
         self.costs.observe(1, num_drafted + 1, verify_seconds, draft_seconds, levels, width)
 
 
-def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
-    """A policy by name; gamma is its starting (or, for threshold, maximum) draft length."""
+def make_policy(name: str, gamma: int, node_budget: int | None = None) -> DraftLengthPolicy:
+    """A policy by name; gamma is its starting (or, for threshold, maximum) draft length;
+    ``node_budget`` (--tree-budget, given): the most tree nodes tree-cost may choose (else its own cap)."""
     if name == "fixed":
         return FixedPolicy(gamma)
     if name == "heuristic":
@@ -219,7 +220,7 @@ def make_policy(name: str, gamma: int) -> DraftLengthPolicy:
     if name == "cost":
         return CostModelPolicy(gamma=gamma)
     if name == "tree-cost":
-        return TreeCostPolicy(gamma)
+        return TreeCostPolicy(gamma) if node_budget is None else TreeCostPolicy(gamma, max_budget=node_budget)
     if name == "auto":
         return DrafterChoosesPolicy(gamma)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES + TREE_POLICIES)}")

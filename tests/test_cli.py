@@ -120,6 +120,31 @@ def test_threshold_caps_drafts_at_the_given_gamma():
     assert make_policy("threshold", default_gamma("threshold")).next_shape().depth == 8  # unset: as before
 
 
+def test_tree_budget_caps_what_tree_cost_chooses(tiny_pair, monkeypatch, capsys):
+    """--tree-budget under tree-cost (which --tree selects) is the most nodes it may choose, its
+    starting shape included (its own cap, unset); it used to be overridden by the policy's.
+    Mutation, checked: generate passing the policy by name (its own cap of 64) fails it."""
+    import specdec.decoder
+    from specdec.names import TREE_COST_MAX_BUDGET
+    from specdec.policy import make_policy
+
+    assert max(d * w for d, w in make_policy("tree-cost", 4, node_budget=6).shapes()) <= 6
+    assert make_policy("tree-cost", 4, node_budget=2).next_shape().node_budget == 2
+    assert max(d * w for d, w in make_policy("tree-cost", 4).shapes()) <= TREE_COST_MAX_BUDGET
+    assert max(d * w for d, w in make_policy("tree-cost", 4).shapes()) > 16  # (so the cap is not moot)
+    policies = []
+
+    class Recording(specdec.decoder.SpeculativeDecoder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            policies.append(self.engine.new_policy())
+
+    monkeypatch.setattr(specdec.decoder, "SpeculativeDecoder", Recording)
+    assert main(["generate", "--target", str(tiny_pair["target"]), "ab ab", "--drafter", "ngram-tree", "--gamma", "4",
+                 "--max-new-tokens", "4", "--tree-budget", "3"]) == 0
+    assert policies[0].name == "tree-cost" and policies[0].max_budget == 3
+
+
 def test_errors_are_one_line_not_a_traceback(tmp_path, capsys):
     code = main(["generate", "--target", str(tmp_path / "missing"), "hi"])
     err = capsys.readouterr().err

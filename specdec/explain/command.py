@@ -72,6 +72,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     from specdec.explain.steps import step_view
     from specdec.explain.view import lossless_renderable, step_renderable
     from specdec.generate_command import stats_table
+    from specdec.policy import make_policy
     from specdec.progress import waiting
     from specdec.sampling import sampling_from_args
 
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
         raise ValueError("explain needs a drafter: pass --draft (with --target) or --drafter ngram")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens)
     with waiting(errors, "generating, every step recorded"):
-        run = record_generation(target, drafter, args.prompt, sampling, args.gamma, args.policy, warm_up=True)
+        run = record_generation(target, drafter, args.prompt, sampling, args.gamma,
+                                make_policy(args.policy, args.gamma, args.tree_budget), warm_up=True)
     alone: GenerationResult | None = None
     if args.compare:
         with waiting(errors, "running the target alone on the same prompt, for the measured speedup"):

@@ -17,6 +17,7 @@ from specdec.decoder import GenerationResult, SpeculativeDecoder
 from specdec.drafting.base import Draft, Drafter, block_depths, block_parents
 from specdec.engine import Engine, Request
 from specdec.models.base import LanguageModel, tree_visibility
+from specdec.policy import DraftLengthPolicy
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.verify import RejectionDecision, point_mass_probs
 from specdec.verify_batch import Verdict
@@ -137,7 +138,7 @@ class RecordedRun:
 
 
 def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | None, prompt: str | list[int],
-                      sampling: SamplingParams, gamma: int = 4, policy: str = "fixed",
+                      sampling: SamplingParams, gamma: int = 4, policy: str | DraftLengthPolicy = "fixed",
                       warm_up: bool = False) -> RecordedRun:
     """Generate once with every step recorded (the decoder's own loop; the engine's verify hook records).
     warm_up: first a two-token generation, so the first recorded step's times are not those of
