@@ -206,7 +206,7 @@ def test_bench_serve_replays_conversations_with_the_cache_on_and_off(tmp_path):
     out = tmp_path / "serve"
     assert main(["bench-serve", "--drafter", "suffix", "--workload", "replay", "--turns", "2", "--concurrency", "1",
                  "--requests", "1", "--repeats", "2", "--max-new-tokens", "16", "--modes", "on", "--compare-cache",
-                 "--policy", "fixed", "--out", str(out)]) == 0
+                 "--out", str(out)]) == 0
     result = json.loads((out / "serve.json").read_text())
     rows = {row["mode"]: row for row in result["rows"]}
     assert set(rows) == {"on", "on, no cache"} and result["turns"] == 2 and not result["mismatches"]
