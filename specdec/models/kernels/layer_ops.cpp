@@ -570,10 +570,12 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   // Whole jobs, each a (row, kv head) pair's or a part of its query heads' three steps, one after
   // the other: where pairs are enough to keep every thread busy (a server's batch), or where every
   // row is short enough that parts reading its keys and values again cost less than a pass's wait.
+  if (members.empty()) return;  // (no queries)
   const int64_t pairs = int64_t(members.size()) * kv_heads, threads = omp_get_max_threads();
+  const bool enough_pairs = pairs >= kPairsPerThread * threads;
   const bool short_rows = *std::max_element(longest.begin(), longest.end()) <= kSpan;
-  if (pairs >= kPairsPerThread * threads || short_rows) {
-    const int64_t parts = pairs >= kPairsPerThread * threads ? 1 : std::min(group, (2 * threads + pairs - 1) / pairs);
+  if (enough_pairs || short_rows) {
+    const int64_t parts = enough_pairs ? 1 : std::min(group, (2 * threads + pairs - 1) / pairs);
     const int64_t share = (group + parts - 1) / parts;
 #pragma omp parallel for schedule(dynamic, 1) if (pairs * parts > 1)
     for (int64_t job = 0; job < pairs * parts; ++job) {
