@@ -9,11 +9,9 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import re
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,28 +76,28 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) 
     return [int(token) for token in prompt]
 
 
-# Unicode normalization can map up to 3 bytes of text to one byte of a token's spelling (NFKC's
-# full-width forms: U+FF21 -> "A"); nothing maps more.
-NORMALIZED_BYTES = 3
-_longest_spelling: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+# Unicode normalization (NFKC) can turn one character of up to 4 UTF-8 bytes into a single byte of
+# a token's spelling (U+1D400 MATHEMATICAL BOLD CAPITAL A -> "A"); a character never becomes less.
+NORMALIZED_BYTES = 4
 
 
-def fewest_tokens(tokenizer: Any, text: str) -> int | None:
-    """A lower bound on the tokens ``text`` encodes to, without encoding it: its UTF-8 bytes over
-    the most one token can stand for (the longest token's spelling, times NORMALIZED_BYTES; a
-    byte-level or SentencePiece spelling is never shorter than the bytes it stands for). None for
-    a tokenizer without a vocabulary to read. Why: a prompt far past the context is refused
-    before its whole text is tokenized (megabytes take seconds)."""
+def most_bytes_a_token(tokenizer: Any) -> int | None:
+    """The most bytes of text one token can stand for: its longest spelling in UTF-8, times
+    NORMALIZED_BYTES (a byte-level or SentencePiece spelling is never shorter than the bytes it
+    stands for; a tokenizer that deletes characters, as BERT's text cleaning, is not covered).
+    None for a tokenizer without a vocabulary to read. Reading the vocabulary takes tens of ms:
+    once per tokenizer (a server: when it starts)."""
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if get_vocab is None:
         return None
-    try:
-        longest = _longest_spelling[tokenizer]
-    except (KeyError, TypeError):
-        longest = max((len(token.encode()) for token in get_vocab()), default=1)
-        with contextlib.suppress(TypeError):  # (a tokenizer that cannot be weakly referenced: not kept)
-            _longest_spelling[tokenizer] = longest
-    return len(text.encode()) // (longest * NORMALIZED_BYTES)
+    return max((len(token.encode()) for token in get_vocab()), default=1) * NORMALIZED_BYTES
+
+
+def fewest_tokens(text: str, most_bytes: int) -> int:
+    """A lower bound on the tokens ``text`` encodes to, without encoding it (``most_bytes``: of
+    most_bytes_a_token). Why: a prompt far past the context is refused before its whole text is
+    tokenized (megabytes take seconds)."""
+    return len(text.encode()) // most_bytes
 
 
 def chat_text(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:

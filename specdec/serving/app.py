@@ -46,7 +46,7 @@ from specdec.serving.protocol import (
     usage,
 )
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
-from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens
+from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens, most_bytes_a_token
 
 
 @dataclass
@@ -330,10 +330,14 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model",
                            code="model_not_found")
 
+    most_bytes = most_bytes_a_token(tokenizer)
+
     def refuse_past_context(texts: list[str], param: str) -> None:
         """A 400 for a prompt whose text alone must hold more tokens than the context, before
         tokenizing it (the engine's check_prompt counts the tokens of the rest)."""
-        fewest = sum(fewest_tokens(tokenizer, text) or 0 for text in texts)
+        if most_bytes is None:
+            return
+        fewest = sum(fewest_tokens(text, most_bytes) for text in texts)
         if fewest >= max_context:
             size = sum(len(text.encode()) for text in texts)
             raise ApiError(400, f"prompt has at least {fewest} tokens ({size} bytes of text) but the context holds "
