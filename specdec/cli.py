@@ -275,8 +275,7 @@ def load_drafting(args: argparse.Namespace, errors: Console):
     from specdec.drafting.base import running_banner
     from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds, default_gamma, default_policy, drafts_trees, uses_corpus
 
-    # --tree with no --drafter: the draft model's tree, else the n-gram's (auto drafts chains)
-    args.drafter = args.drafter or (("model" if args.draft else "ngram") if args.tree else AUTO)
+    args.drafter = drafter_asked(args)
     auto = args.drafter == AUTO
     # auto on a GGUF: the own forward, whose hidden states a head reads (llama.cpp's give none)
     resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter) or (
@@ -328,6 +327,16 @@ def load_own_target(args: argparse.Namespace, errors: Console):
     return load_models(args, errors, want_draft=False, resolved=resolve_models(args, errors, reads_hidden=True))[0]
 
 
+def drafter_asked(args: argparse.Namespace) -> str:
+    """--drafter, or what it means unset: with --tree, the draft model's tree, else the n-gram's
+    (auto drafts chains); else auto."""
+    from specdec.names import AUTO
+
+    if args.drafter:
+        return args.drafter
+    return ("model" if getattr(args, "draft", None) else "ngram") if getattr(args, "tree", False) else AUTO
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """The sampling and drafting options' errors, right after parsing: before any model loads
     (a real pair takes a minute), one line each."""
@@ -340,10 +349,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.command in ("serve", "bench-serve") and args.policy is not None:
         raise ValueError(f"--policy does not apply to {args.command}: its speculation controller chooses every "
                          "step's draft lengths from measured costs (--speculation auto; on: always --gamma; off: none)")
-    drafter = getattr(args, "drafter", None) or (AUTO if not getattr(args, "tree", False) else None)
-    if getattr(args, "policy", None) == AUTO and drafter != AUTO:
+    if getattr(args, "policy", None) == AUTO and (drafter := drafter_asked(args)) != AUTO:
         raise ValueError(f"--policy {AUTO} is the auto drafter's own (it chooses each step's draft and length); "
-                         f"give --drafter {AUTO}, or another --policy for --drafter {drafter or 'with --tree'}")
+                         f"give --drafter {AUTO}, or another --policy for --drafter {drafter}")
     for flag, least in (("gamma", 0), ("tree_budget", 1), ("suffix_cache_tokens", 0)):
         value = getattr(args, flag, None)
         if value is not None and value < least:
