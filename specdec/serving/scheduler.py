@@ -448,12 +448,13 @@ class Scheduler:
                 and ticket.request.fed == 0 and isinstance(self.cache, ForkingCache))
 
     def fail(self, ticket: Ticket, error: BaseException) -> None:
-        """End ``ticket`` with ``error``: its caller gets the error, the log its traceback, its row is freed."""
+        """End ``ticket`` with ``error``: its row is freed, then its caller gets the error (so a
+        caller that heard of it finds the row free), the log its traceback."""
         log.error("request %d failed: %r", ticket.id, error, exc_info=error)
         if self.metrics is not None:
             self.metrics.finished("error")
-        ticket.emit(error)
         self.release(ticket)
+        ticket.emit(error)
 
     def release(self, ticket: Ticket) -> None:
         """Give the ticket's cache row back (its contents are forgotten) and drop its state."""
