@@ -11,7 +11,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for side in old new; do
     dir=$OLD; [ $side = new ] && dir=$NEW
     echo "== round $round: $side ($dir)" >&2
-    (cd "$dir" && PYTHONPATH="$dir" python -m specdec.cli bench "$@" --out "$OUT/$side-$round") \
+    (cd "$dir" && PYTHONPATH="$dir" python -m specdec bench "$@" --out "$OUT/$side-$round") \
       > "$OUT/$side-$round.log" 2>&1
   done
 done

@@ -16,11 +16,11 @@ import time
 
 import torch
 
+from specdec.commands.index import load_tokenizer
+from specdec.core.drafts import ContextRequest
 from specdec.corpus_index import default_datastore, peak_rss_mb
 from specdec.defaults import default_prompts
-from specdec.drafting.base import ContextRequest
 from specdec.drafting.corpus import CorpusDrafter
-from specdec.index_command import load_tokenizer
 
 
 def main() -> None:

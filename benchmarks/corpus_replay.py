@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from specdec.bench.humaneval import humaneval_suite, through_chat
+from specdec.commands.index import load_tokenizer
+from specdec.core.drafts import ContextRequest, StepOutcome
 from specdec.corpus_index import datastores_for
 from specdec.drafting import make_drafter
-from specdec.drafting.base import ContextRequest, StepOutcome
 from specdec.drafting.model import common_prefix
-from specdec.index_command import load_tokenizer
 
 
 def verify_seconds_table(spec: str) -> dict[int, float]:

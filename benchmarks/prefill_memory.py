@@ -52,10 +52,10 @@ def prompt_ids(tokenizer, length: int) -> list[int]:
 def measure(length: int, chunk: int | None, model: str | None, quantize: str | None, queue) -> None:
     import torch
 
+    from specdec.core.engine import Engine
+    from specdec.core.sampling import SamplingParams
     from specdec.defaults import default_pair, fastest_default_target
-    from specdec.engine import Engine
     from specdec.models.loading import load
-    from specdec.sampling import SamplingParams
 
     torch.set_num_threads(torch.get_num_threads())
     if model is None:

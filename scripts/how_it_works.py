@@ -20,6 +20,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from specdec.core.sampling import SamplingParams  # noqa: E402
 from specdec.decoder import SpeculativeDecoder  # noqa: E402
 from specdec.defaults import default_model  # noqa: E402
 from specdec.explain.calculator import best_row, calculator_table, speedup_table  # noqa: E402
@@ -29,7 +30,6 @@ from specdec.explain.report import lossless_figure, run_costs, run_figures, writ
 from specdec.explain.steps import step_view  # noqa: E402
 from specdec.explain.view import lossless_renderable, step_renderable  # noqa: E402
 from specdec.models.loading import load  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
 GAMMA = 4
@@ -70,7 +70,7 @@ def screenshot(page: Path, png: Path) -> str:
 def single_pass_gap(target, context: list[int], block: list[int], sampling: SamplingParams) -> float:
     """Largest |p| difference between the verify block's one forward and feeding the same
     tokens one at a time (what the target would do without a draft)."""
-    from specdec.sampling import logits_to_probs
+    from specdec.core.sampling import logits_to_probs
 
     cache = target.new_cache()
     target.extend(torch.tensor(context[:-1]), cache)
@@ -132,7 +132,7 @@ refresh them. The same views for your own models: `specdec explain "prompt" [--t
 {report_screenshot}
 
 Notation: p = the target's distribution, q = the draft's, both after the same temperature / top-k /
-top-p (`specdec/sampling.py`); gamma = tokens drafted per step; alpha = the chance a draft token is
+top-p (`specdec/core/sampling.py`); gamma = tokens drafted per step; alpha = the chance a draft token is
 accepted; tau = tokens emitted per target forward.
 
 ## The step `specdec explain` shows (the first with a rejection)

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from specdec.bench.suite import load_prompts, machine_description
+from specdec.core.sampling import SamplingParams
 from specdec.decoder import SpeculativeDecoder
 from specdec.defaults import default_pair, default_prompts
 from specdec.drafting import make_drafter
 from specdec.models import int8_kernels, quantize
 from specdec.models.loading import load
-from specdec.sampling import SamplingParams
 
 QUICKSTART_PROMPT = "def fibonacci(n):"
 

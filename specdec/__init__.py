@@ -1,6 +1,6 @@
 """specdec: lossless speculative decoding for Hugging Face-format causal language models.
 
-The public names load on first use (PEP 562), so that `import specdec.cli` and `specdec --help`
+The public names load on first use (PEP 562), so that `import specdec.commands.cli` and `specdec --help`
 do not import torch; `from specdec import SpeculativeDecoder, load` works as usual."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ _EXPORTS = {
     "specdec.decoder": ("GenerationResult", "SpeculativeDecoder", "StreamChunk"),
     "specdec.drafting": ("Draft", "Drafter", "MergedDrafter", "ModelDrafter", "ModelTreeDrafter", "NGramDrafter",
                          "StagedDrafter", "make_drafter"),
-    "specdec.engine": ("Engine", "Request"),
-    "specdec.metrics": ("SpecStats",),
+    "specdec.core.engine": ("Engine", "Request"),
+    "specdec.core.metrics": ("SpecStats",),
     "specdec.models": ("Attention", "ForwardOutput", "LanguageModel", "load"),
-    "specdec.policy": ("CostModelPolicy", "FixedPolicy", "HeuristicPolicy", "ThresholdPolicy", "make_policy"),
-    "specdec.sampling": ("SamplingParams", "logits_to_probs"),
+    "specdec.core.policy": ("CostModelPolicy", "FixedPolicy", "HeuristicPolicy", "ThresholdPolicy", "make_policy"),
+    "specdec.core.sampling": ("SamplingParams", "logits_to_probs"),
     "specdec.text": ("TokenSource",),
-    "specdec.verify": ("greedy_tree_verify", "greedy_verify", "rejection_sample", "tree_rejection_sample"),
+    "specdec.core.verify": ("greedy_tree_verify", "greedy_verify", "rejection_sample", "tree_rejection_sample"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)
@@ -41,6 +41,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and editors see
+    from specdec.core.engine import Engine, Request  # noqa: F401
+    from specdec.core.metrics import SpecStats  # noqa: F401
+    from specdec.core.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy  # noqa: F401
+    from specdec.core.sampling import SamplingParams, logits_to_probs  # noqa: F401
+    from specdec.core.verify import greedy_tree_verify, greedy_verify, rejection_sample, tree_rejection_sample  # noqa: F401
     from specdec.decoder import GenerationResult, SpeculativeDecoder, StreamChunk  # noqa: F401
     from specdec.drafting import (  # noqa: F401
         Draft,
@@ -52,10 +57,5 @@ if TYPE_CHECKING:  # what type checkers and editors see
         StagedDrafter,
         make_drafter,
     )
-    from specdec.engine import Engine, Request  # noqa: F401
-    from specdec.metrics import SpecStats  # noqa: F401
     from specdec.models import Attention, ForwardOutput, LanguageModel, load  # noqa: F401
-    from specdec.policy import CostModelPolicy, FixedPolicy, HeuristicPolicy, ThresholdPolicy, make_policy  # noqa: F401
-    from specdec.sampling import SamplingParams, logits_to_probs  # noqa: F401
     from specdec.text import TokenSource  # noqa: F401
-    from specdec.verify import greedy_tree_verify, greedy_verify, rejection_sample, tree_rejection_sample  # noqa: F401

@@ -2,6 +2,6 @@
 
 import sys
 
-from specdec.cli import main
+from specdec.commands.cli import main
 
 sys.exit(main())

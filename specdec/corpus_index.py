@@ -4,8 +4,8 @@ target (this Python's standard library, built once per tokenizer and cached), an
 asks for.
 
 The default datastore leaves out files that quote a benchmark suite, by the rule that keeps them
-out of training data (specdec.training.data.collect_files): a drafter never retrieves the answers
-it is measured on. A user's own index (`specdec index build`) keeps every file it is given.
+out of training data (specdec.corpus_files): a drafter never retrieves the answers it is measured
+on. A user's own index (`specdec index build`) keeps every file it is given.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec.corpus_files import INSTALLED_FOLDERS, collect_files, read_text, standard_library
 from specdec.drafting.datastore import BuildReport, Datastore, tokenizer_fingerprint, write_datastore
 from specdec.names import NO_INDEX
 
@@ -32,8 +33,6 @@ FILES_PER_BATCH = 32  # files tokenized in one call (the fast tokenizers run a b
 def encode_files(tokenizer: Any, files: Sequence[Path], progress: Callable[[str], None] | None = None,
                  ) -> Iterator[list[int]]:
     """Each file's token ids (no special tokens), in order, a batch of files at a time."""
-    from specdec.training.data import read_text
-
     for start in range(0, len(files), FILES_PER_BATCH):
         texts = [read_text(file) for file in files[start : start + FILES_PER_BATCH]]
         if callable(tokenizer):  # transformers: one batched call, no warning for long files
@@ -52,8 +51,6 @@ def build_index(paths: Sequence[str | Path], tokenizer: Any, out: Path, globs: S
     tokenized with ``tokenizer``; ``leave_out_suites``: without the files that quote a benchmark
     suite (the default datastore's rule, not a user's index). Written beside ``out`` first, then
     moved into place: an interrupted build leaves no half datastore."""
-    from specdec.training.data import collect_files
-
     files = collect_files(paths, skip_folders=skip_folders, what="corpus", globs=globs,
                           leave_out_suites=leave_out_suites)
     partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
@@ -97,13 +94,6 @@ def describe_build(report: BuildReport, out: Path) -> str:
             f"{report.seconds:.1f} s (tokenizing included), {report.disk_bytes / 2**20:.1f} MiB on disk{memory}")
 
 
-def default_sources() -> list[Path]:
-    """This Python's standard library (the code every machine with Python has)."""
-    from specdec.training.head_data import default_corpus
-
-    return default_corpus()
-
-
 def default_index_folder(fingerprint: str) -> Path:
     from specdec.machine import cache_root
 
@@ -113,14 +103,12 @@ def default_index_folder(fingerprint: str) -> Path:
 
 def default_datastore(tokenizer: Any, say: Callable[[str], None]) -> Datastore:
     """The default datastore for ``tokenizer``: built on first use (said), then read from the cache."""
-    from specdec.training.data import INSTALLED_FOLDERS
-
     fingerprint = tokenizer_fingerprint(tokenizer)
     folder = default_index_folder(fingerprint)
     if not (folder / "meta.json").is_file():
         say(f"building the default datastore (this Python's standard library) for this tokenizer, once: {folder}")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        report = build_index(default_sources(), tokenizer, folder, skip_folders=INSTALLED_FOLDERS | DEFAULT_SKIPPED,
+        report = build_index(standard_library(), tokenizer, folder, skip_folders=INSTALLED_FOLDERS | DEFAULT_SKIPPED,
                              leave_out_suites=True)
         say(describe_build(report, folder))
     return Datastore.open(folder, fingerprint)

@@ -8,12 +8,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from typing import Any, cast, overload
 
-from specdec.drafting.base import Drafter
-from specdec.engine import Engine
+from specdec.config import SpeculationConfig
+from specdec.core.drafts import Drafter
+from specdec.core.engine import Engine
+from specdec.core.estimates import CostModel
+from specdec.core.policy import DraftLengthPolicy
+from specdec.core.sampling import SamplingParams
+from specdec.drafting import as_drafter
 from specdec.models.base import LanguageModel
 from specdec.models.paged_cache import BLOCK_SIZE
-from specdec.policy import DraftLengthPolicy
-from specdec.sampling import SamplingParams
 from specdec.text import GenerationResult, StreamChunk, TextStream, encode_prompt, step_chunk
 
 Prompt = str | Sequence[int]
@@ -47,6 +50,8 @@ class SpeculativeDecoder:
     the drafter (off only to measure what they bring).
     prefill_chunk: a prompt is prefilled in pieces of that many tokens (Engine.prefill), as a
     server with that chunk prefills it (the same cache bits); None: in one piece.
+    costs: the cost model that decides how much to draft (its clock times every measurement;
+    None: a fresh one, or the drafter's own when it brings one).
     Every generate() or stream() call has its own cache rows, so calls never disturb each other.
     """
 
@@ -58,9 +63,28 @@ class SpeculativeDecoder:
         policy: str | DraftLengthPolicy | None = None,
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
+        costs: CostModel | None = None,
     ) -> None:
-        self.engine = Engine(target, drafter, gamma, policy, draft_forced, prefill_chunk)
+        self.engine = Engine(target, as_drafter(drafter, target, costs if costs is not None else getattr(
+            policy, "costs", None)), gamma, policy, draft_forced, prefill_chunk, costs=costs)
         self.target = target
+
+    @classmethod
+    def from_config(cls, target: LanguageModel, config: SpeculationConfig, draft: LanguageModel | None = None,
+                    head: Any = None, corpus: Sequence[Any] = ()) -> SpeculativeDecoder:
+        """The decoder ``config`` describes, on loaded models: its drafter (``draft``: a draft
+        model for the drafters that take one; ``head``: a DraftHead or folder, else the config's
+        draft_head, else the head found for the target where one may draft; ``corpus``: datastores),
+        its policy and gamma, all on one cost model."""
+        costs = CostModel()
+        head = head if head is not None else config.draft_head
+        if head is None and config.reads_head:
+            from specdec.drafting.head_finder import find_head
+
+            head = find_head(target)
+        drafter = config.make_drafter(target, draft, head, corpus, costs)
+        return cls(target, drafter, config.chosen_gamma, config.make_policy(costs) if drafter is not None else None,
+                   config.draft_forced, costs=costs)
 
     @property
     def drafter(self) -> Drafter | None:

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import torch
 
 from specdec.constraint import Constraint, ConstraintError, engine_message
-from specdec.drafting.base import Draft
 
 
 def hf_fast_tokenizer(tokenizer: Any, model_path: str | None) -> Any:
@@ -232,23 +231,3 @@ def mask_logits(
         rows = masked[start : start + allowed.shape[0]]
         rows.masked_fill_(~allowed.to(rows.device), float("-inf"))
     return masked
-
-
-def fit_draft(matcher: TokenMatcher, draft: Draft) -> Draft:
-    """A chain cut at its first token the grammar refuses: a point-mass draft drops it; a draft
-    drawn from q keeps it (the masked p rejects it for certain, and cutting it would change which
-    distribution the step's last token is drawn from). A tree is kept whole: verification never
-    goes below a refused node."""
-    if draft.parents is not None or not draft.num_nodes:
-        return draft
-    valid = matcher.valid_prefix(draft.tokens.tolist())
-    return draft.truncated(valid if draft.probs is None else valid + 1)
-
-
-def forced_draft(matcher: TokenMatcher, room: int, device: torch.device) -> Draft | None:
-    """The tokens the grammar forces next, as a point-mass draft that the masked p accepts for
-    certain (None where nothing is forced)."""
-    forced = matcher.forced()[:room]
-    if not forced:
-        return None
-    return Draft(torch.tensor(forced, dtype=torch.long, device=device), forced=True)

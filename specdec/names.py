@@ -2,7 +2,7 @@
 parser is built from these, so `specdec --help` and argument errors answer at once. The modules
 that implement each name import them from here."""
 
-SAMPLING_RULES = ("rejection", "coupled")  # specdec.rules
+SAMPLING_RULES = ("rejection", "coupled")  # specdec.core.rules
 DRAFTERS = ("auto", "model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
             "suffix-tree", "ngram-edit", "corpus", "corpus-tree")  # specdec.drafting
 # what --tree turns a chain drafter into
@@ -27,7 +27,7 @@ def base_kinds(spec: str) -> list[str]:
         else:
             kinds.append(kind)
     return kinds
-POLICIES = ("fixed", "heuristic", "threshold", "cost", "auto")  # specdec.policy
+POLICIES = ("fixed", "heuristic", "threshold", "cost", "auto")  # specdec.core.policy
 # "auto" drafts with every drafter available and chooses each step's draft and length itself
 # (specdec.drafting.auto): its policy only caps the length, at this many tokens unless --gamma says.
 AUTO = "auto"

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.drafting.base import StepOutcome
+from specdec.core.drafts import StepOutcome
+from specdec.core.engine import Request
+from specdec.core.metrics import SpecStats
+from specdec.core.sampling import TokenLogprob
 from specdec.drafting.corpus import CORPUS
-from specdec.engine import Request
-from specdec.metrics import SpecStats
-from specdec.sampling import TokenLogprob
 from specdec.stops import StopMatcher
 
 
@@ -31,7 +31,7 @@ class TokenSource(str, enum.Enum):
     BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
     CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
     CORPUS = "corpus"  # an accepted draft retrieved from a datastore of code (the corpus drafter, --index)
-    RELAXED = "relaxed"  # a draft the exact test rejected, kept by a LOSSY acceptance rule (specdec.acceptance)
+    RELAXED = "relaxed"  # a draft the exact test rejected, kept by a LOSSY acceptance rule (specdec.core.acceptance)
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
     FORCED = "forced"  # the only token the request's grammar allowed, drafted for nothing

@@ -2,16 +2,13 @@
 
 import dataclasses
 from collections import Counter
-from unittest import mock
 
 import numpy as np
 from scipy.stats import chisquare
 
-import specdec.engine
-
 
 class StepClock:
-    """time.perf_counter for the engine that advances 1 ms per reading. The cost policies choose
+    """A clock for the engine's cost model that advances 1 ms per reading. The cost policies choose
     draft lengths from measured seconds; with real timings a seeded law test drew different
     samples in every run (its p-value a fresh draw each time: one fell below 1e-3 in a CI run);
     with this clock the same seeds give the same samples, run after run."""
@@ -19,7 +16,7 @@ class StepClock:
     def __init__(self) -> None:
         self.now = 0.0
 
-    def perf_counter(self) -> float:
+    def __call__(self) -> float:
         self.now += 1e-3
         return self.now
 
@@ -48,12 +45,13 @@ def sample_sequences(decoder, prompt: list[int], sampling, length: int, samples:
     drafted tokens)."""
     counts, accepted, drafted = Counter(), 0, 0
     rule = sampling.sampling_rule or "rejection"
-    with mock.patch.object(specdec.engine, "time", StepClock()):
-        for first in range(first_seed, first_seed + samples, batch):
-            settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length, sampling_rule=rule)
-                        for seed in range(first, min(first + batch, first_seed + samples))]
-            for result in decoder.generate([prompt] * len(settings), settings):
-                counts[tuple(result.token_ids)] += 1
-                accepted += result.stats.accepted
-                drafted += result.stats.drafted
+    # The decoder's cost model (its engine's, and an auto drafter's: the same one) on the step clock.
+    decoder.engine.costs.clock = StepClock()
+    for first in range(first_seed, first_seed + samples, batch):
+        settings = [dataclasses.replace(sampling, seed=seed, max_new_tokens=length, sampling_rule=rule)
+                    for seed in range(first, min(first + batch, first_seed + samples))]
+        for result in decoder.generate([prompt] * len(settings), settings):
+            counts[tuple(result.token_ids)] += 1
+            accepted += result.stats.accepted
+            drafted += result.stats.drafted
     return counts, accepted, drafted

@@ -1,4 +1,4 @@
-"""Opt-in LOSSY acceptance (specdec.acceptance): its syntax, exact acceptance unchanged, each scheme
+"""Opt-in LOSSY acceptance (specdec.core.acceptance): its syntax, exact acceptance unchanged, each scheme
 at its strictest setting equal to exact (greedy, rejection and coupled sampling; chains and trees;
 alone and in a batch), relaxed settings really relaxing, and the verifiers' relaxed rule by hand."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdec import SamplingParams, SpeculativeDecoder, TokenSource, load, make_drafter
-from specdec.acceptance import LOSSY_PRESET, Relaxation, parse_acceptance
-from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample
+from specdec.core.acceptance import LOSSY_PRESET, Relaxation, parse_acceptance
+from specdec.core.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample
 
 PROMPTS = 16
 MODES = {  # how a request samples: greedy, and the two sampling rules (seeded: the same draws every run)

@@ -1,4 +1,4 @@
-"""The law of LOSSY acceptance (specdec.acceptance), on table models whose laws can be enumerated:
+"""The law of LOSSY acceptance (specdec.core.acceptance), on table models whose laws can be enumerated:
 the relaxed rule's law of a 3-token continuation computed exactly (docs/acceptance.md, "The law"),
 its total variation from the target's law reported and > 0 for relaxed settings and 0 at the
 strictest, and the engine's samples checked against the computed law (chi-square)."""
@@ -14,9 +14,9 @@ from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
 
 from specdec import SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter
-from specdec.acceptance import parse_acceptance
+from specdec.core.acceptance import parse_acceptance
+from specdec.core.verify import residual_distribution
 from specdec.models.base import LanguageModel
-from specdec.verify import residual_distribution
 
 VOCAB, LENGTH, GAMMA = 6, 3, 2
 SAMPLING = SamplingParams(temperature=1.0)

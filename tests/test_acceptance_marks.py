@@ -7,14 +7,14 @@ import json
 import pytest
 from test_explain import assert_decision_explains
 
-from specdec.acceptance import LOSSY_PRESET
 from specdec.bench.runner import Method, MethodOutput, Prompt, method_flags, run_side_by_side
-from specdec.cli import main
+from specdec.commands.cli import main
+from specdec.core.acceptance import LOSSY_PRESET
+from specdec.core.sampling import SamplingParams
 from specdec.defaults import default_model
 from specdec.explain.record import chain_decision, record_generation
 from specdec.explain.steps import step_view
 from specdec.models.loading import load
-from specdec.sampling import SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
 LOOSE = "topk:k=20,delta=0"

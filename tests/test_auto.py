@@ -1,17 +1,15 @@
 """The auto drafter: lossless with every candidate set (greedy identity, the sampled law, the
 coupled rule), and its choice follows what each candidate is measured to give."""
 
-from unittest import mock
-
 import pytest
 import torch
 from test_greedy_equality import DRAFT_KINDS, check_equality, random_cases
 from test_heads import perturbed, trained_head
 
-import specdec.drafting.auto
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.drafting.auto import MIN_PROBE_PERIOD, AutoDrafter, judged
-from specdec.drafting.base import BaseDrafter, ContextRequest, Draft, StepOutcome
+from specdec.core.drafts import BaseDrafter, ContextRequest, Draft, StepOutcome
+from specdec.core.estimates import MIN_PROBE_PERIOD, CostModel
+from specdec.drafting.auto import AutoDrafter, judged
 from specdec.drafting.ngram import NGramDrafter
 
 
@@ -55,32 +53,28 @@ def test_auto_with_a_head_equals_target_only(models, tmp_path_factory):
     assert [c.name for c in drafters["head+model"].candidates] == ["suffix", "ngram", "ngram-edit", "head", "model"]
 
 
-class FreeDrafting:
-    """time for the auto drafter: drafting takes no time, so only acceptance decides."""
-
-    @staticmethod
-    def perf_counter() -> float:
-        return 0.0
-
-
 def test_auto_drafts_with_the_candidate_that_pays(models):
-    """With drafting free, a draft model that is the target wins most steps; an independent one is
-    dropped for the text drafters or none once measured (its acceptance is near zero). (A tiny
-    draft as big as the target costs a target forward a token: then no draft of it pays, rightly.)"""
+    """On a clock where every reading takes 1 ms (a draft costs about what a verify block of any
+    length costs, so only acceptance decides), a draft model that is the target wins most steps; an
+    independent one is dropped for the text drafters or none once measured (its acceptance is near
+    zero). (Timed for real, a tiny draft as big as the target costs a target forward a token: then
+    no draft of it pays, rightly.)"""
+    from law import StepClock
+
     target, drafts = models
     prompts = [prompt for prompt, _, _ in random_cases(3, target.vocab_size, 12)]
     used = {}
     for kind in ("same", "independent"):
-        decoder = SpeculativeDecoder(target, make_drafter("auto", drafts[kind], target=target), gamma=6, policy="auto")
+        drafter = make_drafter("auto", drafts[kind], target=target, costs=CostModel(clock=StepClock()))
+        decoder = SpeculativeDecoder(target, drafter, gamma=6, policy="auto")
         steps: dict[str, int] = {}
-        with mock.patch.object(specdec.drafting.auto, "time", FreeDrafting()):
-            for prompt in prompts:
-                for name, (count, _, _) in decoder.generate(prompt, max_new_tokens=32).stats.by_drafter.items():
-                    steps[name] = steps.get(name, 0) + count
+        for prompt in prompts:
+            for name, (count, _, _) in decoder.generate(prompt, max_new_tokens=32).stats.by_drafter.items():
+                steps[name] = steps.get(name, 0) + count
         used[kind] = steps
     share = {kind: steps.get("model", 0) / sum(steps.values()) for kind, steps in used.items()}
-    # a free candidate's probes come in pairs every MIN_PROBE_PERIOD idle steps: 2 of 9 steps once its
-    # estimate has fallen (more before; measured verify times, so a loaded machine moves it a little)
+    # a cheap candidate's probes come in pairs every MIN_PROBE_PERIOD idle steps: 2 of 9 steps once
+    # its estimate has fallen (more before)
     assert share["same"] > 0.6 and share["independent"] < 2 / (MIN_PROBE_PERIOD + 1) + 0.2, used
 
 
@@ -134,13 +128,14 @@ def test_auto_refuses_what_it_cannot_hold():
 
 def test_a_forward_candidate_is_probed_after_idle_steps():
     """A candidate that is never best still drafts, two steps in a row, once it has sat idle for
-    its probe period (its estimate stays alive: estimates.ProbeRule); the period is probe_every for
-    a costly candidate, MIN_PROBE_PERIOD for a cheap one (mutation: one-step probes fail the pairs;
-    a fixed period fails the cheap candidate's)."""
-    from specdec.drafting.base import StepOutcome
+    its probe period (its estimate stays alive: estimates.ProbeRule); the period is the cost
+    model's longest for a costly candidate, MIN_PROBE_PERIOD for a cheap one (mutation: one-step
+    probes fail the pairs; a fixed period fails the cheap candidate's)."""
+    from specdec.core.drafts import StepOutcome
 
-    def probed_steps(seconds_per_token: float, probe_every: int, steps: int) -> list[int]:
-        auto = AutoDrafter({"ngram": NGramDrafter(3), "slow": NGramDrafter(3)}, ("ngram",), probe_every=probe_every)
+    def probed_steps(seconds_per_token: float, longest: int, steps: int) -> list[int]:
+        auto = AutoDrafter({"ngram": NGramDrafter(3), "slow": NGramDrafter(3)}, ("ngram",),
+                           costs=CostModel(max_probe_period=longest))
         auto.costs.draft("slow").add(seconds_per_token, 1)
         auto.costs.verify.add(1, 1, 0.01)
         auto.costs.verify.add(1, 2, 0.01)
@@ -157,25 +152,25 @@ def test_a_forward_candidate_is_probed_after_idle_steps():
 
     assert probed_steps(10.0, 4, 12) == [4, 5, 9, 10]  # the 4th idle step in a row, and the one after it
     assert probed_steps(10.0, 64, 80) == [64, 65]
-    auto = AutoDrafter({"ngram": NGramDrafter(3), "head": NGramDrafter(3)}, ("ngram",), probe_every=64)
-    verify = [0.010, 0.011]  # T(1), T(2)
+    costs = CostModel(max_probe_period=64)
+    costs.verify.add(1, 1, 0.010)
+    costs.verify.add(1, 2, 0.011)
     for seconds_per_token, period in ((1e-6, MIN_PROBE_PERIOD), (0.0015, 17), (0.050, 64)):
-        auto.costs.drafts.clear()
-        auto.costs.draft("head").add(seconds_per_token, 1)
         # two one-token drafts, each its cost and T(2) - T(1), are 3% of the T(1) steps between probes
-        assert auto.probe_period(1, verify) == period
+        assert costs.probe_period(seconds_per_token, steps=2) == period
+    assert costs.probe_period(None) == 64  # a cost not measured yet: the longest
 
 
 def test_a_forward_candidates_cost_is_read_from_steady_steps():
     """A forward candidate's drafts after idle steps (which first feed it their tokens) count only
     until a draft right after one of its own is measured: that one's cost is what auto weighs
     (mutation: recording every step in the steady estimate keeps the cold steps' cost)."""
-    from specdec.drafting.base import StepOutcome
+    from specdec.core.drafts import StepOutcome
 
-    class Clock:  # auto's time.perf_counter, moved on by the drafter's "work"
+    class Clock:  # the cost model's clock, moved on by the drafter's "work"
         now = 0.0
 
-        def perf_counter(self) -> float:
+        def __call__(self) -> float:
             return self.now
 
     clock = Clock()
@@ -186,15 +181,14 @@ def test_a_forward_candidates_cost_is_read_from_steady_steps():
             return super().propose(request, gamma)
 
     slow = Slow(3)
-    auto = AutoDrafter({"ngram": NGramDrafter(3), "head": slow}, ("ngram",))
+    auto = AutoDrafter({"ngram": NGramDrafter(3), "head": slow}, ("ngram",), costs=CostModel(clock=clock))
     auto.costs.verify.add(1, 1, 0.01)
     request = ContextRequest.started(auto, torch.tensor([1, 2, 3, 1, 2]))
-    with mock.patch.object(specdec.drafting.auto, "time", clock):
-        for seconds in (0.05, 0.001):  # untried: drafted (cold: a backlog), then its follow-up (steady)
-            slow.seconds = seconds
-            draft = auto.propose(request, 4)
-            assert draft.drafter == "head"
-            auto.observe(request, StepOutcome(torch.tensor([1]), draft.num_nodes, verify_seconds=0.01))
+    for seconds in (0.05, 0.001):  # untried: drafted (cold: a backlog), then its follow-up (steady)
+        slow.seconds = seconds
+        draft = auto.propose(request, 4)
+        assert draft.drafter == "head"
+        auto.observe(request, StepOutcome(torch.tensor([1]), draft.num_nodes, verify_seconds=0.01))
     assert auto.candidates[1].cold_cost.seconds() > 0.01
     assert auto.draft_seconds(1) < 0.01
 
@@ -203,7 +197,7 @@ def test_a_forward_candidates_cost_is_read_from_steady_steps():
 def test_auto_law_of_three_tokens(tmp_path_factory):
     """Chi-square of 20k seeded 3-token generations against the enumerated law of a 6-token target,
     auto with a head, the text drafters and a perturbed draft model as candidates, temperature 0.9."""
-    from law import StepClock, assert_matches_law, sample_sequences
+    from law import assert_matches_law, sample_sequences
     from test_heads import exact_law
     from tiny import save_random_model
 
@@ -222,8 +216,7 @@ def test_auto_law_of_three_tokens(tmp_path_factory):
     prompt = [1, 4, 2, 1, 4]
     decoder = SpeculativeDecoder(target, make_drafter("auto", draft, target=target, head=head), gamma=3,
                                  policy="auto")
-    with mock.patch.object(specdec.drafting.auto, "time", StepClock()):
-        counts, accepted, drafted = sample_sequences(decoder, prompt, sampling, 3, 20000)
+    counts, accepted, drafted = sample_sequences(decoder, prompt, sampling, 3, 20000)  # (on its step clock)
     assert 0 < accepted < drafted
     assert_matches_law(counts, exact_law(target, prompt, 3, sampling), "auto")
 

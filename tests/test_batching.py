@@ -11,7 +11,7 @@ from table_lm import table_model
 from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.policy import POLICIES
+from specdec.core.policy import POLICIES
 
 DRAFT_KINDS = ("same", "independent", "perturbed")
 
@@ -242,24 +242,27 @@ def test_logprobs_are_the_targets_own_whatever_drafted_them(tiny_pair, temperatu
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @pytest.mark.parametrize("kind", ["model", "tree"])
 def test_a_step_verifies_its_batch_in_one_pass(tiny_pair, monkeypatch, kind, temperature):
-    """Greedy chains and trees, and rejection-sampled chains and trees, of 5 requests are verified
-    without a call per request (verify_batch.verify_request is the per-request path: the coupled
-    rule, lossy greedy), and the texts are what each request gets alone. Mutation, checked: routing
-    every request to verify_request fails the count."""
-    from specdec import verify_batch
+    """Greedy chains and trees, rejection-sampled ones and the coupled rule's, of 5 requests, are
+    verified in one pass a step (the walk: greedy and coupled; the ragged rejection sampler), never
+    a call per request, and the texts are what each request gets alone. Mutation, checked: a walk
+    per request fails the batch sizes."""
+    from specdec.core import verify_batch
 
     target = load(tiny_pair["target"], dtype="float64")
     drafter = make_drafter(kind, load(tiny_pair["perturbed"], dtype="float64"), tree_budget=6)
     prompts = [[(5 * i + 3 * j) % target.vocab_size for j in range(4 + i)] for i in range(5)]
-    samplings = [SamplingParams(temperature=temperature, seed=i, sampling_rule="rejection", max_new_tokens=10)
-                 for i in range(5)]
     decoder = SpeculativeDecoder(target, drafter, gamma=3)
-    alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings, strict=True)]
-    calls = []
-    per_request = verify_batch.verify_request
-    monkeypatch.setattr(verify_batch, "verify_request", lambda *args: calls.append(1) or per_request(*args))
-    together = [result.token_ids for result in decoder.generate(prompts, samplings)]
-    assert together == alone
-    assert not calls
-    decoder.generate(prompts[0], SamplingParams(temperature=0.9, seed=0, sampling_rule="coupled", max_new_tokens=4))
-    assert calls  # the coupled rule's path is the one counted
+    walked = []  # the batch size of each walk
+    walk = verify_batch.greedy_verify_ragged
+    monkeypatch.setattr(verify_batch, "greedy_verify_ragged", lambda drafts, *args: walked.append(len(drafts)) or
+                        walk(drafts, *args))
+    monkeypatch.setattr(verify_batch, "verify_request", None)  # (the reference: never on an engine's path)
+    for rule in ("rejection", "coupled"):
+        samplings = [SamplingParams(temperature=temperature, seed=i, sampling_rule=rule, max_new_tokens=10)
+                     for i in range(5)]
+        alone = [decoder.generate(p, s).token_ids for p, s in zip(prompts, samplings, strict=True)]
+        walked.clear()
+        together = [result.token_ids for result in decoder.generate(prompts, samplings)]
+        assert together == alone, rule
+        walks = temperature == 0.0 or rule == "coupled"
+        assert (max(walked) == 5) if walks else not walked, (rule, walked)

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from specdec.bench.runner import IdentityError, Method, MethodOutput, Prompt, run_side_by_side
-from specdec.cli import main
-from specdec.sampling import SamplingParams
+from specdec.commands.cli import main
+from specdec.core.sampling import SamplingParams
 
 
 @pytest.fixture()
@@ -57,9 +57,9 @@ def test_sampled_bench_checks_identity_under_the_coupled_rule(tiny_pair, prompt_
 
 
 def test_a_speedup_above_tau_is_flagged_as_noise():
-    from specdec.bench.command import impossible_speedups
     from specdec.bench.runner import Summary
-    from specdec.metrics import SpecStats
+    from specdec.commands.bench import impossible_speedups
+    from specdec.core.metrics import SpecStats
 
     stats = SpecStats()
     stats.observe(0, 0)  # one plain step: tau 1.0

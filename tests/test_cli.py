@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from specdec import cli
-from specdec.cli import main
+from specdec.commands import cli
+from specdec.commands.cli import main
 
 
 def test_generate_streams_text_and_prints_stats(tiny_pair, capsys):
@@ -44,7 +44,7 @@ def test_no_progress_bar_frames_when_stderr_is_not_a_terminal(monkeypatch, capsy
     from huggingface_hub.utils import are_progress_bars_disabled
     from transformers.utils import logging as transformers_logging
 
-    import specdec.cli as cli
+    import specdec.commands.cli as cli
 
     for _ in transformers_logging.tqdm(range(3)):  # (the bar draws, unless off)
         pass
@@ -70,7 +70,7 @@ def test_the_quantize_help_says_what_an_unset_quantize_does(tiny_pair, monkeypat
     from rich.console import Console
 
     import specdec.models.precision_choice as precision_choice
-    from specdec.cli import build_parser, resolve_models
+    from specdec.commands.cli import build_parser, resolve_models
 
     parser = build_parser()
     generate = next(action for action in parser._subparsers._group_actions[0].choices["generate"]._actions
@@ -88,15 +88,57 @@ def test_the_quantize_help_says_what_an_unset_quantize_does(tiny_pair, monkeypat
     assert "none on another backend" in generate.help and quantize_for("--backend", "transformers") is None
 
 
+def test_the_drafting_help_says_what_unset_options_do():
+    """--drafter, --policy, --gamma and --tree-budget: what each help says runs when it is unset,
+    against what the SpeculationConfig built from that command line runs."""
+    from specdec.commands.cli import build_parser
+    from specdec.config import SpeculationConfig
+    from specdec.names import AUTO_GAMMA, GAMMA, THRESHOLD_GAMMA, TREE_BUDGET, TREE_COST_MAX_BUDGET
+
+    parser = build_parser()
+    helps = {option: action.help for action in
+             parser._subparsers._group_actions[0].choices["generate"]._actions for option in action.option_strings}
+
+    def config(*options: str) -> SpeculationConfig:
+        args = parser.parse_args(["generate", *options, "x"])
+        args.argv = list(options)
+        return SpeculationConfig.from_args(args)
+
+    assert "(default: auto)" in helps["--drafter"] and config().drafter == "auto"
+    assert "default: auto for the auto drafter, tree-cost for trees, else fixed" in helps["--policy"]
+    assert (config().chosen_policy, config("--tree").chosen_policy, config("--drafter", "ngram").chosen_policy) == \
+        ("auto", "tree-cost", "fixed")
+    assert f"default: {AUTO_GAMMA} for auto, {THRESHOLD_GAMMA} for threshold, else {GAMMA}" in helps["--gamma"]
+    assert (config().chosen_gamma, config("--drafter", "staged", "--policy", "threshold").chosen_gamma,
+            config("--drafter", "ngram").chosen_gamma) == (AUTO_GAMMA, THRESHOLD_GAMMA, GAMMA)
+    assert f"default {TREE_BUDGET}" in helps["--tree-budget"] and config("--tree").nodes == TREE_BUDGET
+    assert f"unset: {TREE_COST_MAX_BUDGET}" in helps["--tree-budget"]
+    assert "none: the target alone, as --no-draft" in helps["--drafter"]
+    assert config("--drafter", "none") == config("--no-draft")
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["serve", "--policy", "cost"], "--policy does not apply to serve"),
-    (["bench-serve", "--policy", "threshold"], "--policy does not apply to bench-serve"),
+    (["serve", "--policy", "cost"], "--policy does not apply to a server"),
+    (["bench-serve", "--policy", "threshold"], "--policy does not apply to a server"),
     (["generate", "x", "--drafter", "ngram", "--policy", "auto"], "--policy auto is the auto drafter's own"),
     (["generate", "x", "--tree", "--policy", "auto"], "--policy auto is the auto drafter's own"),
+    (["generate", "x", "--policy", "cost"], "--policy cost does not apply to --drafter auto"),
+    (["serve", "--drafter", "auto", "--tree"], "--tree does not apply to --drafter auto"),
+    (["generate", "x", "--drafter", "ngram", "--tree-budget", "8"], "--tree-budget does not apply to --drafter ngram"),
+    (["generate", "x", "--drafter", "suffix", "--draft-head", "DIR"], "--draft-head does not apply to --drafter"),
+    (["generate", "x", "--drafter", "suffix", "--ngram-max", "3"], "--ngram-max does not apply to --drafter suffix"),
+    (["generate", "x", "--drafter", "model", "--index", "default"], "--index does not apply to --drafter model"),
+    (["generate", "x", "--no-draft", "--gamma", "3"], "--gamma does not apply without a drafter"),
+    (["generate", "x", "--drafter", "none", "--policy", "cost"], "--policy does not apply without a drafter"),
+    (["generate", "x", "--no-draft", "--drafter", "model"], "--no-draft and --drafter model disagree"),
+    (["bench-serve", "--drafter", "none", "--tree-budget", "4"], "--tree-budget does not apply without a drafter"),
 ])
 def test_an_option_that_would_be_ignored_is_refused_in_one_line(argv, message, capsys):
     """Options that used to be accepted and then ignored (serve's --policy: its controller chooses;
-    --policy auto beside another drafter: it meant a fixed gamma) are errors before anything loads."""
+    --policy auto beside another drafter: it meant a fixed gamma; a policy beside auto: a second
+    decider; --tree with auto, which drafts chains; --tree-budget for chains; a head or n-gram
+    setting for a drafter without one; datastores for a drafter that reads none; drafting options
+    for the target alone) are errors naming the option, before anything loads."""
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
@@ -113,8 +155,8 @@ def test_drafter_none_is_no_draft(tiny_pair, capsys):
 
 
 def test_threshold_caps_drafts_at_the_given_gamma():
+    from specdec.core.policy import make_policy
     from specdec.names import default_gamma
-    from specdec.policy import make_policy
 
     assert make_policy("threshold", 4).next_shape().depth == 4  # it was max(gamma, 8)
     assert make_policy("threshold", default_gamma("threshold")).next_shape().depth == 8  # unset: as before
@@ -125,8 +167,8 @@ def test_tree_budget_caps_what_tree_cost_chooses(tiny_pair, monkeypatch, capsys)
     starting shape included (its own cap, unset); it used to be overridden by the policy's.
     Mutation, checked: generate passing the policy by name (its own cap of 64) fails it."""
     import specdec.decoder
+    from specdec.core.policy import make_policy
     from specdec.names import TREE_COST_MAX_BUDGET
-    from specdec.policy import make_policy
 
     assert max(d * w for d, w in make_policy("tree-cost", 4, node_budget=6).shapes()) <= 6
     assert make_policy("tree-cost", 4, node_budget=2).next_shape().node_budget == 2
@@ -155,7 +197,7 @@ def test_drafter_and_policy_options(tiny_pair, capsys):
     for drafter, policy in [("ngram", "cost"), ("staged", "threshold"), ("model", "heuristic")]:
         code = main(["generate", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["perturbed"]),
                      "abcabcabcabc", "--max-new-tokens", "10", "--drafter", drafter, "--policy", policy,
-                     "--ngram-max", "3", "--json"])
+                     *(["--ngram-max", "3"] if drafter != "model" else []), "--json"])
         stats = json.loads(capsys.readouterr().out)
         assert code == 0 and stats["generated_tokens"] >= 1, (drafter, policy)
 
@@ -284,23 +326,6 @@ def test_the_banner_says_what_runs(tiny_pair, capsys, arguments, expected, absen
     assert absent is None or absent not in err.split("tokens per second")[0].split("speculative decoding")[0]
 
 
-def test_unset_options_give_auto_and_trees_the_tree_cost_policy(monkeypatch):
-    import argparse
-
-    from specdec import cli
-
-    pair = type("Pair", (), {"drafter": "ngram", "policy": "cost", "head": None})()
-    monkeypatch.setattr(cli, "resolve_models", lambda *args, **kwargs: (None, None, None, pair))
-    monkeypatch.setattr(cli, "load_models", lambda *args, **kwargs: (None, None))
-    for tree, policy, expected in [(True, None, ("ngram", "tree-cost", 4)), (False, None, ("auto", "auto", 12)),
-                                   (True, "cost", ("ngram", "cost", 4))]:
-        args = argparse.Namespace(drafter=None, policy=policy, tree=tree, draft_head=None, no_draft=True, gamma=None,
-                                  target=None, draft=None)
-        with pytest.raises(AttributeError):  # the head's check reads the (absent) target: the choice is made by then
-            cli.build_drafter(args, None)
-        assert (args.drafter, args.policy, args.gamma) == expected, (tree, policy)
-
-
 def test_help_shows_each_default_once(capsys):
     for command in ("generate", "serve", "bench-batch", "bench-serve"):
         with pytest.raises(SystemExit):
@@ -316,7 +341,7 @@ def test_parsing_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, specdec; from specdec.cli import build_parser, check_arguments; "
+    code = ("import sys, specdec; from specdec.commands.cli import build_parser, check_arguments; "
             "check_arguments(build_parser().parse_args(['generate', 'hi', '--temperature', '0.5'])); "
             "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -57,7 +57,7 @@ def constrained_law(target: LanguageModel, prompt: list[int], length: int, sampl
 
 class FixedQDrafter:
     """Draws its chain from one fixed q that no grammar masks: drafts the grammar often refuses
-    (what fit_draft cuts just after the first refused token)."""
+    (what core.engine.fit_draft cuts just after the first refused token)."""
 
     hidden_layers = ()
 
@@ -366,7 +366,7 @@ def test_a_draft_that_goes_on_after_the_end_token_is_verified_and_cut_there():
 def test_a_draft_model_drafts_only_what_the_grammar_allows_and_leaves_the_matcher_alone(temperature):
     """q masked along the chain: every drafted token is allowed; the matcher is where it was.
     Mutation checked: without mask_draft_logits in draft_chain the first assertion fails."""
-    from specdec.drafting.base import ContextRequest
+    from specdec.core.drafts import ContextRequest
 
     target = table_model_with_tokenizer(9, seed=100)
     drafter = make_drafter("model", table_model_with_tokenizer(9, seed=101, sharpness=1.0))

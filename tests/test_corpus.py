@@ -13,7 +13,7 @@ from test_distribution import PROMPT, exact_sequence_law
 from test_greedy_equality import check_equality, lean_models, random_cases  # noqa: F401 (fixture)
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
-from specdec.drafting.base import ContextRequest
+from specdec.core.drafts import ContextRequest
 from specdec.drafting.corpus import CORPUS, CorpusDrafter
 from specdec.drafting.datastore import Datastore, tokenizer_fingerprint, write_datastore
 
@@ -98,7 +98,7 @@ def test_a_datastore_of_another_tokenizer_is_refused_in_one_line(tmp_path, tiny_
     from tiny import save_char_tokenizer
     from transformers import AutoTokenizer
 
-    from specdec.cli import main
+    from specdec.commands.cli import main
     from specdec.corpus_index import build_index
 
     save_char_tokenizer(tmp_path / "tok", 98)  # the tiny target's has 96 ids: another vocabulary
@@ -116,7 +116,7 @@ def test_a_datastore_of_another_tokenizer_is_refused_in_one_line(tmp_path, tiny_
 def test_index_build_on_the_command_line_then_generate_with_it(tmp_path, tiny_pair, capsys):
     """`specdec index build` with the target's tokenizer, then `generate --index` drafts from it,
     and the text equals the target alone's (--no-draft)."""
-    from specdec.cli import main
+    from specdec.commands.cli import main
 
     target = str(tiny_pair["target"])
     (tmp_path / "code.py").write_text("def hello(name): return 'hello ' + name\n" * 3)
@@ -137,9 +137,9 @@ def test_a_users_index_keeps_a_file_that_quotes_a_benchmark_prompt(tmp_path, tin
     rule) counts 1 file."""
     import json
 
-    from specdec.cli import main
+    from specdec.commands.cli import main
+    from specdec.corpus_files import quotes_the_suites
     from specdec.defaults import default_prompts
-    from specdec.training.data import quotes_the_suites
 
     prompt = next(item["prompt"] for item in json.loads(default_prompts().read_text())
                   if any(len(line.strip()) >= 30 for line in item["prompt"].splitlines()))
@@ -218,7 +218,7 @@ def test_auto_judges_the_corpus_but_keeps_it_out_of_the_reach_classes(tmp_path):
     """The reach class reads the copies of the request's own text only: a corpus draft of one token
     leaves the step where the suffix and n-gram copies (8+ tokens) put it, and the corpus's guess
     is judged in that class. Mutation: sets_reach True for the corpus candidate drops the class to 0."""
-    from specdec.drafting.base import StepOutcome
+    from specdec.core.drafts import StepOutcome
 
     store = datastore_of(tmp_path / "store", [[1, 2, 3, 4, 5, 6, 7], [30, 31]])
     auto = make_drafter("auto", corpus=[store])
@@ -270,7 +270,7 @@ def test_a_code_target_gets_the_default_datastore_built_once_and_none_turns_it_o
     (tmp_path / "lib" / "shutil.py").write_text("def copy(src, dst): return dst\n")
     (tmp_path / "lib" / "test" / "test_shutil.py").write_text("assert copy(1, 2) == 2\n")  # tests: left out
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(corpus_index, "default_sources", lambda: [tmp_path / "lib"])
+    monkeypatch.setattr(corpus_index, "standard_library", lambda: [tmp_path / "lib"])
     coder = SimpleNamespace(name="tiny-Coder", tokenizer=tokenizer)
     chat = SimpleNamespace(name="tiny", tokenizer=tokenizer)
     said: list[str] = []

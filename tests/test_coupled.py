@@ -1,4 +1,4 @@
-"""The coupled sampling rule (specdec.rules.CoupledRule, Daliri, Musco and Suresh 2024): each draw
+"""The coupled sampling rule (specdec.core.rules.CoupledRule, Daliri, Musco and Suresh 2024): each draw
 has exactly p's law, seeded output equals the target alone's seeded output whatever drafts it
 (any drafter, gamma, tree, batch), and a seed gives one text under every policy even when the
 measured timings, and so the draft lengths, differ between runs."""
@@ -16,8 +16,9 @@ from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
-from specdec.rules import CoupledRule, position_exponentials
+from specdec.core.engine import Engine
+from specdec.core.estimates import CostModel
+from specdec.core.rules import CoupledRule, position_exponentials
 
 SEEDS = 20000
 
@@ -161,7 +162,7 @@ def test_coupled_output_is_the_target_alone_whatever_drafts_it(float64_pair):
 
 
 class SlowClock:
-    """time.perf_counter as a loaded machine shows it: every reading advances by a growing,
+    """A cost model's clock as a loaded machine shows it: every reading advances by a growing,
     irregular amount, so measured draft and verify seconds differ from an idle run's."""
 
     def __init__(self) -> None:
@@ -174,7 +175,7 @@ class SlowClock:
 
 
 @pytest.mark.parametrize("drafter_kind, policy", [("model", "cost"), ("tree", "tree-cost"), ("staged", "heuristic")])
-def test_a_seed_gives_one_text_under_every_policy_whatever_the_timings(float64_pair, monkeypatch, drafter_kind,
+def test_a_seed_gives_one_text_under_every_policy_whatever_the_timings(float64_pair, drafter_kind,
                                                                         policy):
     """Two runs per prompt with one seed (the default rule for a seeded request), the second with
     a slow, irregular clock: the draft lengths differ, the texts do not."""
@@ -183,9 +184,11 @@ def test_a_seed_gives_one_text_under_every_policy_whatever_the_timings(float64_p
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 4, 1, 4, 2, 1, 3, 5]]
     samplings = [SamplingParams(temperature=0.9, top_k=8, seed=seed, max_new_tokens=40) for seed in range(3)]
     assert samplings[0].rule == "coupled"
-    decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy)
+    # (probes at most 8 steps apart, so that a cost policy that stops drafting keeps measuring)
+    decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy, costs=CostModel(max_probe_period=8))
     idle = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings, strict=True)]
-    monkeypatch.setattr("specdec.engine.time.perf_counter", SlowClock())
+    decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy,
+                                 costs=CostModel(max_probe_period=8, clock=SlowClock()))
     loaded = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings, strict=True)]
     assert [r.token_ids for r in loaded] == [r.token_ids for r in idle]
     if policy != "heuristic":  # the cost policies read the clock: their drafts really changed
@@ -197,7 +200,7 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
     machine: two tables (an idle and a loaded machine) give different draft lengths, one text."""
     import threading
 
-    from specdec.estimates import CostModel, VerifyCostTable
+    from specdec.core.estimates import VerifyCostTable
     from specdec.serving.scheduler import Scheduler
     from specdec.serving.speculation import SpeculationController
 
@@ -210,8 +213,10 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
         costs = VerifyCostTable()
         for batch, block in itertools.product((1, 2, 4), (1, 2, 3, 5)):
             costs.add(batch, block, 0.1 + slope * batch * block)
-        controller = SpeculationController("auto", gamma=4, costs=CostModel(verify=costs), draft_cost=draft_cost)
-        scheduler = Scheduler(Engine(target, drafter, gamma=4), controller, max_batch=4).start()
+        engine = Engine(target, drafter, gamma=4)
+        engine.costs.verify.include(costs)
+        controller = SpeculationController("auto", gamma=4, costs=engine.costs, draft_cost=draft_cost)
+        scheduler = Scheduler(engine, controller, max_batch=4).start()
         results, done = {}, threading.Event()
 
         def emitter(index):

@@ -102,7 +102,7 @@ def test_cuda_seeded_samples_do_not_depend_on_the_batch(cuda_pair):
 def test_cuda_train_head_and_draft_with_it(tmp_path, capsys):
     """`specdec train-head --device cuda` trains on the GPU, and the head drafts there: the text
     is the target's alone."""
-    from specdec.cli import main
+    from specdec.commands.cli import main
     from specdec.defaults import default_model
 
     target = str(default_model("target"))

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from specdec import defaults
-from specdec.cli import main
+from specdec.commands.cli import main
 
 SMOLLM2 = defaults.installed_smollm2_gguf()
 
@@ -77,10 +77,10 @@ def smollm2_pair(tmp_path_factory):
 
 @pytest.mark.slow
 def test_smollm2_is_the_default_when_installed_and_speculation_is_lossless_on_it(smollm2_pair):
+    from specdec.core.sampling import SamplingParams
     from specdec.decoder import SpeculativeDecoder
     from specdec.drafting import make_drafter
     from specdec.models.loading import load
-    from specdec.sampling import SamplingParams
 
     assert "SmolLM2" in smollm2_pair.name and smollm2_pair.quantize == "int8"
     target = load(smollm2_pair.target, quantize="int8")
@@ -136,10 +136,10 @@ def test_where_the_kernels_run_the_default_target_is_w8a32_with_float32_s_text(s
     """SmolLM2's Q4_1 / Q8_0 weights held exactly, float32 activations: no measurement, and the
     quickstart prompt's greedy tokens are the float32 target's (scripts/int8_vs_float32.py checks
     9 prompts x 64 tokens). Mutation checked: int4 or int8 here differ from float32 at token 1."""
+    from specdec.core.sampling import SamplingParams
     from specdec.decoder import SpeculativeDecoder
     from specdec.models import backend_choice
     from specdec.models.loading import load
-    from specdec.sampling import SamplingParams
 
     monkeypatch.setattr(backend_choice, "forward_milliseconds", lambda model: pytest.fail("measured"))
     target, quantize, line = defaults.fastest_default_target(smollm2_pair)

@@ -10,8 +10,8 @@ from scipy.stats import chisquare
 from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, logits_to_probs, make_drafter, rejection_sample
-from specdec.policy import POLICIES
-from specdec.verify import acceptance_probs, residual_distribution
+from specdec.core.policy import POLICIES
+from specdec.core.verify import acceptance_probs, residual_distribution
 
 
 def random_dist(generator, *shape, sharpness=2.0):

@@ -7,9 +7,8 @@ import torch
 from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, make_drafter
-from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
-from specdec.drafting.base import ContextRequest
-from specdec.estimates import (
+from specdec.core.drafts import ContextRequest
+from specdec.core.estimates import (
     AcceptanceByPosition,
     CostModel,
     VerifyCostTable,
@@ -17,7 +16,8 @@ from specdec.estimates import (
     predicted_speedup,
     speedup_ceiling,
 )
-from specdec.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
+from specdec.core.policy import CostModelPolicy, DraftShape, HeuristicPolicy, ThresholdPolicy, make_policy
+from specdec.drafting import NGramDrafter, NGramIndex, StagedDrafter, StepOutcome
 
 GREEDY = SamplingParams()
 
@@ -121,7 +121,10 @@ def synthetic_steps(policy, alpha, steps, rng, draft_seconds=0.1, verify_base=1.
         accepted = 0
         while accepted < gamma and rng.random() < alpha:
             accepted += 1
-        policy.update(asked, gamma, accepted, draft_seconds * gamma, verify_base + verify_slope * (gamma + 1))
+        # (the engine records each step's T in the policy's cost model; the policy its draft cost)
+        if hasattr(policy, "costs"):
+            policy.costs.verify.add(1, gamma + 1, verify_base + verify_slope * (gamma + 1))
+        policy.update(asked, gamma, accepted, draft_seconds * gamma)
         drafted_lengths.append(gamma)
     return drafted_lengths
 
@@ -146,11 +149,12 @@ def test_cost_model_matches_the_leviathan_formula_on_known_costs():
 
 def test_cost_model_decodes_plainly_with_probes_where_drafting_does_not_pay():
     """alpha 0.2, a draft token costing 0.3 of a verify and each verified token 0.4 more (T(k)
-    nearly linear in k): gamma 0 is best; a probe every probe_every steps keeps measuring."""
-    policy = CostModelPolicy(costs=CostModel(probe_every=8))
+    nearly linear in k): gamma 0 is best; a probe every 8 steps (its cost allows 17: capped at the
+    longest period, 8 here) keeps measuring."""
+    policy = CostModelPolicy(costs=CostModel(max_probe_period=8))
     lengths = synthetic_steps(policy, 0.2, 300, random.Random(2), draft_seconds=0.3, verify_slope=0.4)
     assert lengths[-96:].count(0) == 84 and lengths[-96:].count(1) == 12
-    paying = synthetic_steps(CostModelPolicy(costs=CostModel(probe_every=8)), 0.2, 300, random.Random(2),
+    paying = synthetic_steps(CostModelPolicy(costs=CostModel(max_probe_period=8)), 0.2, 300, random.Random(2),
                              draft_seconds=0.01)
     assert 0 not in paying[-100:]  # cheap drafts and verify (slope 0.05) at the same alpha: always drafting
 
@@ -191,12 +195,12 @@ def test_threshold_policy_shortens_drafts_when_acceptance_falls():
 
 def test_heuristic_policy_grows_and_shrinks():
     policy = HeuristicPolicy(4)
-    policy.update(DraftShape(4), 4, 4, 0.0, 0.0)
+    policy.update(DraftShape(4), 4, 4, 0.0)
     assert policy.next_shape() == DraftShape(6)
-    policy.update(DraftShape(6), 6, 2, 0.0, 0.0)
+    policy.update(DraftShape(6), 6, 2, 0.0)
     assert policy.next_shape() == DraftShape(5)
     for _ in range(10):
-        policy.update(DraftShape(5), 5, 0, 0.0, 0.0)
+        policy.update(DraftShape(5), 5, 0, 0.0)
     assert policy.next_shape() == DraftShape(1)
 
 
@@ -205,7 +209,7 @@ def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: f
     alpha_at_width(w) (seeded); the shapes (depth, width) chosen over the last 100 steps."""
     import random
 
-    from specdec.policy import TreeCostPolicy
+    from specdec.core.policy import TreeCostPolicy
 
     policy, rng, chosen = TreeCostPolicy(gamma=4), random.Random(0), []
     for _ in range(steps):
@@ -215,14 +219,8 @@ def settle_tree_shape(alpha_at_width, verify_seconds, draft_seconds_per_depth: f
         accepted = 0
         while accepted < depth and rng.random() < alpha_at_width(width):
             accepted += 1
-        policy.update(
-            asked,
-            depth * width,
-            accepted,
-            depth * draft_seconds_per_depth,
-            verify_seconds(depth * width + 1),
-            [width] * depth,
-        )
+        policy.costs.verify.add(1, depth * width + 1, verify_seconds(depth * width + 1))  # (the engine's part)
+        policy.update(asked, depth * width, accepted, depth * draft_seconds_per_depth, [width] * depth)
         chosen.append((depth, width))
     return chosen[-100:]
 
@@ -251,11 +249,11 @@ def test_tree_cost_policy_stays_shallow_when_drafts_are_rarely_accepted():
 
 def test_the_cost_policy_builds_its_estimators_from_its_own_settings():
     """Mutation note: estimators built with their own defaults (decay 0.98, 12 positions) fail it."""
-    policy = CostModelPolicy(max_gamma=16, costs=CostModel(decay=0.9, probe_every=5))
+    policy = CostModelPolicy(max_gamma=16, costs=CostModel(decay=0.9, max_probe_period=5))
     for estimators in (policy, policy.for_request()):
         assert estimators.acceptance.max_gamma == 16 and estimators.acceptance.decay == 0.9
         assert estimators.costs.verify.decay == 0.9 and estimators.costs.draft().decay == 0.9
-        assert estimators.probe.every == 5
+        assert estimators.costs.max_probe_period == 5
 
 
 def test_speedup_ceiling_weighs_the_blocks_the_drafts_reach_and_what_drafting_costs():

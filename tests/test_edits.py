@@ -9,9 +9,9 @@ import torch
 from test_greedy_equality import check_equality, lean_models  # noqa: F401 (fixture)
 
 from specdec import make_drafter
-from specdec.drafting.base import ContextRequest, StepOutcome
+from specdec.core.drafts import ContextRequest, StepOutcome
+from specdec.core.verify import greedy_verify_tokens
 from specdec.drafting.edits import Edit, apply_edits, learn_edit, undo_edits
-from specdec.verify import greedy_verify_tokens
 
 NAME, VALUE = 10, 11  # "name" and the "_value" a rename appends to it
 

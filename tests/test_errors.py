@@ -99,7 +99,7 @@ def test_unsupported_architecture_uses_the_adapter(model_dir):
 
 
 def cli_error(argv, capsys) -> str:
-    from specdec.cli import main
+    from specdec.commands.cli import main
 
     code = main(argv)
     err = capsys.readouterr().err
@@ -143,8 +143,8 @@ def test_ordinary_mistakes_are_one_line_errors(tiny_pair, tmp_path, capsys):
 
 
 def test_ctrl_c_is_a_message_not_a_traceback(tiny_pair, capsys, monkeypatch):
-    from specdec import generate_command
-    from specdec.cli import main
+    from specdec.commands import generate as generate_command
+    from specdec.commands.cli import main
 
     def interrupted(*args):
         raise KeyboardInterrupt

@@ -9,7 +9,8 @@ import torch
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
-from specdec.cli import main
+from specdec.commands.cli import main
+from specdec.core.sampling import SamplingParams
 from specdec.defaults import default_model
 from specdec.explain.lossless import check_lossless, chi_square_against
 from specdec.explain.record import StepRecord, chain_decision, chosen_step, record_generation
@@ -17,7 +18,6 @@ from specdec.explain.report import report_html, run_costs
 from specdec.explain.steps import step_view
 from specdec.explain.view import step_renderable
 from specdec.models.loading import load
-from specdec.sampling import SamplingParams
 
 PROMPT = "def fibonacci(n):"
 TEMPERATURE = 0.8
@@ -50,7 +50,7 @@ def assert_decision_explains(record: StepRecord) -> None:
     here from their definitions: min(1, p(x)/q(x)) per draft, the first uniform at or above it ends
     the accepted drafts (unless a LOSSY rule kept the draft), and the target's token comes from
     norm(max(0, p - q)) there, or from p after the last draft. (Mutation, checked: judging without
-    the clamp at 1 in specdec.verify.judge fails.)"""
+    the clamp at 1 in specdec.core.verify.judge fails.)"""
     decision, gamma = chain_decision(record), record.gamma
     q, p = record.draft_probs().double(), record.p.double()
     x = torch.tensor(record.draft_tokens, dtype=torch.long)

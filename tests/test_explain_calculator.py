@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.cli import main
+from specdec.commands.cli import main
 from specdec.explain.calculator import best_row, speedup_table
 
 

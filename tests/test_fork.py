@@ -11,7 +11,7 @@ from table_lm import table_model
 from test_distribution import PROMPT, SAMPLING_CASES, exact_sequence_law, table_drafter
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
+from specdec.core.engine import Engine
 
 
 def decode(engine: Engine, cache, requests, forks=()) -> None:

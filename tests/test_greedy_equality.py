@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec import SpeculativeDecoder, load, make_drafter
-from specdec.policy import POLICIES
+from specdec.core.policy import POLICIES
 
 DRAFT_KINDS = ("same", "independent", "perturbed")  # always, never and partly agreeing drafts
 NUM_PROMPTS = 200

@@ -45,7 +45,7 @@ def test_recorded_features_equal_a_teacher_forced_pass(float64_target):
 def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, monkeypatch):
     target = float64_target
     layers = default_feature_layers(target.network.config.num_layers)
-    files = [Path(specdec.__file__).parent / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
+    files = [Path(specdec.__file__).parent / "core" / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
     first = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
     assert first is not None and len(first) >= 1
     parts = sorted(path.name for path in tmp_path.iterdir())
@@ -74,7 +74,7 @@ def test_a_continuation_start_past_the_datas_prompts_is_an_error(float64_target,
     on corpus windows alone, silently; now it is an error, and a short supply is said."""
     target = float64_target
     layers = default_feature_layers(target.network.config.num_layers)
-    files = [Path(specdec.__file__).parent / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
+    files = [Path(specdec.__file__).parent / "core" / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
     with pytest.raises(ValueError, match="--continuation-start 4: the data gives 4 prompts"):
         continuation_features(target, files, 24, 2, layers, tmp_path, start=4)
     said: list[str] = []
@@ -87,8 +87,8 @@ def test_training_corpora_leave_out_files_that_quote_the_benchmark_suites(tmp_pa
     its quotes_the_suites check keeps quoted.py and this test fails."""
     import json
 
+    from specdec.corpus_files import collect_files, suite_lines
     from specdec.defaults import default_prompts
-    from specdec.training.data import collect_files, suite_lines
 
     prompt = next(item["prompt"] for item in json.loads(default_prompts().read_text())
                   if any(len(line.strip()) >= 30 for line in item["prompt"].splitlines()))

@@ -60,7 +60,7 @@ def test_a_head_of_another_vocabulary_or_width_is_refused_even_unrecorded(target
 
 
 def test_auto_takes_the_found_head_through_the_command_line(targets, head_folder, capsys):
-    from specdec.cli import main
+    from specdec.commands.cli import main
 
     target = targets["target"].path
     assert main(["generate", "--target", target, "def f(x):", "--max-new-tokens", "8", "--no-echo"]) == 0
@@ -73,7 +73,7 @@ def test_auto_takes_the_found_head_through_the_command_line(targets, head_folder
 def test_drafter_head_takes_the_found_head_as_auto_does(targets, head_folder, capsys):
     """--drafter head (and head-tree) without --draft-head: the head found for the target, as
     auto finds it; a target with none found gets the one-line error naming --draft-head."""
-    from specdec.cli import main
+    from specdec.commands.cli import main
 
     for kind in ("head", "head-tree"):
         assert main(["generate", "--target", targets["target"].path, "def f(x):", "--drafter", kind,

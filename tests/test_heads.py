@@ -14,12 +14,12 @@ from test_greedy_equality import check_equality
 
 import specdec
 from specdec import Attention, SamplingParams, SpeculativeDecoder, load, make_drafter
+from specdec.commands.train_head import HeadTraining
 from specdec.drafting.fused_head import FusedHeadLayer, fuse_head
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_drafter import HeadDrafter
 from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
 from specdec.models.base import Segment
-from specdec.training.head_command import HeadTraining
 from specdec.training.head_train import train_head
 
 
@@ -329,7 +329,7 @@ def test_heads_refuse_what_they_cannot_read(tmp_path, float64_target, heads, tin
 
 def exact_law(target, prompt: list[int], length: int, sampling) -> dict:
     """The target's law of its next ``length`` tokens, by enumeration (one forward per prefix)."""
-    from specdec.sampling import logits_to_probs
+    from specdec.core.sampling import logits_to_probs
 
     law, frontier = {}, [((), 1.0)]
     for _ in range(length):
@@ -354,7 +354,7 @@ def test_head_law_of_three_tokens(tmp_path_factory, kind, quantize):
     from law import assert_matches_law, sample_sequences
     from tiny import save_random_model
 
-    from specdec.sampling import SamplingParams as Params
+    from specdec.core.sampling import SamplingParams as Params
 
     folder = save_random_model(tmp_path_factory.mktemp("six"), vocab_size=6, seed=5, init_scale=0.5,
                                tokenizer=False, bos_token_id=None, eos_token_id=None)  # no EOS: 3 tokens always
@@ -380,7 +380,7 @@ def test_head_law_of_three_tokens(tmp_path_factory, kind, quantize):
 def test_train_head_command_end_to_end(tmp_path, capsys):
     """`specdec train-head` on the bundled toy target (a few steps), then its head drafts: the
     text is the target's alone."""
-    from specdec.cli import main
+    from specdec.commands.cli import main
     from specdec.defaults import default_model
 
     target = str(default_model("target"))

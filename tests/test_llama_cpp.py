@@ -10,7 +10,7 @@ pytest.importorskip("llama_cpp")
 from gguf_files import find_gguf  # noqa: E402
 
 from specdec import Attention, SpeculativeDecoder, load, make_drafter  # noqa: E402
-from specdec.drafting.base import Draft  # noqa: E402
+from specdec.core.drafts import Draft  # noqa: E402
 from specdec.models.base import Segment  # noqa: E402
 
 GGUF = find_gguf()

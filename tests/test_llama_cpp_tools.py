@@ -17,8 +17,8 @@ from specdec.bench.llama_cpp_tools import (
     parse_timing,
     server_command,
 )
-from specdec.cli import main
-from specdec.sampling import SamplingParams
+from specdec.commands.cli import main
+from specdec.core.sampling import SamplingParams
 
 SPECULATIVE_LOG = """\
 0.17.988.609 I encoded   13 tokens in    1.087 seconds, speed:   11.964 t/s

@@ -9,7 +9,7 @@ import pytest
 from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
+from specdec.core.engine import Engine
 from specdec.serving.scheduler import PrefillBudget, Scheduler
 from specdec.serving.speculation import SpeculationController
 

@@ -8,7 +8,7 @@ import torch
 from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
+from specdec.core.engine import Engine
 from specdec.serving.prefixes import PrefixCache
 from specdec.serving.scheduler import Scheduler
 from specdec.serving.speculation import SpeculationController

@@ -8,8 +8,8 @@ import pytest
 from test_batching import batch_prompts
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
-from specdec.estimates import AcceptanceByPosition, CostModel, VerifyCostTable
+from specdec.core.engine import Engine
+from specdec.core.estimates import AcceptanceByPosition, CostModel, VerifyCostTable
 from specdec.serving.scheduler import PrefillBudget, QueueFullError, Scheduler
 from specdec.serving.speculation import SpeculationController, profile_verify_costs
 
@@ -23,8 +23,8 @@ def bandwidth_bound_table(batches=(1, 2, 4, 8, 16, 32), blocks=(1, 2, 3, 5)) -> 
     return table
 
 
-def bandwidth_bound_costs(probe_every: int = 16) -> CostModel:
-    return CostModel(probe_every=probe_every, verify=bandwidth_bound_table())
+def bandwidth_bound_costs(max_probe_period: int = 64) -> CostModel:
+    return CostModel(max_probe_period=max_probe_period, verify=bandwidth_bound_table())
 
 
 def learned_acceptance(alpha: float, steps: int = 200) -> AcceptanceByPosition:
@@ -72,7 +72,7 @@ def test_auto_drafts_when_the_batch_is_small_and_stops_when_it_fills():
 def test_the_policy_and_the_controller_choose_with_one_cost_model():
     """At one request, the cost policy and the server's controller, given the same acceptance
     and one CostModel, ask for the same draft length: one model, two clients."""
-    from specdec.policy import CostModelPolicy
+    from specdec.core.policy import CostModelPolicy
 
     acceptance = learned_acceptance(0.8)
     choices = []
@@ -98,7 +98,7 @@ def test_a_request_the_drafter_guesses_well_drafts_longer_than_its_neighbour():
     controller = SpeculationController("auto", gamma=4, costs=costs, draft_cost=0.002)
     good, poor = Client(), Client()
     for _ in range(40):
-        controller.observe([good, poor], 2 + 8, 0.1, 0.016, [(4, 4), (4, 0)])
+        controller.observe([good, poor], 0.016, [(4, 4), (4, 0)])
     good_length, poor_length = controller.draft_lengths([good, poor])
     assert good_length == 4 and poor_length == 0
     newcomer = Client()  # starts from the pooled estimates: between the two
@@ -106,7 +106,7 @@ def test_a_request_the_drafter_guesses_well_drafts_longer_than_its_neighbour():
 
 
 def test_where_drafting_does_not_pay_a_one_token_probe_keeps_acceptance_measured():
-    controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(probe_every=5),
+    controller = SpeculationController("auto", gamma=4, costs=bandwidth_bound_costs(max_probe_period=5),
                                        acceptance=learned_acceptance(0.1), draft_cost=0.05)
     batch = [Client(), Client(), Client()]
     choices = [controller.draft_lengths(batch) for _ in range(10)]
@@ -282,7 +282,7 @@ class FailingDrafter:
     def propose(self, request, gamma):
         if 0 in request.context.tolist():
             raise RuntimeError("drafter exploded")
-        from specdec.drafting.base import Draft
+        from specdec.core.drafts import Draft
 
         return Draft.empty(request.context.device)
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from specdec import SpeculativeDecoder, load, make_drafter
-from specdec.acceptance import LOSSY_PRESET
+from specdec.core.acceptance import LOSSY_PRESET
 from specdec.defaults import default_model
 from specdec.serving.app import ServerLimits
 from specdec.serving.server import build_app, serve_in_thread

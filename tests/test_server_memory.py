@@ -12,7 +12,7 @@ from test_prefill_pieces import one_loop
 from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.engine import Engine
+from specdec.core.engine import Engine
 from specdec.models.paged_cache import BLOCK_SIZE
 from specdec.serving.memory import DEFAULT_SHARE, parse_size, plan_kv_budget
 from specdec.serving.scheduler import PrefillBudget, Scheduler

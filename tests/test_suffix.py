@@ -82,7 +82,7 @@ def test_tokens_from_the_cache_are_counted_and_marked(kind):
 
 
 def test_a_guess_the_request_s_own_text_also_makes_is_not_owed_to_the_cache():
-    from specdec.drafting.base import ContextRequest
+    from specdec.core.drafts import ContextRequest
 
     drafter = make_drafter("suffix")
     drafter.cache.append(drafter.cache.new_sequence([]), [1, 2, 3, 7, 8])  # an earlier output
@@ -136,7 +136,7 @@ def test_the_cache_size_is_an_option_and_zero_turns_it_off():
 
 
 def test_suffix_or_model_takes_the_suffix_draft_only_where_the_match_is_long():
-    from specdec.drafting.base import ContextRequest
+    from specdec.core.drafts import ContextRequest
     from specdec.drafting.suffix import SuffixFirstDrafter
 
     draft = table_model(12, seed=4)

@@ -9,9 +9,9 @@ import torch
 
 from specdec import SpeculativeDecoder
 from specdec.bench.synthetic import CorruptedOracleDrafter, Shape, random_model, streamed_weight_bytes
-from specdec.cli import main
-from specdec.drafting.base import ContextRequest
-from specdec.estimates import expected_tokens_per_step, predicted_speedup
+from specdec.commands.cli import main
+from specdec.core.drafts import ContextRequest
+from specdec.core.estimates import expected_tokens_per_step, predicted_speedup
 
 TINY_TARGET, TINY_DRAFT = Shape(128, 2, 512), Shape(64, 1, 512)
 

@@ -5,7 +5,7 @@ import json
 import torch
 
 from specdec import SpeculativeDecoder, load
-from specdec.cli import main
+from specdec.commands.cli import main
 
 
 def write_corpus(folder, files=12):

@@ -91,7 +91,7 @@ def test_a_seed_gives_the_target_alones_text_through_translation(bpe_pairs, voca
     assert decoder.generate(PROMPTS[0], samplings[0]).token_ids == expected[0].token_ids
 
 def test_cli_says_how_many_drafted_tokens_survived_translation(bpe_pairs, capsys):
-    from specdec.cli import main
+    from specdec.commands.cli import main
 
     target, draft = bpe_pairs[False]["target"], bpe_pairs[False]["draft"]
     base = ["generate", "--target", target.path, "--draft", draft.path, "def add(a, b):", "--max-new-tokens", "16"]

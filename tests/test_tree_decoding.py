@@ -84,8 +84,8 @@ def test_tree_budget_and_branching_are_checked(tiny_pair):
 def test_ngram_tree_worked_example():
     import torch
 
+    from specdec.core.drafts import ContextRequest
     from specdec.drafting import NGramDrafter
-    from specdec.drafting.base import ContextRequest
 
     drafter = NGramDrafter(max_n=2, min_n=2, branches=4, budget=16)
     context = torch.tensor([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])

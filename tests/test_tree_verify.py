@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.verify import greedy_tree_verify, rejection_sample, sibling_rejection_step, tree_rejection_sample
+from specdec.core.verify import greedy_tree_verify, rejection_sample, sibling_rejection_step, tree_rejection_sample
 
 
 def random_dist(generator, *shape, sharpness=2.0):

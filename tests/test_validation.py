@@ -2,7 +2,7 @@
 argument, never a silently wrong law.
 
 Mutation check (done 2026-11-22): with the normalization check switched off
-(NORMALIZATION_TOLERANCE = 1e9 in specdec/verify.py) the property test below fails: hypothesis
+(NORMALIZATION_TOLERANCE = 1e9 in specdec/core/verify.py) the property test below fails: hypothesis
 finds unnormalized rows that are accepted and change the first token's law."""
 
 import numpy as np
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from specdec import rejection_sample, tree_rejection_sample
-from specdec.verify import acceptance_probs, residual_distribution
+from specdec.core.verify import acceptance_probs, residual_distribution
 
 P = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
 Q = torch.tensor([[0.6, 0.3, 0.1]])

@@ -1,6 +1,6 @@
 """The one-pass verifiers of a ragged batch against a batch of one: the same tokens and paths for
-every request of random batches of chains and trees (greedy, specdec/verify_batch.py), the same
-samples from the same generators (the one rejection sampler, specdec/verify.py, chains and trees),
+every request of random batches of chains and trees (greedy, specdec/core/verify_batch.py), the same
+samples from the same generators (the one rejection sampler, specdec/core/verify.py, chains and trees),
 the target's law per row of a batch (chi-square), and the engine's step verified in one pass."""
 
 from types import SimpleNamespace
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from specdec.drafting.base import Draft
-from specdec.rules import CoupledRule, RejectionRule
-from specdec.sampling import SamplingParams
-from specdec.verify import (
+from specdec.core.drafts import Draft
+from specdec.core.rules import CoupledRule, RejectionRule
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import (
     RaggedDrafts,
     greedy_tree_verify_tokens,
     greedy_verify_tokens,
@@ -21,7 +21,7 @@ from specdec.verify import (
     rejection_sample_ragged,
     tree_rejection_sample,
 )
-from specdec.verify_batch import greedy_verify_ragged, verify_request, verify_step
+from specdec.core.verify_batch import greedy_verify_ragged, verify_request, verify_step
 
 VOCAB = 5  # small, so that drafts often match and siblings often repeat a token
 

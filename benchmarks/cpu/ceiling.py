@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specdec.estimates import speedup_ceiling
+from specdec.core.estimates import speedup_ceiling
 
 
 def main() -> None:

@@ -7,12 +7,12 @@ import argparse
 import importlib.util
 import time
 
+from specdec.core.sampling import SamplingParams
 from specdec.decoder import SpeculativeDecoder
 from specdec.defaults import default_pair
 from specdec.drafting import make_drafter
 from specdec.machine import write_measurement
 from specdec.models.loading import load
-from specdec.sampling import SamplingParams
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 

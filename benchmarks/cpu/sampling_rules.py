@@ -19,9 +19,9 @@ from collections import defaultdict
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
 from specdec.bench.suite import load_prompts
+from specdec.core.sampling import SAMPLING_RULES
 from specdec.defaults import default_pair, default_prompts
 from specdec.machine import isa_summary, write_measurement
-from specdec.sampling import SAMPLING_RULES
 
 
 def build_decoders(methods: list[str], target, draft, head, gamma: int) -> dict[str, SpeculativeDecoder]:

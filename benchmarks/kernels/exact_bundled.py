@@ -4,11 +4,11 @@ import sys
 
 from specdec.bench.runner import markdown_table, run_side_by_side, speculative_method, summarize
 from specdec.bench.suite import load_prompts
+from specdec.core.sampling import SamplingParams
 from specdec.decoder import SpeculativeDecoder
 from specdec.defaults import default_model, default_prompts
 from specdec.drafting import make_drafter
 from specdec.models.loading import load
-from specdec.sampling import SamplingParams
 
 targets = {"exact": load(default_model("target")), "plain": load(default_model("target"), exact=False)}
 draft = load(default_model("draft"))

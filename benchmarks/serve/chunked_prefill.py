@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specdec import SamplingParams, load
 from specdec.bench.suite import machine_description
-from specdec.engine import Engine
+from specdec.core.engine import Engine
 from specdec.serving.scheduler import Scheduler
 from specdec.serving.speculation import SpeculationController
 

@@ -1,5 +1,5 @@
 """What verifying a step costs once the target's forward is done: the one pass over the ragged batch
-(specdec/verify_batch.py verify_step) against a call per request (verify_batch.verify_request, what
+(specdec/core/verify_batch.py verify_step) against a call per request (verify_batch.verify_request, what
 a step did before), on random logits of a real vocabulary, chains of gamma drafted tokens, greedy and
 rejection-sampled (temperature 0.8, top-p 0.95), for several batch sizes; the median of repeats,
 both sides in one run. The verdicts are checked equal before anything is timed.
@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import torch
 
 from specdec.bench.suite import machine_description
-from specdec.drafting.base import Draft
-from specdec.rules import RejectionRule
-from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify_batch import verify_request, verify_step
+from specdec.core.drafts import Draft
+from specdec.core.rules import RejectionRule
+from specdec.core.sampling import SamplingParams, logits_to_probs
+from specdec.core.verify_batch import verify_request, verify_step
 
 
 def step_inputs(batch: int, gamma: int, vocab: int, sampling: SamplingParams, device: str, seed: int):

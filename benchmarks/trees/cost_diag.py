@@ -5,8 +5,8 @@ import sys
 import torch
 
 from specdec import SpeculativeDecoder, load
+from specdec.core.policy import make_policy
 from specdec.drafting import make_drafter
-from specdec.policy import make_policy
 
 torch.set_num_threads(2)
 M = sys.argv[1] if len(sys.argv) > 1 else "/work/models"  # the folder ../shared/real-models/fetch.sh filled
@@ -18,8 +18,8 @@ orig = type(policy).for_request
 def spy(self):
     p = orig(self)
     next_shape = p.next_shape
-    def counted_shape():
-        shape = next_shape(); chosen[shape.depth] += 1; return shape
+    def counted_shape(batch=1):
+        shape = next_shape(batch); chosen[shape.depth] += 1; return shape
     p.next_shape = counted_shape
     spy.last = p
     return p

@@ -5,8 +5,8 @@ import sys
 import torch
 
 from specdec import SpeculativeDecoder, load
+from specdec.core.policy import make_policy
 from specdec.drafting import make_drafter
-from specdec.policy import make_policy
 
 torch.set_num_threads(2)
 M = sys.argv[1] if len(sys.argv) > 1 else "/work/models"

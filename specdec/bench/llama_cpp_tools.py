@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.bench.runner import Method, MethodOutput
-from specdec.metrics import SpecStats
-from specdec.sampling import SamplingParams
+from specdec.core.metrics import SpecStats
+from specdec.core.sampling import SamplingParams
 
 LLAMA_CPP_METHODS = {"llama-target": "llama-completion", "llama-speculative": "llama-speculative",
                      "llama-lookup": "llama-lookup", "llama-server-spec": "llama-server"}

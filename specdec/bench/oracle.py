@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import Draft, DraftRequest, StepOutcome
 from specdec.drafting.model import DraftModelState
 from specdec.models.base import LanguageModel
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.acceptance import canonical_acceptance
 from specdec.bench.code_task import CodeTask
 from specdec.constraint import Constraint
-from specdec.drafting.base import suffix_caches
-from specdec.metrics import SpecStats
-from specdec.sampling import SamplingParams
+from specdec.core.acceptance import canonical_acceptance
+from specdec.core.drafts import suffix_caches
+from specdec.core.metrics import SpecStats
+from specdec.core.sampling import SamplingParams
 
 REFERENCE = "target-only"  # the target alone: every run has it, speedups are against it
 
@@ -64,7 +64,7 @@ class Method:
     # Marks what the method keeps across requests (a suffix cache's outputs) and returns the call
     # that forgets what was added since: a repeat must not copy its own earlier run's output.
     mark: Callable[[], Callable[[], None]] | None = None
-    acceptance: str | None = None  # its own (a name's @ACCEPTANCE, specdec.acceptance); None: the run's
+    acceptance: str | None = None  # its own (a name's @ACCEPTANCE, specdec.core.acceptance); None: the run's
 
     def settings(self, settings: SamplingParams) -> SamplingParams:
         """The run's settings as this method decodes with them."""

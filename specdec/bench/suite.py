@@ -31,13 +31,14 @@ from specdec.bench.runner import (
     summarize,
     write_json,
 )
+from specdec.config import SpeculationConfig
 from specdec.constraint import Constraint
+from specdec.core.sampling import SamplingParams
 from specdec.decoder import SpeculativeDecoder
 from specdec.drafting.datastore import Datastore
 from specdec.drafting.vocab import vocabulary_mismatch
 from specdec.models.base import LanguageModel
-from specdec.names import NO_INDEX_FLAG, default_gamma, default_policy
-from specdec.sampling import SamplingParams
+from specdec.names import NO_INDEX_FLAG
 
 
 def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
@@ -165,8 +166,8 @@ def transformers_method(name: str, target: LanguageModel, draft: LanguageModel |
 
 
 def all_speculative_methods() -> list[str]:
+    from specdec.core.policy import POLICIES
     from specdec.drafting import DRAFTERS
-    from specdec.policy import POLICIES
 
     # Heads need a trained head (--draft-head), corpus drafters a datastore (--index): name them explicitly.
     # auto chooses its own lengths.
@@ -181,7 +182,6 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools).
     specdec's own methods take flags: "@unforced", "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3") and
     "@noindex" (auto without the datastores in ``corpus``: "auto@noindex")."""
-    from specdec.drafting import make_drafter
 
     if is_llama_cpp_method(name):
         if llama_tools is None:
@@ -197,12 +197,10 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     unforced, acceptance = method_flags(name, flags)
     if method == REFERENCE:
         return speculative_method(name, SpeculativeDecoder(target, draft_forced=not unforced), acceptance=acceptance)
-    drafter_kind, _, policy = method.partition(":")
-    policy = policy or default_policy(drafter_kind)
-    drafter = make_drafter(drafter_kind, draft, max_n=ngram_max, min_n=ngram_min, target=target, head=head,
-                           corpus=corpus)
-    return speculative_method(name, SpeculativeDecoder(target, drafter, gamma=default_gamma(policy) if gamma is None
-                                                       else gamma, policy=policy, draft_forced=not unforced),
+    config, _ = SpeculationConfig.from_method(name)
+    # (the run's settings, for every method alike: not options this method was given)
+    config = dataclasses.replace(config, gamma=gamma, ngram_max=ngram_max, ngram_min=ngram_min)
+    return speculative_method(name, SpeculativeDecoder.from_config(target, config, draft, head, corpus),
                               acceptance=acceptance)
 
 

@@ -32,10 +32,10 @@ from specdec.bench.runner import (
     speculative_method,
     write_json,
 )
+from specdec.core.estimates import predicted_speedup
+from specdec.core.sampling import SamplingParams
 from specdec.decoder import SpeculativeDecoder
-from specdec.estimates import predicted_speedup
 from specdec.models.base import LanguageModel
-from specdec.sampling import SamplingParams
 
 REFERENCE = "target-only"
 HEAD_DIM = 64

@@ -2,8 +2,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from specdec.core.drafts import Draft, Drafter, DraftRequest, StepOutcome
+from specdec.core.estimates import CostModel
 from specdec.drafting.auto import AutoDrafter
-from specdec.drafting.base import Draft, Drafter, DraftRequest, StepOutcome
 from specdec.drafting.corpus import CorpusDrafter
 from specdec.drafting.datastore import Datastore
 from specdec.drafting.edits import EditingNGramDrafter
@@ -42,6 +43,7 @@ def make_drafter(
     head: DraftHead | str | Path | None = None,
     suffix_cache_tokens: int = 100_000,
     corpus: Sequence[Datastore] = (),
+    costs: CostModel | None = None,
 ) -> Drafter:
     """A drafter by name: "model", "staged", "tree" and "staged-tree" (the staged chain with the
     draft's next-best tokens as side leaves) need the draft model; "ngram" and "ngram-tree" (the
@@ -58,13 +60,16 @@ def make_drafter(
     identifier) and makes them in later copies. "corpus" and "corpus-tree" retrieve continuations
     from the datastores in ``corpus`` (specdec.drafting.corpus). "auto" holds the text drafters
     (the corpus drafter where datastores are given), the head (when given) and the draft model
-    (when given) as candidates and picks each step's draft by measured cost (specdec.drafting.auto)."""
+    (when given) as candidates and picks each step's draft by measured cost (specdec.drafting.auto),
+    deciding with ``costs``, the cost model of the engine it will serve (None: its own, which an
+    engine built with it then takes)."""
     if kind == AUTO:
         names = [*AUTO_TEXT_CANDIDATES, *(["corpus"] if corpus else []),
                  *(["head"] if head is not None and target is not None else []),
                  *(["model"] if draft_model is not None else [])]
         return AutoDrafter({name: make_drafter(name, draft_model, max_n, min_n, False, tree_budget, target, vocab_rule,
-                                               head, suffix_cache_tokens, corpus) for name in names}, TEXT_DRAFTERS)
+                                               head, suffix_cache_tokens, corpus) for name in names}, TEXT_DRAFTERS,
+                           costs=costs)
     kinds = kind.split("+")
     if len(kinds) > 1:
         return MergedDrafter(
@@ -145,3 +150,16 @@ __all__ = [
     "SuffixCache",
     "SuffixDrafter",
 ]
+
+
+def as_drafter(drafter: Drafter | LanguageModel | str | None, target: LanguageModel,
+               costs: CostModel | None = None) -> Drafter | None:
+    """What an engine drafts with, from what a caller may hand over: a loaded draft model becomes
+    a "model" drafter paired with the target by tokenizer; a name, a drafter that needs no draft
+    model ("auto" with the head found for the target, deciding with ``costs``; "suffix", "ngram",
+    ...); drafters and None pass through."""
+    if isinstance(drafter, str):
+        from specdec.drafting.head_finder import find_head
+
+        return make_drafter(drafter, target=target, head=find_head(target) if drafter == AUTO else None, costs=costs)
+    return make_drafter("model", drafter, target=target) if isinstance(drafter, LanguageModel) else drafter

@@ -8,7 +8,8 @@ had accepted; for sampling, a point-mass guess x is accepted with probability p(
 that the target's own draw is x, so the comparison estimates the same rate). Drafters that run a
 forward (a draft head, a draft model) cost real time: they draft only when chosen, and one left
 idle gets a probe, two steps in a row, so its estimate stays alive (the idle steps between probes
-grow with what a probe costs: ``PROBE_SHARE``). A forward candidate's seconds per token are
+grow with what a probe costs: the one probe rule, estimates.CostModel.probe_period). A forward
+candidate's seconds per token are
 measured on steps that follow one it drafted too: a step after idle ones first feeds it their
 tokens (a head: every token since it last drafted), a cost it pays only because it sat idle.
 
@@ -17,7 +18,8 @@ tokens from candidate c is worth E_c(g) expected tokens, 1 + the sum of its reac
 position on this request, the pooled estimate over earlier requests as its prior, both kept apart
 by the step's reach class: how far the shortest copy reaches) and costs
 g * (c's seconds per drafted token) + T(g + 1), with T(k) the measured seconds of a k-token verify
-block; no draft is worth 1 token for T(1). The highest expected tokens per second wins.
+block of the step's batch (the engine's one cost model, where the engine records every step's
+T); no draft is worth 1 token for T(1). The highest expected tokens per second wins.
 
 In a constrained request, a text candidate's draft is cut where the grammar refuses it before
 the choice (as the engine would cut it), so it is chosen and judged on what could be verified.
@@ -29,14 +31,13 @@ point masses for copied text).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from specdec.drafting.base import (
+from specdec.core.drafts import (
     BaseDrafter,
     Draft,
     Drafter,
@@ -47,9 +48,9 @@ from specdec.drafting.base import (
     propose_many,
     suffix_caches,
 )
+from specdec.core.estimates import AcceptanceByPosition, CostModel, DraftCost, ProbeRule, tokens_per_second
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import common_prefix
-from specdec.estimates import AcceptanceByPosition, CostModel, DraftCost, ProbeRule, tokens_per_second
 
 NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
 # How far every copy reaches this step (its shortest draft) sorts steps into classes, each with its
@@ -61,10 +62,6 @@ REACH_CLASSES = (4, 8)  # shortest copy < 4, 4-7, 8+ tokens
 # accepted far less than a 9-token one among them (default pair, bundled suite: suffix's 2-token
 # drafts there 16%, a head's first token 48%).
 CLASSES = (len(REACH_CLASSES) + 1) ** 2  # (the step's reach class, a copy's own)
-# A forward candidate's probes (two one-token drafts) cost about this share of the steps it sits
-# idle between them, at least MIN_PROBE_PERIOD and at most probe_every steps apart.
-PROBE_SHARE = 0.03
-MIN_PROBE_PERIOD = 8
 
 
 @dataclass
@@ -124,12 +121,14 @@ class Choice:
 class AutoDrafter(BaseDrafter):
     """Picks, each step and for each request, the candidate draft with the highest expected tokens
     per second (see the module docstring). ``candidates`` maps a name (what stats and metrics
-    show) to a drafter; ``text_drafters`` names those that only copy text."""
+    show) to a drafter; ``text_drafters`` names those that only copy text. ``costs``: the cost
+    model it decides with, its engine's (Engine takes it from here; None: a fresh one), whose
+    clock times its candidates' drafts."""
 
     default_policy = "auto"  # it chooses each step's length itself: the policy only caps it
 
-    def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], probe_every: int = 64,
-                 max_gamma: int = 16, decay: float = 0.98) -> None:
+    def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], max_gamma: int = 16,
+                 costs: CostModel | None = None) -> None:
         if not candidates:
             raise ValueError("the auto drafter needs at least one candidate drafter")
         if any(name == NO_DRAFT for name in candidates):
@@ -140,12 +139,12 @@ class AutoDrafter(BaseDrafter):
         readers = [d for d in candidates.values() if d.hidden_layers]
         if len({d.hidden_layers for d in readers}) > 1:
             raise ValueError("the auto drafter's candidates read different target layers; give it at most one head")
-        # T(1, k) of this target and each forward candidate's seconds per token, shared by every request
-        self.costs = CostModel(decay=decay, probe_every=probe_every)
+        # T(batch, k) of this target and each forward candidate's seconds per token, shared by every request
+        self.costs = costs if costs is not None else CostModel()
         self.candidates = [Candidate(name, drafter, name in text_drafters,
                                      name in text_drafters and not getattr(drafter, "retrieves", False),
                                      [self.costs.acceptance(max_gamma) for _ in range(CLASSES)],
-                                     DraftCost(decay))
+                                     DraftCost(self.costs.decay))
                            for name, drafter in candidates.items()]
         self.vocab_size = vocabularies.pop() if vocabularies else None
         self.hidden_layers = readers[0].hidden_layers if readers else ()
@@ -161,7 +160,7 @@ class AutoDrafter(BaseDrafter):
             acceptance=[[self.costs.acceptance(self.max_gamma, prior=pooled) for pooled in c.pooled]
                         for c in self.candidates],
             shadows=[None] * len(self.candidates),
-            idle=[ProbeRule(self.costs.probe_every) for _ in self.candidates],
+            idle=[ProbeRule() for _ in self.candidates],
             sets_reach=[c.sets_reach for c in self.candidates],
         )
 
@@ -188,19 +187,10 @@ class AutoDrafter(BaseDrafter):
         steady = self.costs.draft(candidate.name).seconds()
         return steady if steady is not None else candidate.cold_cost.seconds()
 
-    def probe_period(self, index: int, verify: list[float | None]) -> int:
-        """Idle steps before a forward candidate's probe: its two one-token drafts (each its seconds
-        per token and T(2) - T(1)) cost PROBE_SHARE of the T(1) steps in between, within
-        MIN_PROBE_PERIOD..probe_every (a cheap head is probed often, a draft model less)."""
-        per_token = self.draft_seconds(index)
-        if per_token is None or len(verify) < 2 or verify[0] is None or verify[1] is None:
-            return self.costs.probe_every
-        probe_seconds = 2 * (per_token + max(0.0, verify[1] - verify[0]))
-        return min(self.costs.probe_every, max(MIN_PROBE_PERIOD, round(probe_seconds / (PROBE_SHARE * verify[0]))))
-
-    def choose(self, state: AutoState, gamma: int) -> Choice:
-        """The best (candidate, length) for this step, given the free drafts in ``state.shadows``."""
-        curve = self.costs.verify.curve(1)
+    def choose(self, state: AutoState, gamma: int, batch: int = 1) -> Choice:
+        """The best (candidate, length) for this step of ``batch`` requests, given the free drafts
+        in ``state.shadows``."""
+        curve = self.costs.verify.curve(batch)
         verify = [None if curve is None else curve(block) for block in range(1, gamma + 2)]  # [k]: T(k + 1)
         options = [Choice(None, 0, tokens_per_second(1.0, 0, 0.0, verify[0]))]
         untried = []  # forward candidates whose drafting cost is not measured yet
@@ -219,7 +209,8 @@ class AutoDrafter(BaseDrafter):
             return self.best_of(state.follow_up, options)
         stale = [index for index, candidate in enumerate(self.candidates)
                  if not candidate.copies_text and index != best.candidate
-                 and state.idle[index].due_at(self.probe_period(index, verify))]
+                 # (its probe: two one-token drafts, the one probe rule's period)
+                 and state.idle[index].due(self.costs.probe_period(self.draft_seconds(index), batch, steps=2))]
         if stale:  # a probe keeps its estimate alive
             return replace(self.best_of(stale[0], options), probe=True)
         return best
@@ -247,7 +238,8 @@ class AutoDrafter(BaseDrafter):
                        for draft in own]
             state.shadows = [None if draft is None else draft.tokens.tolist() for draft in own]
             free.append(own)
-        choices = [self.choose(request.draft_state, gamma) for request, gamma in zip(requests, gammas, strict=False)]
+        choices = [self.choose(request.draft_state, gamma, len(requests))
+                   for request, gamma in zip(requests, gammas, strict=False)]
         result = [Draft.empty(request.context.device) for request in requests]
         for position, (request, choice) in enumerate(zip(requests, choices, strict=False)):
             request.draft_state.chosen = choice.candidate
@@ -260,14 +252,14 @@ class AutoDrafter(BaseDrafter):
                       if choice.candidate == index and not candidate.copies_text]
             if not asking:
                 continue
-            began = time.perf_counter()
+            began = self.costs.clock()
             drafts = propose_many(candidate.drafter, [self.member(requests[p], index) for p in asking],
                                   [choices[p].length for p in asking])
             drafted = sum(draft.num_nodes for draft in drafts)  # type: int
             # Steady only where every request drafted with it on its previous step (a backlog of one step).
             steady = all(requests[p].draft_state.previous == index for p in asking)
             cost = self.costs.draft(candidate.name) if steady else candidate.cold_cost
-            cost.add(time.perf_counter() - began, drafted)
+            cost.add(self.costs.clock() - began, drafted)
             for position, draft in zip(asking, drafts, strict=False):
                 result[position] = replace(draft, drafter=candidate.name)
         return [draft if draft.num_nodes else replace(draft, drafter=NO_DRAFT) for draft in result]
@@ -276,9 +268,7 @@ class AutoDrafter(BaseDrafter):
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         state: AutoState = request.draft_state
-        if not outcome.forced:
-            if outcome.verify_seconds is not None:
-                self.costs.verify.add(1, outcome.num_drafted + 1, outcome.verify_seconds)
+        if not outcome.forced:  # (the step's verify seconds: recorded by the engine, at its batch)
             emitted = outcome.emitted.tolist()
             for index, candidate in enumerate(self.candidates):
                 if index == state.chosen and outcome.num_drafted:

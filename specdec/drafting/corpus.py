@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.drafting.datastore import Datastore
 from specdec.drafting.suffix import tree_of, trie_draft
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.drafting.ngram import NGramIndex
 
 REACH = 3  # most tokens an edit removes or adds

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.drafting.head import DraftHead
 from specdec.drafting.lockstep import run_in_lockstep
 from specdec.drafting.model import chain_steps

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from specdec.drafting.base import Draft
+from specdec.core.drafts import Draft
 
 Question = TypeVar("Question")
 Answer = TypeVar("Answer")

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (
+from specdec.core.drafts import (
     BaseDrafter,
     Draft,
     Drafter,
@@ -31,9 +31,9 @@ from specdec.drafting.base import (
     propose_many,
     suffix_caches,
 )
+from specdec.core.rules import SamplingRule
+from specdec.core.sampling import SamplingParams
 from specdec.drafting.ngram import merge_branches
-from specdec.rules import SamplingRule
-from specdec.sampling import SamplingParams
 
 
 @dataclass

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.sampling import SamplingParams, logits_to_probs
 from specdec.drafting.lockstep import DraftSteps, relay, run_in_lockstep
 from specdec.models.base import Attention, LanguageModel, Segment
 from specdec.models.cache import KVCache, RowPool
-from specdec.sampling import SamplingParams, logits_to_probs
 
 
 class DraftModelState:

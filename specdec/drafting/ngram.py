@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 
 
 class NGramIndex:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.sampling import logits_to_probs
+from specdec.core.verify import greedy_verify
 from specdec.drafting.model import DraftModelState, token_confidence
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
 from specdec.models.base import LanguageModel
-from specdec.sampling import logits_to_probs
-from specdec.verify import greedy_verify
 
 
 @dataclass

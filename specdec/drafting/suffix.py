@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 
-from specdec.drafting.base import (
+from specdec.core.drafts import (
     BaseDrafter,
     Draft,
     Drafter,

@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome, Translation
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome, Translation
+from specdec.core.sampling import SamplingParams
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import DraftModelState, ModelDrafter, common_prefix
 from specdec.drafting.vocab import SharedLogits, shared_token_map
 from specdec.models.base import LanguageModel
 from specdec.names import VOCAB_RULES
-from specdec.sampling import SamplingParams
 
 INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
 GREEDY = SamplingParams()  # the draft's guesses: its argmax (see the module docstring)

@@ -5,7 +5,7 @@ children with the highest expected cumulative draft probability (as EAGLE-2 expa
 trees), then one draft forward of the new nodes (tree attention over the nodes written by the
 earlier depths, nothing committed) gives q at them.
 
-Why this stays exactly lossless when sampling: verification (specdec.verify.tree_rejection_sample)
+Why this stays exactly lossless when sampling: verification (specdec.core.verify.tree_rejection_sample)
 assumes each node's children were drawn one after another without replacement from the node's
 q. So the number of children a node gets is decided before they are drawn, from the node's own
 score and the sorted values of its q (expected scores), never from the drawn children
@@ -19,11 +19,11 @@ import heapq
 
 import torch
 
-from specdec.drafting.base import Draft, DraftRequest
+from specdec.core.drafts import Draft, DraftRequest
+from specdec.core.sampling import SamplingParams, logits_to_probs
 from specdec.drafting.lockstep import DraftSteps, relay
 from specdec.drafting.model import DraftModelDrafter, DraftModelState, RowBlock
 from specdec.models.base import LanguageModel, tree_depths
-from specdec.sampling import SamplingParams, logits_to_probs
 
 
 def draft_distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:  # [k, vocab] -> [k, vocab]

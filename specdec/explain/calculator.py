@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from specdec.estimates import expected_tokens_per_step, predicted_speedup
+from specdec.core.estimates import expected_tokens_per_step, predicted_speedup
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from scipy.stats import chisquare
 
+from specdec.core.verify import rejection_sample, tree_rejection_sample
 from specdec.explain.record import StepRecord
-from specdec.verify import rejection_sample, tree_rejection_sample
 
 MIN_EXPECTED = 5.0  # chi-square's usual rule: every bin expects at least 5 draws
 

@@ -2,7 +2,7 @@
 
 StepRecorder is the engine's verify hook (Engine(verify_hook=...)): the speculative loop is the
 engine's own, untouched. A sampled step's record keeps the rejection sampler's own decision (its
-acceptance tests, uniforms and final distribution, specdec.verify.RejectionDecision), so what
+acceptance tests, uniforms and final distribution, specdec.core.verify.RejectionDecision), so what
 explain shows is what the sampler did, not a replay of it.
 """
 
@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.core.drafts import Draft, Drafter, block_depths, block_parents
+from specdec.core.engine import Engine, Request
+from specdec.core.policy import DraftLengthPolicy
+from specdec.core.sampling import SamplingParams, logits_to_probs
+from specdec.core.verify import RejectionDecision, point_mass_probs
+from specdec.core.verify_batch import Verdict
 from specdec.decoder import GenerationResult, SpeculativeDecoder
-from specdec.drafting.base import Draft, Drafter, block_depths, block_parents
-from specdec.engine import Engine, Request
+from specdec.drafting import as_drafter
 from specdec.models.base import LanguageModel, tree_visibility
-from specdec.policy import DraftLengthPolicy
-from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.verify import RejectionDecision, point_mass_probs
-from specdec.verify_batch import Verdict
 
 
 @dataclass
@@ -149,7 +150,8 @@ def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | 
     sampling = dataclasses.replace(sampling, sampling_rule="rejection")
     decoder = SpeculativeDecoder(target)
     recorder = StepRecorder()
-    decoder.engine = Engine(target, drafter, gamma, policy, verify_hook=recorder)
+    decoder.engine = Engine(target, as_drafter(drafter, target, getattr(policy, "costs", None)), gamma, policy,
+                            verify_hook=recorder)
     if warm_up:
         decoder.generate(prompt, dataclasses.replace(sampling, max_new_tokens=2))
         recorder.records.clear()

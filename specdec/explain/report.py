@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec.core.metrics import SpecStats
 from specdec.explain.calculator import speedup_table
 from specdec.explain.lossless import LosslessCheck
 from specdec.explain.record import RecordedRun, StepRecord, chosen_step
 from specdec.explain.steps import StepView, TopToken, step_view, token_text
-from specdec.metrics import SpecStats
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}

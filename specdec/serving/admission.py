@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specdec.constraint import Constraint, ConstraintError
+from specdec.core.request import NOT_ISOLATED
 from specdec.grammar import TokenMatcher, compiler_for
-from specdec.request import NOT_ISOLATED
 from specdec.serving.protocol import ApiError
 
 log = logging.getLogger("specdec.serving")

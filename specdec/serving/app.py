@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.core.sampling import SamplingParams, TokenLogprob
 from specdec.decoder import GenerationResult, StreamChunk
 from specdec.grammar import TokenMatcher
-from specdec.sampling import SamplingParams, TokenLogprob
 from specdec.serving.admission import ConstraintCompiler, ended_by
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (

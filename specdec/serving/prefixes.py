@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core.engine import Request
 from specdec.drafting.model import common_prefix
-from specdec.engine import Request
 from specdec.models.base import ForkingCache
 
 

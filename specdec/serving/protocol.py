@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdec.acceptance import EXACT, canonical_acceptance
 from specdec.constraint import Constraint, ConstraintError
+from specdec.core.acceptance import EXACT, canonical_acceptance
+from specdec.core.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from specdec.decoder import GenerationResult
-from specdec.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 
 MAX_CHOICES = 16  # the most choices (n) one request may ask for
 # Stop strings a request may give (OpenAI's API takes 4); matching costs the same per token

@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specdec.engine import Engine, Request
-from specdec.estimates import RunningMean
+from specdec.core.engine import Engine, Request
+from specdec.core.estimates import RunningMean
+from specdec.core.request import NOT_ISOLATED
+from specdec.core.sampling import SamplingParams
 from specdec.grammar import TokenMatcher
 from specdec.models.base import ForkingCache
 from specdec.models.paged_cache import BLOCK_SIZE, CacheFullError, PagedKVCache
-from specdec.request import NOT_ISOLATED
-from specdec.sampling import SamplingParams
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.prefixes import PrefixCache
 from specdec.serving.speculation import SpeculationController
@@ -130,6 +130,9 @@ class Scheduler:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_rows < 0:
             raise ValueError(f"prefix_rows must be >= 0, got {prefix_rows}")
+        if controller.mode == "auto" and controller.costs is not engine.costs:  # one decision-maker per engine
+            raise ValueError("the speculation controller must decide with its engine's cost model "
+                             "(SpeculationController(..., costs=engine.costs)), where the engine records T")
         self.engine, self.controller, self.metrics = engine, controller, metrics
         self.prefill = prefill or PrefillBudget()
         self.max_batch, self.max_waiting = max_batch, max_waiting
@@ -304,8 +307,7 @@ class Scheduler:
         self.prefill.observe_step(seconds)
         draft_seconds = sum(request.stats.draft_seconds - before
                             for request, (_, _, before) in zip(batch, stepped, strict=True))
-        self.controller.observe(batch, len(batch) + sum(o.num_drafted for o in outcomes), seconds - draft_seconds,
-                                draft_seconds,
+        self.controller.observe(batch, draft_seconds,
                                 # a grammar's forced tokens are not the drafter's guesses
                                 [(0, 0) if o.forced else (o.num_drafted, o.num_accepted) for o in outcomes])
         now = time.perf_counter()

@@ -25,17 +25,19 @@ from pathlib import Path
 
 import torch
 
-from specdec.engine import Engine
-from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule, VerifyCostTable
+from specdec.core.engine import Engine
+from specdec.core.estimates import AcceptanceByPosition, CostModel, ProbeRule, VerifyCostTable
+from specdec.core.sampling import SamplingParams
 from specdec.models.base import LanguageModel
 from specdec.names import SPECULATION_MODES as MODES
-from specdec.sampling import SamplingParams
 
 
 class SpeculationController:
     """Chooses each step's draft length for every request of the batch: ``on`` always drafts
     gamma, ``off`` never drafts, ``auto`` maximizes the batch's expected tokens per second under
-    the measured costs (estimates.CostModel.best_draft_lengths), from each request's own acceptance."""
+    the measured costs (estimates.CostModel.best_draft_lengths), from each request's own acceptance.
+    ``costs``: its engine's one cost model (Engine.costs), where the engine records every step's
+    verify seconds and an auto drafter its candidates' seconds."""
 
     def __init__(self, mode: str, gamma: int, costs: CostModel | None = None,
                  acceptance: AcceptanceByPosition | None = None, draft_cost: float | None = None) -> None:
@@ -49,7 +51,7 @@ class SpeculationController:
         if draft_cost is not None:  # measured at startup: one step's worth of evidence
             self.costs.draft().add(draft_cost, 1)
         # Where drafting does not pay, a one-token probe now and then keeps the acceptance measured.
-        self.probe = ProbeRule(self.costs.probe_every)
+        self.probe = ProbeRule()
         self.last_choice = 0.0  # the last step's mean draft length
 
     def acceptance_of(self, request: object) -> AcceptanceByPosition:
@@ -70,18 +72,18 @@ class SpeculationController:
             best = self.costs.best_draft_lengths(reaches, self.gamma) if requests else None
             # Nothing known yet (no draft cost measured): draft, and learn what it costs.
             lengths = [self.gamma] * len(requests) if best is None else best
-            if not any(lengths) and self.probe.due and requests:
+            period = self.costs.probe_period(self.costs.draft().seconds(), len(requests))
+            if not any(lengths) and self.probe.due(period) and requests:
                 lengths[max(range(len(requests)), key=lambda index: reaches[index][0])] = 1
             self.probe.observe(any(lengths))
         self.last_choice = sum(lengths) / max(1, len(lengths))
         return lengths
 
-    def observe(self, requests: Sequence[object], tokens: int, verify_seconds: float, draft_seconds: float,
-                outcomes: Sequence[tuple[int, int]]) -> None:
-        """One step's measurements: its forward's ``tokens`` (every row of every request's block),
-        its verify time, its total draft time, and each request's (drafted, accepted)."""
+    def observe(self, requests: Sequence[object], draft_seconds: float, outcomes: Sequence[tuple[int, int]]) -> None:
+        """One step's measurements: its total draft time and each request's (drafted, accepted)
+        (its verify time the engine recorded in the cost model)."""
         drafted = sum(num_drafted for num_drafted, _ in outcomes)
-        self.costs.observe(len(requests), tokens / max(1, len(requests)), verify_seconds, draft_seconds, drafted)
+        self.costs.observe_draft(draft_seconds, drafted)
         for request, (num_drafted, num_accepted) in zip(requests, outcomes, strict=True):
             if num_drafted:
                 self.acceptance.update(num_drafted, num_accepted)

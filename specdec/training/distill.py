@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from specdec.corpus_files import collect_files
 from specdec.models.building import LAYERS_FILE
-from specdec.training.data import TokenWindows, collect_files, split_files
+from specdec.training.data import TokenWindows, split_files
 from specdec.training.pipeline import CorpusRun, token_streams
 from specdec.training.trainer import History, Trainer, TrainPlan, plot_losses, progress_bar
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafting.base import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
 from specdec.training.data import code_prompts
 from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers
@@ -49,8 +49,8 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
                          feature_layers: tuple[int, ...]) -> HeadFeatures | None:
     """Greedy continuations of ``prompts`` (one batch) to ``length`` tokens, with the target's
     features at every position; those that stop early (EOS) are left out. None when all do."""
+    from specdec.core.sampling import SamplingParams
     from specdec.decoder import SpeculativeDecoder
-    from specdec.sampling import SamplingParams
 
     layers = recorded_layers(target, feature_layers)
     recorder = FeatureRecorder(layers)

@@ -10,16 +10,15 @@ training, so the cache stays small), and the target's greedy token (for top-1 ag
 
 from __future__ import annotations
 
-import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from specdec.corpus_files import read_text
 from specdec.drafting.head_format import own_network, target_shape
 from specdec.models.base import Attention, LanguageModel, Segment
-from specdec.training.data import read_text
 
 
 @dataclass
@@ -59,11 +58,6 @@ class HeadFeatures:
 
         tensors = load_file(str(path))
         return HeadFeatures(tensors["tokens"], tensors["features"], tensors["final"], tensors["greedy"])
-
-
-def default_corpus() -> list[Path]:
-    """Python's standard library: code every machine with Python has (never the bench prompts)."""
-    return [Path(sysconfig.get_paths()["stdlib"])]
 
 
 def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: int) -> list[list[int]]:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
+from specdec.corpus_files import collect_files, standard_library
 from specdec.models.base import LanguageModel
-from specdec.training.data import collect_files, split_files
+from specdec.training.data import split_files
 from specdec.training.head_continuations import continuation_features
-from specdec.training.head_data import HeadFeatures, corpus_windows, default_corpus, draft_vocabulary, extract_features
+from specdec.training.head_data import HeadFeatures, corpus_windows, draft_vocabulary, extract_features
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
         say(f"target features from the cache: {folder}")
         vocabulary = torch.tensor(json.loads(paths[2].read_text()), dtype=torch.long)
         return HeadFeatures.load(paths[0]), HeadFeatures.load(paths[1]), vocabulary
-    files = collect_files([Path(p) for p in plan.data] if plan.data else default_corpus())
+    files = collect_files([Path(p) for p in plan.data] if plan.data else standard_library())
     train_files, heldout_files = split_files(files, 0.05)
     length = plan.sequence_length
     windows = corpus_windows(target.tokenizer, train_files, length, plan.corpus_sequences)

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from specdec.training.data import TokenWindows, code_prompts, collect_files, encode_files, split_files, train_tokenizer
+from specdec.corpus_files import collect_files
+from specdec.training.data import TokenWindows, code_prompts, encode_files, split_files, train_tokenizer
 from specdec.training.trainer import History, ModelShape, Trainer, TrainPlan, plot_losses, progress_bar
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 import specdec.models.llama_cpp as backend
+from specdec.core.sampling import SamplingParams, logits_to_probs
 from specdec.models.base import Attention
-from specdec.sampling import SamplingParams, logits_to_probs
 
 CONTEXT = torch.arange(1000, 1064)  # 64 arbitrary tokens
 REPEATS = 4

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from specdec.constraint import Constraint
 
-from specdec.acceptance import EXACT, canonical_acceptance
+from specdec.core.acceptance import EXACT, canonical_acceptance
 from specdec.names import SAMPLING_RULES
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
@@ -61,7 +61,7 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per request
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()  # stop strings (not included in the output)
-    # How a sampled request draws and verifies (specdec.rules): "coupled" (the same seed gives the
+    # How a sampled request draws and verifies (specdec.core.rules): "coupled" (the same seed gives the
     # target-alone text under any drafter, policy or batch) or "rejection" (the best acceptance).
     # None: coupled when a seed is given, rejection otherwise (docs/sampling.md).
     sampling_rule: str | None = None
@@ -71,7 +71,7 @@ class SamplingParams:
     # Log-probabilities of each generated token under the target, with this many most likely
     # alternatives (0: the token's alone; None: none asked for). See token_logprobs.
     logprobs: int | None = None
-    # Which drafts verification keeps (specdec.acceptance): "exact" (lossless, the default), or LOSSY
+    # Which drafts verification keeps (specdec.core.acceptance): "exact" (lossless, the default), or LOSSY
     # "lossy" / "topk:k=3,delta=0.5" / "typical:epsilon=0.09,alpha=0.3", held in its canonical spelling.
     acceptance: str = EXACT
 

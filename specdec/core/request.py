@@ -12,13 +12,13 @@ from typing import Any, Protocol
 
 import torch
 
-from specdec.drafting.base import Draft, StopRule
+from specdec.core.drafts import Draft, StopRule
+from specdec.core.metrics import SpecStats
+from specdec.core.policy import DraftLengthPolicy, DraftShape
+from specdec.core.rules import SamplingRule
+from specdec.core.sampling import SamplingParams, TokenLogprob
+from specdec.core.verify_batch import Verdict
 from specdec.grammar import TokenMatcher
-from specdec.metrics import SpecStats
-from specdec.policy import DraftLengthPolicy, DraftShape
-from specdec.rules import SamplingRule
-from specdec.sampling import SamplingParams, TokenLogprob
-from specdec.verify_batch import Verdict
 
 
 @dataclass(eq=False)  # a request is itself: two of one prompt and settings are still two
@@ -30,7 +30,7 @@ class Request:
     tokens: torch.Tensor  # [len(prompt) + budget] int64; the context is tokens[:length]
     length: int
     generator: torch.Generator
-    rule: SamplingRule  # how it draws and verifies when sampling (specdec.rules)
+    rule: SamplingRule  # how it draws and verifies when sampling (specdec.core.rules)
     policy: DraftLengthPolicy | None  # None: a caller (a server's controller) chooses every step's length
     row: int  # the target cache row
     draft_state: Any = None

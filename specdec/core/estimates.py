@@ -3,7 +3,7 @@
 Estimators: decayed means (``RunningMean``), acceptance by depth and width, chains and trees
 (``AcceptanceByPosition``), T(batch, block) (``VerifyCostTable``; one request is batch 1), each
 drafter's seconds per level (``DraftCost``), and where no draft pays one probe rule (``ProbeRule``).
-``CostModel`` holds the seconds and the rule, one per engine or server.
+``CostModel`` holds the seconds and the rule, one per engine (a server's engine too).
 
 The cost model (Leviathan et al. 2023, with measured costs): a step of ``batch`` requests that
 each draft ``depth`` levels emits ``batch * E[tokens]`` and takes ``batch * depth * draft +
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -168,6 +169,12 @@ class VerifyCostTable:
                 cell.forget(self.decay)
         self.cells.setdefault((batch, round(block * 2) / 2), RunningMean()).add(seconds)
 
+    def include(self, other: VerifyCostTable) -> None:
+        """Each of ``other``'s cells as one measurement here (a server's startup measurement)."""
+        for (batch, block), cell in sorted(other.cells.items()):
+            if cell.count > 0:
+                self.add(batch, block, cell.total / cell.count)
+
     def estimate(self, batch: int, block: float) -> float | None:
         curve = self.curve(batch)
         return None if curve is None else curve(block)
@@ -234,21 +241,24 @@ class DraftCost:
         return self.by_width[min(measured, key=lambda w: (abs(w - width), w))].mean if measured else None
 
 
+# A probe (a draft where none pays, to keep measuring what one would be worth) costs about this
+# share of the undrafted steps between two probes, so a cheap drafter is probed often and a costly
+# one seldom, within MIN_PROBE_PERIOD..CostModel.max_probe_period steps.
+PROBE_SHARE = 0.03
+MIN_PROBE_PERIOD = 8
+
+
 @dataclass
 class ProbeRule:
-    """Where no draft pays, a draft on every ``every``-th step in a row without one, so that what
-    it would be worth keeps being measured (the text, or the load, may change)."""
+    """Where no draft pays, a draft once ``period`` steps in a row went without one (the period
+    from CostModel.probe_period), so that what it would be worth keeps being measured (the text,
+    or the load, may change). The one rule of every client: policies, the server's controller and
+    each of auto's forward candidates."""
 
-    every: int = 16
     undrafted: int = 0  # steps in a row without a draft, before this one
 
-    @property
-    def due(self) -> bool:
-        return self.due_at(self.every)
-
-    def due_at(self, every: int) -> bool:
-        """Due under a period of ``every`` steps (a client whose period moves with a cost)."""
-        return self.undrafted >= every - 1
+    def due(self, period: int) -> bool:
+        return self.undrafted >= period - 1
 
     def observe(self, drafted: bool) -> None:
         self.undrafted = 0 if drafted else self.undrafted + 1
@@ -259,13 +269,17 @@ DRAFT = "draft"  # the name a client with one drafter gives its draft cost
 
 @dataclass
 class CostModel:
-    """The one cost model: T(batch, block) (``verify``), each drafter's seconds per level
-    (``drafts``, by name), one decay for every estimate and one probe period; a client keeps
-    its own acceptance (it depends on the text) and asks here for the best draft. An engine's
-    requests share one (seconds depend on the models and the machine, not the text)."""
+    """The one cost model of an engine: T(batch, block) (``verify``, recorded by the engine once a
+    step with the step's real batch and mean block), each drafter's seconds per level (``drafts``,
+    by name), one decay for every estimate and one probe period rule; a client (a policy, the
+    server's controller, auto) keeps its own acceptance (it depends on the text) and asks here for
+    the best draft. Seconds depend on the models and the machine, not the text: an engine's
+    requests and deciders share one, and its ``clock``."""
 
     decay: float = 0.98
-    probe_every: int = 16
+    max_probe_period: int = 64
+    # seconds, for everything its clients measure (tests pass a fake clock: decisions replay exactly)
+    clock: Callable[[], float] = time.perf_counter
     verify: VerifyCostTable = None  # type: ignore[assignment]  # None: a fresh table with this decay
     drafts: dict[str, DraftCost] = field(default_factory=dict)
 
@@ -280,22 +294,33 @@ class CostModel:
         """Fresh acceptance estimates with this model's decay."""
         return AcceptanceByPosition(max_gamma=max_gamma, decay=self.decay, prior=prior)
 
-    def observe(self, batch: int, block: float, verify_seconds: float, draft_seconds: float = 0.0,
-                levels: int = 0, width: int = 1, drafter: str = DRAFT) -> None:
-        """One step's seconds: verifying ``batch`` rows of ``block`` tokens, drafting ``levels`` of ``width``."""
-        self.verify.add(batch, block, verify_seconds)
-        self.draft(drafter).add(draft_seconds, levels, width)
+    def observe_draft(self, seconds: float, levels: int, width: int = 1, drafter: str = DRAFT) -> None:
+        """One step's drafting by ``drafter``: ``levels`` levels of ``width`` nodes in ``seconds``."""
+        self.draft(drafter).add(seconds, levels, width)
 
-    def best_chain_length(self, acceptance: AcceptanceByPosition, max_gamma: int, drafter: str = DRAFT) -> int | None:
-        """best_chain_length (below) of one request under this model's costs."""
-        curve = self.verify.curve(1)
+    def probe_period(self, draft_seconds: float | None, batch: int = 1, steps: int = 1) -> int:
+        """Undrafted steps before a probe of ``steps`` one-token drafts (each ``draft_seconds`` and
+        T(batch, 2) - T(batch, 1)) that costs PROBE_SHARE of the T(batch, 1) steps between probes,
+        within MIN_PROBE_PERIOD..max_probe_period (the longest while a cost is unknown)."""
+        curve = self.verify.curve(batch)
+        if draft_seconds is None or curve is None:
+            return self.max_probe_period
+        probe_seconds = steps * (draft_seconds + max(0.0, curve(2) - curve(1)))
+        shortest = min(MIN_PROBE_PERIOD, self.max_probe_period)
+        return min(self.max_probe_period, max(shortest, round(probe_seconds / (PROBE_SHARE * curve(1)))))
+
+    def best_chain_length(self, acceptance: AcceptanceByPosition, max_gamma: int, drafter: str = DRAFT,
+                          batch: int = 1) -> int | None:
+        """best_chain_length (below) of one request of a step of ``batch`` under this model's costs."""
+        curve = self.verify.curve(batch)
         return best_chain_length(acceptance, self.draft(drafter).seconds(),
                                  (lambda block: None) if curve is None else curve, max_gamma)
 
     def best_tree_shape(self, acceptance: AcceptanceByPosition, shapes: Sequence[tuple[int, int]],
-                        drafter: str = DRAFT) -> tuple[int, int] | None:
-        """The (depth, width) of ``shapes`` with the most expected tokens per second; None until all are known."""
-        curve, cost = self.verify.curve(1), self.draft(drafter)
+                        drafter: str = DRAFT, batch: int = 1) -> tuple[int, int] | None:
+        """The (depth, width) of ``shapes`` with the most expected tokens per second for one
+        request of a step of ``batch``; None until all are known."""
+        curve, cost = self.verify.curve(batch), self.draft(drafter)
         if curve is None:
             return None
         alphas, rates = {width: acceptance.alphas(width) for width in {width for _, width in shapes}}, {}

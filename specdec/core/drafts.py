@@ -8,12 +8,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from specdec.core.rules import RejectionRule, SamplingRule
+from specdec.core.sampling import SamplingParams
 from specdec.models.base import tree_depths
-from specdec.rules import RejectionRule, SamplingRule
-from specdec.sampling import SamplingParams
 
 #: Called after each drafted token with (tokens drafted so far, their chain probability under q);
-#: True stops drafting. Draft-length policies supply it (see specdec.policy).
+#: True stops drafting. Draft-length policies supply it (see specdec.core.policy).
 StopRule = Callable[[int, float], bool]
 
 
@@ -82,7 +82,7 @@ class StepOutcome:
     forced: bool = False  # the draft was the tokens the request's grammar forces (Draft.forced)
     drafter: str | None = None  # the draft's (Draft.drafter)
     verify_seconds: float | None = None  # the step's target forward and verification (a batch's: all its requests')
-    # accepted draft nodes that only a LOSSY acceptance rule accepted (specdec.acceptance; () when exact)
+    # accepted draft nodes that only a LOSSY acceptance rule accepted (specdec.core.acceptance; () when exact)
     relaxed: tuple[int, ...] = ()
 
     @property

@@ -6,7 +6,7 @@ token and one after each node. Every verifier returns the accepted drafts, then 
 chosen by the target (its correction where a draft was rejected, or the bonus token). Greedy
 verification follows the target's argmax; rejection sampling is one function,
 ``rejection_sample_ragged`` (chains and trees of a batch; ``rejection_sample`` and
-``tree_rejection_sample`` are a batch of one). An optional ``relaxation`` (specdec.acceptance,
+``tree_rejection_sample`` are a batch of one). An optional ``relaxation`` (specdec.core.acceptance,
 LOSSY and opt-in) keeps a draft the exact test turned down when its relaxed set admits it.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from specdec.acceptance import Relaxation
+    from specdec.core.acceptance import Relaxation
 
 
 def greedy_verify(
@@ -36,15 +36,33 @@ def greedy_verify_tokens(
     relaxation: Relaxation | None = None,
 ) -> torch.Tensor:  # [n_accepted + 1] int64
     """greedy_verify with the argmax already taken (an engine takes it once for a whole batch)."""
-    gamma = draft_tokens.shape[0]
-    if gamma == 0:
-        return target_tokens[:1].clone()
-    matches = draft_tokens == target_tokens[:gamma]
-    if relaxation is not None:  # a kept draft may differ from the target's token: emit the draft's
-        kept = relaxation.accepted_length(matches)
-        return torch.cat([draft_tokens[:kept], target_tokens[kept : kept + 1]])
-    n_accepted = int(matches.cumprod(0).sum())
-    return target_tokens[: n_accepted + 1].clone()
+    emitted, _ = greedy_walk(draft_tokens.tolist(), None, target_tokens.tolist(), relaxation)
+    return torch.tensor(emitted, dtype=torch.long, device=target_tokens.device)
+
+
+def greedy_walk(
+    tokens: Sequence[int],  # [n]: the drafted nodes
+    parents: Sequence[int] | None,  # [n]: each node's parent (-1: the root); None: a chain
+    best: Sequence[int],  # [n + 1]: the target's token at the root and after each node (its argmax, or a draw)
+    relaxation: Relaxation | None = None,  # LOSSY acceptance (specdec.core.acceptance); None: exact
+) -> tuple[list[int], list[int]]:  # emitted [m + 1], accepted path [m] (node indices)
+    """The one greedy walk, for chains and trees alike: down the draft from the root, at each node
+    the first child whose token is the target's there (else, under a relaxation, the child it
+    admits), then the target's token after the last node reached. A chain is the tree whose
+    node i's parent is i - 1. The coupled rule walks its draws the same way."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(range(-1, len(tokens) - 1) if parents is None else parents):
+        children.setdefault(int(parent), []).append(node)
+    node, path = -1, list[int]()
+    while True:
+        options = children.get(node, [])
+        match = next((child for child in options if tokens[child] == best[node + 1]), None)
+        if match is None and relaxation is not None and options:  # a kept draft emits its own token
+            match = relaxation.fallback(options)
+        if match is None:
+            return [tokens[child] for child in path] + [best[node + 1]], path
+        path.append(match)
+        node = match
 
 
 def acceptance_probs(
@@ -228,7 +246,7 @@ def rejection_sample_ragged(
     draft_probs: Sequence[torch.Tensor | None],  # per request [nodes_r, vocab]: q node i was drawn from; None = guesses
     target_probs: torch.Tensor,  # [nodes + batch, vocab]: per request p at the root, then after each node
     generators: Sequence[torch.Generator | None],  # [batch]: each request's own
-    relaxations: Sequence[Relaxation | None] | None = None,  # per request: LOSSY acceptance (specdec.acceptance)
+    relaxations: Sequence[Relaxation | None] | None = None,  # per request: LOSSY acceptance (specdec.core.acceptance)
     decisions: list[RejectionDecision] | None = None,  # given: each request's decision is appended
 ) -> list[tuple[torch.Tensor, list[int]]]:  # per request: emitted [m + 1] int64, the accepted path [m]
     """The rejection sampler, for a batch of requests at once (a single request is a batch of one).
@@ -313,11 +331,6 @@ def rejection_sample(
     return rejection_sample_ragged(drafts, [draft_probs], target_probs, [generator], [relaxation])[0][0]
 
 
-def children_of(parents: list[int], node: int) -> list[int]:
-    """Tree indices of node's children (-1 = the root), in tree order (the order drawn)."""
-    return [i for i, parent in enumerate(parents) if parent == node]
-
-
 def sibling_rejection_step(
     target_probs: torch.Tensor,  # [vocab], p at this node after the siblings rejected so far
     draft_probs: torch.Tensor,  # [vocab], q at this node without the siblings tried so far
@@ -380,18 +393,6 @@ def greedy_tree_verify_tokens(
     target_tokens: torch.Tensor,  # [n + 1] int64, the target's argmax at the root and after each node
     relaxation: Relaxation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], path [m], int64
-    parents = [int(parent) for parent in parents]
-    tokens, best = tree_tokens.tolist(), target_tokens.tolist()
-    node, path = -1, list[int]()
-    while True:
-        match = next((child for child in children_of(parents, node) if tokens[child] == best[node + 1]), None)
-        if match is None and relaxation is not None:
-            match = relaxation.fallback(children_of(parents, node))
-        if match is None:
-            emitted = [tokens[i] for i in path] + [best[node + 1]]
-            return (
-                torch.tensor(emitted, dtype=torch.long, device=tree_tokens.device),
-                torch.tensor(path, dtype=torch.long),
-            )
-        path.append(match)
-        node = match
+    emitted, path = greedy_walk(tree_tokens.tolist(), [int(parent) for parent in parents], target_tokens.tolist(),
+                                relaxation)
+    return torch.tensor(emitted, dtype=torch.long, device=tree_tokens.device), torch.tensor(path, dtype=torch.long)

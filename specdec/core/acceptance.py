@@ -15,7 +15,7 @@ p at a drafted position admits:
   the lower the bar.
 
 The rule, one for greedy decoding, rejection sampling and the coupled rule, chains and trees
-(``Relaxation``, which every verifier in specdec.verify takes): a drafted token is accepted when the
+(``Relaxation``, which every verifier in specdec.core.verify takes): a drafted token is accepted when the
 exact test accepts it, or else when it is in R. Where both turn it down, the step ends with the
 token the exact rule emits there (greedy: the argmax; rejection: a draw of norm(max(0, p - q));
 coupled: the target's draw), so with R empty the step is the exact step, draw for draw. p is the
@@ -170,23 +170,9 @@ class Relaxation:
         return Relaxation(acceptance.admits(at_nodes, tokens).tolist(),
                           at_nodes.gather(-1, tokens[:, None])[:, 0].tolist())
 
-    def accepted_length(
-        self,
-        exact: torch.Tensor,  # [gamma] bool: the exact test's verdict on each drafted token of a chain
-    ) -> int:
-        """How many drafts a chain keeps: each accepted by the exact test, or else admitted by R."""
-        kept = 0
-        for node, accepted in enumerate(exact.tolist()):
-            if not accepted:
-                if not self.admitted[node]:
-                    break
-                self.used.append(node)
-            kept += 1
-        return kept
-
     def fallback(self, children: Sequence[int]) -> int | None:
-        """A tree node whose children the exact test all turned down: the admitted child the target
-        finds most likely (the first on ties), or None."""
+        """A node (of a tree, or a chain's: one child) whose children the exact test all turned
+        down: the admitted child the target finds most likely (the first on ties), or None."""
         admitted = [child for child in children if self.admitted[child]]
         if not admitted:
             return None

@@ -26,7 +26,7 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     add_drafting_options(explain)
     # Sampling shows the draws and a seed makes the run repeatable; a draft model's q is what
     # there is to see, so the draft model and a fixed gamma by default (also for the default pair).
-    explain.set_defaults(temperature=0.8, seed=0, drafter="model", policy="fixed", no_draft=False)
+    explain.set_defaults(temperature=0.8, seed=0, drafter="model", no_draft=False)
     explain.add_argument("--max-new-tokens", type=int, default=48)
     explain.add_argument("--step", type=int, help="the step to show (1-based; default: the first with a rejection)")
     explain.add_argument("--seeds", type=int, default=5000,
@@ -66,23 +66,23 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
         raise ValueError("no prompt: specdec explain \"PROMPT\" (or --calculator --alpha A --c C)")
     if args.seeds < 100:
         raise ValueError(f"--seeds must be at least 100 for a histogram, got {args.seeds}")
+    from specdec.commands.generate import stats_table
+    from specdec.core.sampling import sampling_from_args
     from specdec.decoder import GenerationResult, SpeculativeDecoder
     from specdec.explain.lossless import check_lossless
     from specdec.explain.record import chosen_step, record_generation
     from specdec.explain.steps import step_view
     from specdec.explain.view import lossless_renderable, step_renderable
-    from specdec.generate_command import stats_table
-    from specdec.policy import make_policy
     from specdec.progress import waiting
-    from specdec.sampling import sampling_from_args
 
     target, drafter = build_drafter(args, errors)
     if drafter is None:
         raise ValueError("explain needs a drafter: pass --draft (with --target) or --drafter ngram")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens)
     with waiting(errors, "generating, every step recorded"):
-        run = record_generation(target, drafter, args.prompt, sampling, args.gamma,
-                                make_policy(args.policy, args.gamma, args.tree_budget), warm_up=True)
+        config = args.speculation_config
+        run = record_generation(target, drafter, args.prompt, sampling, config.chosen_gamma,
+                                config.make_policy(getattr(drafter, "costs", None)), warm_up=True)
     alone: GenerationResult | None = None
     if args.compare:
         with waiting(errors, "running the target alone on the same prompt, for the measured speedup"):
@@ -109,6 +109,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console,
     if args.html:
         from specdec.explain.report import write_report
 
-        write_report(args.html, run, tokenizer, baseline, args.gamma, args.prompt, check, view.record.index)
+        write_report(args.html, run, tokenizer, baseline, args.speculation_config.chosen_gamma, args.prompt, check,
+                     view.record.index)
         errors.print(f"wrote {args.html}")
     return 0

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from specdec.config import SpeculationConfig
 from specdec.names import SMALL_MODEL_PARAMETERS, TREE_BUDGET, TREE_COST_MAX_BUDGET
 from specdec.progress import dim_lines, library_bars_off_unless_terminal, output_console, waiting
 
@@ -58,7 +59,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.acceptance import add_acceptance_option
+    from specdec.core.acceptance import add_acceptance_option
     from specdec.names import SAMPLING_RULES
 
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -147,30 +148,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    from specdec import generate_command
+    from specdec.commands import generate as generate_command
 
     generate_command.add_parser(commands, add_model_options, add_sampling_options, add_drafting_options)
-    from specdec.explain import command as explain_command
+    from specdec.commands import explain as explain_command
 
     explain_command.add_parser(commands, add_model_options, add_sampling_options, add_drafting_options)
-    from specdec.training import command as train_command
+    from specdec.commands import train as train_command
 
     train_command.add_parser(commands)
-    from specdec.training import head_command
+    from specdec.commands import train_head as head_command
 
     head_command.add_parser(commands, add_model_options)
-    from specdec.bench import command as bench_command
+    from specdec.commands import bench as bench_command
 
     bench_command.add_parser(commands, add_model_options, add_sampling_options)
-    from specdec.bench import batch
+    from specdec.commands import bench_batch as batch
 
     batch.add_parser(commands, add_model_options)
-    from specdec.bench import serve as bench_serve
-    from specdec.serving import server
+    from specdec.commands import bench_serve
+    from specdec.commands import serve as server
 
     bench_serve.add_parser(commands, add_model_options, add_drafting_options)
     server.add_parser(commands, add_model_options, add_drafting_options)
-    from specdec import index_command
+    from specdec.commands import index as index_command
 
     index_command.add_parser(commands)
     return parser
@@ -265,55 +266,45 @@ def build_drafter(args: argparse.Namespace, errors: Console):
 
 
 def load_drafting(args: argparse.Namespace, errors: Console):
-    """The target, and a function that makes a new drafter as --drafter, --tree and --no-draft ask
-    (None: the target alone) on the models loaded once; its keywords override the options'
-    (``suffix_cache_tokens=0``). Each drafter has its own state shared across requests (a suffix
-    cache), so servers compared side by side each get one. Unset --drafter is auto: every drafter
-    available here (a head found for the target by itself, the --draft model when given)."""
+    """The target, and a function that makes a new drafter as the command line's SpeculationConfig
+    (``args.speculation_config``, built by check_arguments) asks (None: the target alone) on the
+    models loaded once; its keywords override the config's (``suffix_cache_tokens=0``). Each
+    drafter has its own state shared across requests (a suffix cache), so servers compared side by
+    side each get one. Unset --drafter is auto: every drafter available here (a head found for the
+    target by itself, the --draft model when given)."""
+    from specdec.core.drafts import running_banner
     from specdec.corpus_index import datastores_for
-    from specdec.drafting import make_drafter, reads_target
-    from specdec.drafting.base import running_banner
-    from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds, default_gamma, default_policy, drafts_trees, uses_corpus
+    from specdec.drafting import reads_target
+    from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds
 
-    args.drafter = drafter_asked(args)
-    auto = args.drafter == AUTO
+    config: SpeculationConfig = args.speculation_config
+    auto = config.drafter == AUTO
     # auto on a GGUF: the own forward, whose hidden states a head reads (llama.cpp's give none)
-    resolved = resolve_models(args, errors, reads_hidden=bool(args.draft_head) or reads_target(args.drafter) or (
-        auto and (args.target or "").endswith(".gguf")))
+    resolved = resolve_models(args, errors, reads_hidden=bool(config.draft_head) or (
+        config.drafts and reads_target(config.drafter)) or (auto and (args.target or "").endswith(".gguf")))
     pair = resolved[3]
-    if args.policy is None:
-        args.policy = default_policy(args.drafter)
-        if args.tree or drafts_trees(args.drafter):
-            args.policy = "tree-cost"
-    args.gamma, chosen = default_gamma(args.policy) if args.gamma is None else args.gamma, ""
+    chosen = ""
     # auto takes a draft model only when one is named (the default pair's draft broke even: docs/default-pair.md)
-    needs_model = not args.no_draft and (bool(args.draft) if auto else any(
-        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(args.drafter)))
+    needs_model = config.drafts and (bool(args.draft) if auto else any(
+        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(config.drafter)))
     target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
     if needs_model and draft is None:
         errors.print("[yellow]no --draft given: running the target alone[/]")
-    head = args.draft_head or (pair.head if pair and target.backend == "specdec" else None)
-    if head is None and (auto or reads_target(args.drafter)) and not args.no_draft:  # found for the target
+    head = config.draft_head or (pair.head if pair and target.backend == "specdec" else None)
+    if head is None and config.reads_head:  # found for the target
         from specdec.drafting.head_finder import find_head
 
         head = find_head(target)
         chosen = f" (draft head found for this target: {head})" if head is not None else chosen
-    corpus = [] if args.no_draft or not uses_corpus(args.drafter) else datastores_for(args.index, target,
-                                                                                        dim_lines(errors))
+    corpus = datastores_for(list(config.index) or None, target, dim_lines(errors)) if config.uses_corpus else []
     said = False  # what runs is said once, for the first drafter made
 
     def make(**overrides):
         nonlocal said
-        if args.no_draft or (draft is None and needs_model):
-            drafter = None
-        else:
-            options = dict(max_n=args.ngram_max, min_n=args.ngram_min, tree=args.tree,
-                           tree_budget=args.tree_budget or TREE_BUDGET,
-                           target=target, vocab_rule=args.vocab_rule, head=head,
-                           suffix_cache_tokens=args.suffix_cache_tokens, corpus=corpus)
-            drafter = make_drafter(args.drafter, draft, **{**options, **overrides})
+        drafter = None if draft is None and needs_model else config.make_drafter(target, draft, head, corpus,
+                                                                                 **overrides)
         if not said:
-            banner = running_banner(target, drafter, args.policy, args.gamma)
+            banner = running_banner(target, drafter, config.chosen_policy, config.chosen_gamma)
             errors.print(f"[dim]{banner}{chosen if drafter else ''}[/]", highlight=False, soft_wrap=True)
             said = True
         return drafter
@@ -327,44 +318,15 @@ def load_own_target(args: argparse.Namespace, errors: Console):
     return load_models(args, errors, want_draft=False, resolved=resolve_models(args, errors, reads_hidden=True))[0]
 
 
-def drafter_asked(args: argparse.Namespace) -> str:
-    """--drafter, or what it means unset: with --tree, the draft model's tree, else the n-gram's
-    (auto drafts chains); else auto."""
-    from specdec.names import AUTO
-
-    if args.drafter:
-        return args.drafter
-    return ("model" if getattr(args, "draft", None) else "ngram") if getattr(args, "tree", False) else AUTO
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """The sampling and drafting options' errors, right after parsing: before any model loads
     (a real pair takes a minute), one line each."""
-    from specdec.names import AUTO, DRAFTERS, NO_DRAFTER, base_kinds
-
-    if getattr(args, "drafter", None) == NO_DRAFTER:  # --drafter none: the target alone, as --no-draft
-        if not hasattr(args, "no_draft"):
-            raise ValueError(f"--drafter {NO_DRAFTER} does not apply to {args.command}")
-        args.drafter, args.no_draft = None, True
-    if args.command in ("serve", "bench-serve") and args.policy is not None:
-        raise ValueError(f"--policy does not apply to {args.command}: its speculation controller chooses every "
-                         "step's draft lengths from measured costs (--speculation auto; on: always --gamma; off: none)")
-    if getattr(args, "policy", None) == AUTO and (drafter := drafter_asked(args)) != AUTO:
-        raise ValueError(f"--policy {AUTO} is the auto drafter's own (it chooses each step's draft and length); "
-                         f"give --drafter {AUTO}, or another --policy for --drafter {drafter}")
-    for flag, least in (("gamma", 0), ("tree_budget", 1), ("suffix_cache_tokens", 0)):
-        value = getattr(args, flag, None)
-        if value is not None and value < least:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= {least}, got {value}")
-    if hasattr(args, "ngram_max") and not 1 <= args.ngram_min <= args.ngram_max:
-        raise ValueError(f"--ngram-min and --ngram-max need 1 <= min <= max, got {args.ngram_min} and {args.ngram_max}")
-    unknown = [kind for kind in base_kinds(getattr(args, "drafter", None) or "") if kind and kind not in DRAFTERS]
-    if unknown:
-        raise ValueError(f"unknown --drafter {unknown[0]!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
+    if hasattr(args, "drafter"):  # the commands with add_drafting_options: what speculates, checked once
+        args.speculation_config = SpeculationConfig.from_args(args)
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if hasattr(args, "top_k"):  # the commands with add_sampling_options
-        from specdec.sampling import sampling_from_args
+        from specdec.core.sampling import sampling_from_args
 
         sampling_from_args(args)  # temperature, top-k, top-p, min-p, the sampling rule and acceptance
     elif getattr(args, "temperature", 0.0) < 0:  # bench-serve's one sampling option
@@ -383,24 +345,24 @@ def run_command(args: argparse.Namespace, console: Console, errors: Console) -> 
     try:
         check_arguments(args)
         if args.command == "generate":
-            from specdec import generate_command
+            from specdec.commands import generate as generate_command
 
             return generate_command.run(args, console, errors, build_drafter)
         if args.command == "explain":
-            from specdec.explain import command as explain_command
+            from specdec.commands import explain as explain_command
 
             return explain_command.run(args, console, errors, build_drafter)
         if args.command == "train":
-            from specdec.training import command as train_command
+            from specdec.commands import train as train_command
 
             return train_command.run(args, errors)
         if args.command == "train-head":
-            from specdec.training import head_command
+            from specdec.commands import train_head as head_command
 
             return head_command.run(args, errors, load_own_target)
         if args.command == "bench":
-            from specdec.bench import command as bench_command
             from specdec.bench.llama_cpp_tools import ToolError
+            from specdec.commands import bench as bench_command
 
             try:
                 return bench_command.run(args, console, errors, resolve_models, load_models)
@@ -408,23 +370,23 @@ def run_command(args: argparse.Namespace, console: Console, errors: Console) -> 
                 errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
                 return 1
         if args.command == "bench-forward":
-            from specdec.bench import command as bench_command
+            from specdec.commands import bench as bench_command
 
             return bench_command.run_bench_forward(args, console)
         if args.command == "serve":
-            from specdec.serving import server
+            from specdec.commands import serve as server
 
             return server.run(args, console, errors, build_drafter)
         if args.command == "bench-serve":
-            from specdec.bench import serve as bench_serve
+            from specdec.commands import bench_serve
 
             return bench_serve.run(args, console, errors, load_drafting)
         if args.command == "index":
-            from specdec import index_command
+            from specdec.commands import index as index_command
 
             return index_command.run(args, console, errors)
         if args.command == "bench-batch":
-            from specdec.bench import batch
+            from specdec.commands import bench_batch as batch
 
             return batch.run(args, console, errors, load_models)
     except (ValueError, FileNotFoundError) as error:

@@ -17,7 +17,7 @@ from specdec.names import help_formatter
 from specdec.progress import waiting
 
 if TYPE_CHECKING:
-    from specdec.metrics import SpecStats
+    from specdec.core.metrics import SpecStats
 
 # How --show colours each token: a person sees which tokens the draft got right.
 # (Keyed by specdec.text.TokenSource's values: this module imports no torch until it runs.)
@@ -190,16 +190,16 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
 
 
 def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
-    from specdec.sampling import sampling_from_args
+    from specdec.core.sampling import sampling_from_args
 
     # Everything that can be wrong with the arguments is said before the models (and torch) load.
     text = read_prompt(args)
     if args.system and not args.chat:
         raise ValueError("--system needs --chat")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    from specdec.core.drafts import describe_drafter
+    from specdec.core.estimates import CostModel
     from specdec.decoder import GenerationResult, SpeculativeDecoder
-    from specdec.drafting.base import describe_drafter
-    from specdec.policy import make_policy
     from specdec.text import chat_prompt_ids, encode_prompt
 
     target, drafter = build_drafter(args, errors)
@@ -210,9 +210,10 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         prompt = chat_prompt_ids(target.tokenizer, messages)
     else:
         prompt = encode_prompt(target.tokenizer, text, target.name)
-    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma,
-                                 policy=make_policy(args.policy, args.gamma, args.tree_budget),
-                                 draft_forced=not args.no_forced_tokens)
+    config = args.speculation_config
+    costs = getattr(drafter, "costs", None) or CostModel()  # (auto's own): the engine's, which the policy reads
+    decoder = SpeculativeDecoder(target, drafter, gamma=config.chosen_gamma, policy=config.make_policy(costs),
+                                 draft_forced=not args.no_forced_tokens, costs=costs)
     decoder.engine.check_prompt(prompt)  # a prompt too long for the context fails before it is echoed
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
 
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         "target only"
         if drafter is None
         else f"speculative decoding: {describe_drafter(drafter)}; "
-        f"{getattr(decoder.engine.new_policy(), 'name', 'no')} policy, gamma {args.gamma}"
+        f"{getattr(decoder.engine.new_policy(), 'name', 'no')} policy, gamma {config.chosen_gamma}"
     )
     baseline = target_alone() if compare else None
     errors.print(

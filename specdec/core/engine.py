@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import copy
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import cast
 
 import torch
 
-from specdec.drafting.base import (
+from specdec.core.drafts import (
     Draft,
     Drafter,
     ReadsHidden,
@@ -30,42 +29,48 @@ from specdec.drafting.base import (
     propose_many,
     tree_widths,
 )
-from specdec.grammar import TokenMatcher, compiler_for, fit_draft, forced_draft, mask_logits
-from specdec.metrics import SpecStats
+from specdec.core.estimates import CostModel
+from specdec.core.metrics import SpecStats
+from specdec.core.policy import DraftLengthPolicy, DraftShape, make_policy
+from specdec.core.request import NOT_ISOLATED, PASS_THROUGH, Isolation, Request, VerifyHook
+from specdec.core.rules import make_rule
+from specdec.core.sampling import SamplingParams, token_logprobs
+from specdec.core.verify_batch import verify_step
+from specdec.grammar import TokenMatcher, compiler_for, mask_logits
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
 from specdec.names import AUTO, default_gamma
-from specdec.policy import DraftLengthPolicy, DraftShape, make_policy
-from specdec.request import NOT_ISOLATED, PASS_THROUGH, Isolation, Request, VerifyHook
-from specdec.rules import make_rule
-from specdec.sampling import SamplingParams, token_logprobs
-from specdec.verify_batch import verify_step
 
 
-def as_drafter(drafter: Drafter | LanguageModel | str | None, target: LanguageModel) -> Drafter | None:
-    """A loaded draft model becomes a "model" drafter paired with the target by tokenizer
-    (make_drafter); a name, a drafter that needs no draft model ("auto" with the head found for
-    the target, "suffix", "ngram", ...); drafters pass through."""
-    from specdec.drafting import make_drafter
-
-    if isinstance(drafter, str):
-        from specdec.drafting.head_finder import find_head
-
-        return make_drafter(drafter, target=target, head=find_head(target) if drafter == AUTO else None)
-    return make_drafter("model", drafter, target=target) if isinstance(drafter, LanguageModel) else drafter
+def decision_costs(costs: CostModel | None, drafter: Drafter | None, policy: object) -> CostModel:
+    """The engine's one cost model: ``costs``, or the one its drafter (auto) or its policy object
+    (the cost policies) decides with, or a fresh one. Two different models are an error: two
+    deciders, one of which would never see the T the engine records."""
+    models = {id(model): model for model in (costs, getattr(drafter, "costs", None), getattr(policy, "costs", None))
+              if model is not None}
+    if len(models) > 1:
+        raise ValueError("the drafter, the policy and the engine decide with different cost models: build them "
+                         "on one (AutoDrafter(..., costs=...), make_policy(..., costs=...), Engine(..., costs=...))")
+    return next(iter(models.values()), None) or CostModel()
 
 
 class Engine:
     """Speculative decoding of ``target`` with ``drafter`` over any number of requests.
 
-    The engine holds only what requests share (models, the drafter, a policy template); each
-    request has its own cache row, generator, drafter state, policy copy and stats, so
-    requests never interfere and every generation starts from the same state.
+    The engine holds only what requests share (models, the drafter, a policy template, the one
+    cost model); each request has its own cache row, generator, drafter state, policy copy and
+    stats, so requests never interfere and every generation starts from the same state.
+
+    ``costs``: the one estimates.CostModel that decides how much to draft (its policies', an auto
+    drafter's and a server's controller's choices all read and write it). The engine records every
+    step's verify seconds there, at the step's batch and mean block; a drafter that decides with
+    a cost model of its own (auto) brings it, and the engine takes it. Its ``clock`` times what
+    the engine measures (tests pass a fake one).
     """
 
     def __init__(
         self,
         target: LanguageModel,
-        drafter: Drafter | LanguageModel | str | None = None,
+        drafter: Drafter | None = None,
         gamma: int | None = None,
         policy: str | DraftLengthPolicy | None = None,
         draft_forced: bool = True,
@@ -73,8 +78,10 @@ class Engine:
         max_context: int | None = None,
         per_request_policy: bool = True,  # False: every step's draft_lengths come from the caller (a server)
         verify_hook: VerifyHook | None = None,
+        costs: CostModel | None = None,
     ) -> None:
-        self.drafter = as_drafter(drafter, target)
+        self.drafter = drafter
+        self.costs = decision_costs(costs, self.drafter, policy)
         self.verify_hook = verify_hook  # told of each verified step (explain records steps through it)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
         chosen: str | DraftLengthPolicy = policy if policy is not None else str(
@@ -82,6 +89,11 @@ class Engine:
         gamma = default_gamma(chosen if isinstance(chosen, str) else None) if gamma is None else gamma
         if gamma < 0 or (prefill_chunk is not None and prefill_chunk < 1):
             raise ValueError(f"gamma must be >= 0 and prefill_chunk >= 1 token, got {gamma} and {prefill_chunk}")
+        drafter_policy = getattr(self.drafter, "default_policy", None)
+        named = chosen if isinstance(chosen, str) else chosen.name
+        if drafter_policy == AUTO and named != AUTO:  # two deciders would stack (auto's within the policy's)
+            raise ValueError(f"the policy {named!r} does not apply to the auto drafter: it chooses each step's "
+                             f"draft and length itself, up to gamma (policy {AUTO!r} or unset)")
         self.target = target
         # The longest request, prompt and output (a server's --max-model-len, within its KV-cache
         # budget): longer prompts are refused, generation stops there. At most the target's context.
@@ -93,7 +105,7 @@ class Engine:
         # generations; measured seconds (the models' and the machine's) are shared (for_request).
         self.new_policy: Callable[[], DraftLengthPolicy | None] = lambda: None
         if per_request_policy:
-            template = make_policy(chosen, gamma) if isinstance(chosen, str) else chosen
+            template = make_policy(chosen, gamma, costs=self.costs) if isinstance(chosen, str) else chosen
             self.new_policy = getattr(template, "for_request", lambda: copy.deepcopy(template))
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
@@ -190,14 +202,14 @@ class Engine:
         """One forward of the next ``count`` prompt tokens of each request."""
         if not pieces:
             return
-        started = time.perf_counter()
+        started = self.costs.clock()
         tokens = torch.cat([request.tokens[request.fed : request.fed + count] for request, count in pieces])
         positions = torch.cat([torch.arange(request.fed, request.fed + count, device=tokens.device)
                                for request, count in pieces])
         attention = Attention(tuple(Segment(request.row, count) for request, count in pieces))
         output = self.target.forward(tokens, positions, cache, attention, want_logits=False,
                                      hidden_layers=self.hidden_layers)
-        seconds = time.perf_counter() - started
+        seconds = self.costs.clock() - started
         for (request, count), start in zip(pieces, attention.offsets, strict=False):
             cache.commit(request.row, count)
             request.fed += count
@@ -224,15 +236,16 @@ class Engine:
                                 cache, Attention.chain(count, request.row), want_logits=False)
             cache.commit(request.row, count)
 
-    def draft_length(self, request: Request, chosen: int | None = None) -> int:
-        """The request's draft depth this step: its policy's, or ``chosen`` (a server's choice,
-        in place of the policy's; a tree then gets its drafter's own node budget)."""
+    def draft_length(self, request: Request, chosen: int | None = None, batch: int = 1) -> int:
+        """The request's draft depth this step, one of ``batch`` requests: its policy's, or
+        ``chosen`` (a server's choice, in place of the policy's; a tree then gets its drafter's own
+        node budget)."""
         if self.drafter is None or chosen == 0:
             return 0
         if chosen is not None:
             shape = DraftShape(chosen)
         elif request.policy is not None:
-            shape = request.policy.next_shape()
+            shape = request.policy.next_shape(batch)
         else:
             raise ValueError("this engine gives requests no draft-length policy: Engine.step needs draft_lengths")
         request.shape = shape
@@ -254,7 +267,7 @@ class Engine:
         drafts: list[Draft] = []
         masks: list[torch.Tensor | None] = []
         for index, (request, draft) in enumerate(zip(requests, proposed, strict=False)):
-            began = time.perf_counter()
+            began = self.costs.clock()
             # A tree may hold more nodes than its depth: keep what fits in the target's context.
             drafts.append(draft.truncated(self.max_context - request.length))
             # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
@@ -266,14 +279,14 @@ class Engine:
                 # The block's slots, before the forward: a paged cache that runs dry fails this
                 # request alone (a server preempts it), not the forward of all.
                 cache.ensure(request.row, cache.lengths[request.row] + drafts[-1].num_nodes + 1)
-            draft_seconds[index] += time.perf_counter() - began
+            draft_seconds[index] += self.costs.clock() - began
         live = [index for index, request in enumerate(requests) if isolation.alive(request)]
         if len(live) < len(requests):  # the failed requests leave before the forward
             requests, drafts = [requests[i] for i in live], [drafts[i] for i in live]
             masks, draft_seconds = [masks[i] for i in live], [draft_seconds[i] for i in live]
         if not requests:
             return []
-        drafted_at = time.perf_counter()
+        drafted_at = self.costs.clock()
         # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
         device, pairs = self.target.device, list(zip(requests, drafts, strict=True))
         tokens = torch.cat([piece for r, d in pairs for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
@@ -308,7 +321,9 @@ class Engine:
                 stepped.append((request, StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents,
                                                      draft.from_cache, draft.forced, draft.drafter, relaxed=relaxed),
                                 seconds, draft, logits[start : start + draft.num_nodes + 1], verdict))
-        verify_seconds = time.perf_counter() - drafted_at
+        verify_seconds = self.costs.clock() - drafted_at
+        # One measurement of T(batch, block) a step: the rows of the forward, their mean block.
+        self.costs.verify.add(len(pairs), sum(draft.num_nodes + 1 for _, draft in pairs) / len(pairs), verify_seconds)
         outcomes = []
         for request, outcome, seconds, draft, block_logits, verdict in stepped:
             outcome = replace(outcome, verify_seconds=verify_seconds)
@@ -331,7 +346,7 @@ class Engine:
         seconds = [0.0] * len(requests)
         asking, gammas = [], []
         for index, request in enumerate(requests):
-            began = time.perf_counter()
+            began = self.costs.clock()
             forced, chosen = None, None if draft_lengths is None else draft_lengths[index]
             with isolation.of(request):
                 if request.matcher is not None and self.draft_forced and chosen != 0:
@@ -339,23 +354,23 @@ class Engine:
                                           request.tokens.device)
                 if forced is not None:
                     drafts[index] = forced
-                elif self.drafter is not None and (gamma := self.draft_length(request, chosen)) > 0:
+                elif self.drafter is not None and (gamma := self.draft_length(request, chosen, len(requests))) > 0:
                     asking.append(index)
                     gammas.append(gamma)
-            seconds[index] += time.perf_counter() - began
+            seconds[index] += self.costs.clock() - began
         if not asking:
             return drafts, seconds
-        began = time.perf_counter()
+        began = self.costs.clock()
         batch = self.propose_batch([requests[index] for index in asking], gammas, isolation)
-        share = (time.perf_counter() - began) / len(asking)
+        share = (self.costs.clock() - began) / len(asking)
         for index, draft in zip(asking, batch, strict=True):
-            began = time.perf_counter()
+            began = self.costs.clock()
             request = requests[index]
             with isolation.of(request):
                 if draft.translation is not None:
                     request.stats.observe_translation(draft.translation.proposed, draft.translation.kept)
                 drafts[index] = draft if request.matcher is None else fit_draft(request.matcher, draft)
-            seconds[index] += share + time.perf_counter() - began
+            seconds[index] += share + self.costs.clock() - began
         return drafts, seconds
 
     def propose_batch(self, requests: list[Request], gammas: list[int], isolation: Isolation) -> list[Draft]:
@@ -393,8 +408,7 @@ class Engine:
             # A step of the grammar's tokens says nothing of how well the drafter guesses (tokens forced
             # inside a draft model's chain are its chain's, and count as its drafts)
             if not outcome.forced and request.policy is not None:
-                request.policy.update(request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds,
-                                      verify_seconds, widths)
+                request.policy.update(request.shape, outcome.num_drafted, outcome.num_accepted, draft_seconds, widths)
         if outcome.forced:
             request.stats.observe_forced(outcome.num_accepted)
         else:
@@ -421,3 +435,23 @@ class Engine:
             if request.finish_reason is not None:
                 request.truncate(length)
                 return
+
+
+def fit_draft(matcher: TokenMatcher, draft: Draft) -> Draft:
+    """A chain cut at its first token the grammar refuses: a point-mass draft drops it; a draft
+    drawn from q keeps it (the masked p rejects it for certain, and cutting it would change which
+    distribution the step's last token is drawn from). A tree is kept whole: verification never
+    goes below a refused node."""
+    if draft.parents is not None or not draft.num_nodes:
+        return draft
+    valid = matcher.valid_prefix(draft.tokens.tolist())
+    return draft.truncated(valid if draft.probs is None else valid + 1)
+
+
+def forced_draft(matcher: TokenMatcher, room: int, device: torch.device) -> Draft | None:
+    """The tokens the grammar forces next, as a point-mass draft that the masked p accepts for
+    certain (None where nothing is forced)."""
+    forced = matcher.forced()[:room]
+    if not forced:
+        return None
+    return Draft(torch.tensor(forced, dtype=torch.long, device=device), forced=True)

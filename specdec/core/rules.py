@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from specdec.sampling import SAMPLING_RULES
-from specdec.verify import greedy_tree_verify_tokens, greedy_verify_tokens, rejection_sample, tree_rejection_sample
+from specdec.core.sampling import SAMPLING_RULES
+from specdec.core.verify import greedy_verify_tokens, rejection_sample
 
 if TYPE_CHECKING:
-    from specdec.acceptance import Relaxation
+    from specdec.core.acceptance import Relaxation
+
 
 class SamplingRule(Protocol):
     """How one sampled request draws tokens (drafter and target alike) and verifies drafts.
@@ -36,8 +37,10 @@ class SamplingRule(Protocol):
 
     #: Whether verify needs the drafter's q (Draft.probs); the coupled rule compares tokens only.
     needs_draft_probs: bool
-    #: Whether its drafts may be verified with the batch's others in one pass
-    #: (verify.rejection_sample_ragged, with the request's own generator).
+    #: Whether its drafts are verified with the batch's others in the rejection pass
+    #: (verify.rejection_sample_ragged, with the request's own generator); else a draft is
+    #: accepted where it equals the rule's draws, and joins the batch's greedy walk
+    #: (verify_batch.verify_step: ``draw`` at each row's position, then verify.greedy_walk).
     ragged: bool
 
     def draw(
@@ -61,19 +64,8 @@ class SamplingRule(Protocol):
         draft_probs: torch.Tensor | None,  # [gamma, vocab]; None = point masses
         target_probs: torch.Tensor,  # [gamma + 1, vocab]
         first_position: int,  # the output position of the first drafted token
-        relaxation: Relaxation | None = None,  # LOSSY acceptance (specdec.acceptance); None: exact
+        relaxation: Relaxation | None = None,  # LOSSY acceptance (specdec.core.acceptance); None: exact
     ) -> torch.Tensor:  # [n_accepted + 1]: accepted drafts, then the target's token
-        ...
-
-    def verify_tree(
-        self,
-        tree_tokens: torch.Tensor,  # [n] int64
-        parents: Sequence[int],  # [n], -1 = the root
-        draft_probs: torch.Tensor | None,  # [n + 1, vocab]: q at the root, then at each node
-        target_probs: torch.Tensor,  # [n + 1, vocab]: p at the root, then after each node
-        row_positions: Sequence[int],  # [n + 1]: the output position each row of target_probs draws for
-        relaxation: Relaxation | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # emitted [m + 1], accepted path [m]
         ...
 
 
@@ -95,12 +87,6 @@ class RejectionRule:
     def verify_chain(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                      first_position: int, relaxation: Relaxation | None = None) -> torch.Tensor:
         return rejection_sample(draft_tokens, draft_probs, target_probs, self.generator, False, relaxation)
-
-    def verify_tree(self, tree_tokens: torch.Tensor, parents: Sequence[int], draft_probs: torch.Tensor | None,
-                    target_probs: torch.Tensor, row_positions: Sequence[int],
-                    relaxation: Relaxation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return tree_rejection_sample(tree_tokens, parents, draft_probs, target_probs, self.generator, False,
-                                     relaxation)
 
 
 MASK64 = (1 << 64) - 1
@@ -163,12 +149,6 @@ class CoupledRule:
                      first_position: int, relaxation: Relaxation | None = None) -> torch.Tensor:
         positions = range(first_position, first_position + target_probs.shape[0])
         return greedy_verify_tokens(draft_tokens, self.draw(target_probs, positions), relaxation)
-
-    def verify_tree(self, tree_tokens: torch.Tensor, parents: Sequence[int], draft_probs: torch.Tensor | None,
-                    target_probs: torch.Tensor, row_positions: Sequence[int],
-                    relaxation: Relaxation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        # A node is accepted when it is the target's draw at its position given its path.
-        return greedy_tree_verify_tokens(tree_tokens, parents, self.draw(target_probs, row_positions), relaxation)
 
 
 def make_rule(name: str, seed: int, generator: torch.Generator) -> SamplingRule:

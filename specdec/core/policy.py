@@ -1,10 +1,12 @@
 """How much to draft next: fixed, heuristic, threshold and cost-model policies.
 
-One interface: ``next_shape()`` before a step (a pure query: the draft's depth and, for trees,
-its node budget), ``stop_early`` (a rule ``(drafted, chain_prob) -> bool`` that model drafters
-consult after each token, or None for policies that never cut a draft, so drafters skip
-computing the chain probability), and ``update(asked, ...)`` after verification, with the shape
-that was asked. The cost policies are clients of the one cost model, specdec.estimates.CostModel.
+One interface: ``next_shape(batch)`` before a step (a pure query: the draft's depth and, for
+trees, its node budget, for a request of a step of ``batch``), ``stop_early`` (a rule
+``(drafted, chain_prob) -> bool`` that model drafters consult after each token, or None for
+policies that never cut a draft, so drafters skip computing the chain probability), and
+``update(asked, ...)`` after verification, with the shape that was asked. The cost policies are
+clients of their engine's one cost model (specdec.core.estimates.CostModel), which the engine gives
+them (make_policy's ``costs``) and where it records every step's verify seconds itself.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specdec.estimates import AcceptanceByPosition, CostModel, ProbeRule
+from specdec.core.estimates import AcceptanceByPosition, CostModel, ProbeRule
 from specdec.names import POLICIES, TREE_COST_MAX_BUDGET, TREE_POLICIES
 
 
@@ -34,13 +36,15 @@ class DraftLengthPolicy(Protocol):
     def stop_early(self) -> Callable[[int, float], bool] | None:
         """A rule that cuts a draft short, or None for policies that never do."""
 
-    def next_shape(self) -> DraftShape:
-        """The next draft's shape, from what was learned so far; changes nothing."""
+    def next_shape(self, batch: int = 1) -> DraftShape:
+        """The next draft's shape for a request of a step of ``batch`` requests, from what was
+        learned so far; changes nothing."""
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+               widths: list[int] | None = None) -> None:
         """After a step that asked for ``asked``: num_drafted nodes (a tree's ``widths`` per
-        depth), num_accepted of them accepted, the seconds drafting and verifying took."""
+        depth), num_accepted of them accepted, the seconds drafting took (the step's verify
+        seconds the engine records in the cost model)."""
 
     def for_request(self) -> DraftLengthPolicy:
         """This policy's copy for a new request. What depends on the text (acceptance, an adapted
@@ -55,14 +59,14 @@ class FixedPolicy:
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
 
-    def next_shape(self) -> DraftShape:
+    def next_shape(self, batch: int = 1) -> DraftShape:
         return DraftShape(self.gamma)  # trees keep their drafter's node budget
 
     def for_request(self) -> DraftLengthPolicy:
         return copy.deepcopy(self)  # nothing measured to share
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+               widths: list[int] | None = None) -> None:
         """A fixed gamma learns nothing."""
 
 
@@ -83,7 +87,7 @@ class HeuristicPolicy(FixedPolicy):
         self.max_gamma = max_gamma
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+               widths: list[int] | None = None) -> None:
         if num_drafted == 0:
             return
         self.gamma = min(self.max_gamma, self.gamma + 2) if num_accepted == num_drafted else max(1, self.gamma - 1)
@@ -106,7 +110,7 @@ class ThresholdPolicy(FixedPolicy):
         return chain_probability < self.threshold
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+               widths: list[int] | None = None) -> None:
         if num_drafted == 0:
             return
         low, high = self.bounds
@@ -120,41 +124,39 @@ class ThresholdPolicy(FixedPolicy):
 class CostModelPolicy:
     """Draft the gamma with the highest expected tokens per second (Leviathan et al. 2023,
     with measured costs): E[tokens](g) from the per-position acceptance estimates, and
-    time(g) = g * draft_cost + T(1, g + 1), both measured in ``costs`` (estimates.CostModel)."""
+    time(g) = g * draft_cost + T(batch, g + 1), both measured in ``costs`` (estimates.CostModel)."""
 
     gamma: int = 4  # used until there is something to estimate from
     max_gamma: int = 12
     name: str = "cost"
     stop_early = None  # decides the length up front; never cuts a draft short
     costs: CostModel = field(default_factory=CostModel)  # seconds, shared by an engine's requests
-    # None: built in __post_init__ from costs (the ignores: never None after it).
+    # None: built in __post_init__ from costs (the ignore: never None after it).
     acceptance: AcceptanceByPosition = None  # type: ignore[assignment]
     # Where no draft length beats plain decoding (measured: the llama.cpp backend on 2 cores, whose
     # verify blocks cost nearly their length in forwards): plain steps, and now and then a one-token probe.
-    probe: ProbeRule = None  # type: ignore[assignment]
+    probe: ProbeRule = field(default_factory=ProbeRule)
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
             self.acceptance = self.costs.acceptance(self.max_gamma)
-        if self.probe is None:
-            self.probe = ProbeRule(self.costs.probe_every)
 
     def for_request(self) -> CostModelPolicy:
         """Fresh acceptance estimates; the draft and verify seconds measured so far, shared."""
         return CostModelPolicy(self.gamma, self.max_gamma, costs=self.costs)
 
-    def next_shape(self) -> DraftShape:
-        best = self.costs.best_chain_length(self.acceptance, self.max_gamma)
+    def next_shape(self, batch: int = 1) -> DraftShape:
+        best = self.costs.best_chain_length(self.acceptance, self.max_gamma, batch=batch)
         if best is None:
             return DraftShape(self.gamma)
         if best > 0:
             return DraftShape(best)
-        return DraftShape(1 if self.probe.due else 0)
+        return DraftShape(1 if self.probe.due(self.costs.probe_period(self.costs.draft().seconds(), batch)) else 0)
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+               widths: list[int] | None = None) -> None:
         self.acceptance.update(num_drafted, num_accepted)
-        self.costs.observe(1, num_drafted + 1, verify_seconds, draft_seconds, num_drafted)
+        self.costs.observe_draft(draft_seconds, num_drafted)
         self.probe.observe(num_drafted > 0)
 
 
@@ -189,15 +191,15 @@ class TreeCostPolicy(FixedPolicy):
             if depth * width <= self.max_budget
         ]
 
-    def next_shape(self) -> DraftShape:
-        best = self.costs.best_tree_shape(self.acceptance, self.shapes())
+    def next_shape(self, batch: int = 1) -> DraftShape:
+        best = self.costs.best_tree_shape(self.acceptance, self.shapes(), batch=batch)
         if best is None:
             return DraftShape(self.gamma, min(self.gamma, self.max_budget))  # the starting shape: width 1
         depth, width = best
         return DraftShape(depth, depth * width)
 
     def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float, widths: list[int] | None = None) -> None:
+               widths: list[int] | None = None) -> None:
         if num_drafted == 0:
             return
         # What is learned is what asking for a width gives: a drafter may deliver fewer nodes (a
@@ -205,12 +207,15 @@ class TreeCostPolicy(FixedPolicy):
         width = max(1, (asked.node_budget or asked.depth) // max(1, asked.depth))
         levels = len(widths) if widths else num_drafted
         self.acceptance.update(num_drafted, num_accepted, [width] * levels)
-        self.costs.observe(1, num_drafted + 1, verify_seconds, draft_seconds, levels, width)
+        self.costs.observe_draft(draft_seconds, levels, width)
 
 
-def make_policy(name: str, gamma: int, node_budget: int | None = None) -> DraftLengthPolicy:
+def make_policy(name: str, gamma: int, node_budget: int | None = None,
+                costs: CostModel | None = None) -> DraftLengthPolicy:
     """A policy by name; gamma is its starting (or, for threshold, maximum) draft length;
-    ``node_budget`` (--tree-budget, given): the most tree nodes tree-cost may choose (else its own cap)."""
+    ``node_budget`` (--tree-budget, given): the most tree nodes tree-cost may choose (else its own
+    cap); ``costs``: the engine's one cost model, which the cost policies read (None: their own)."""
+    costs = costs if costs is not None else CostModel()
     if name == "fixed":
         return FixedPolicy(gamma)
     if name == "heuristic":
@@ -218,9 +223,10 @@ def make_policy(name: str, gamma: int, node_budget: int | None = None) -> DraftL
     if name == "threshold":
         return ThresholdPolicy(max_gamma=gamma)
     if name == "cost":
-        return CostModelPolicy(gamma=gamma)
+        return CostModelPolicy(gamma=gamma, costs=costs)
     if name == "tree-cost":
-        return TreeCostPolicy(gamma) if node_budget is None else TreeCostPolicy(gamma, max_budget=node_budget)
+        return TreeCostPolicy(gamma, max_budget=TREE_COST_MAX_BUDGET if node_budget is None else node_budget,
+                              costs=costs)
     if name == "auto":
         return DrafterChoosesPolicy(gamma)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES + TREE_POLICIES)}")

@@ -116,8 +116,8 @@ def run(
     from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
     from specdec.bench.suite import check_constrained_methods, expand_method_names, load_prompts, suite_prompts
     from specdec.bench.suite import run_bench as bench
+    from specdec.core.sampling import sampling_from_args
     from specdec.drafting import reads_target
-    from specdec.sampling import sampling_from_args
 
     if args.synthetic:
         return run_synthetic_bench(args, console, errors)

@@ -1,0 +1,234 @@
+"""One typed, frozen description of what speculates and how: ``SpeculationConfig``.
+
+Every surface builds one and nothing else decides: the command line (``from_args``), the Python
+API (``SpeculationConfig(...)``, then ``make_drafter`` / ``engine_options``), the server's flags
+(``from_args`` with its ``speculation`` mode) and bench's method names (``from_method``:
+"DRAFTER:POLICY@FLAG"). It is validated once, when built: a combination that does not apply is a
+ValueError naming the option, never an option accepted and then ignored. The string specs
+("suffix-or-head", "A+B", acceptance specs) stay a parse-only surface: they are read here into
+fields. This module imports nothing heavy (no torch), so a command line's mistakes answer before
+any model loads."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specdec.names import (
+    AUTO,
+    CORPUS_DRAFTERS,
+    DRAFTERS,
+    NO_DRAFTER,
+    POLICIES,
+    SPECULATION_MODES,
+    TREE_BUDGET,
+    TREE_KINDS,
+    TREE_POLICIES,
+    VOCAB_RULES,
+    base_kinds,
+    default_gamma,
+    drafts_trees,
+    uses_corpus,
+)
+
+# Drafters that read the target's hidden states through a draft head (--draft-head).
+HEAD_READERS = ("head", "head-tree")
+# Drafters whose drafts are n-gram lookups (--ngram-min/--ngram-max).
+NGRAM_USERS = ("ngram", "ngram-tree", "staged", "staged-tree", "ngram-edit", AUTO)
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """What speculates and how.
+
+    ``drafter``: a --drafter spec (a name of specdec.names.DRAFTERS, "A+B", "suffix-or-X") or
+    "none" (the target alone); ``tree``: the chain drafter's tree kind (TREE_KINDS);
+    ``policy``: how much to draft each step (None: the drafter's own: auto's for auto, tree-cost
+    for trees, fixed otherwise); ``gamma``: the draft length (a cap for auto and threshold, a
+    start for heuristic and cost; None: the policy's default); ``tree_budget``: a tree's nodes
+    per step (None: TREE_BUDGET; under tree-cost, the most it may choose); the n-gram and suffix
+    settings; ``vocab_rule``: a draft of another tokenizer's, when sampling; ``draft_head``: a
+    head folder (None: the one found for the target); ``index``: datastores (specs of
+    --index); ``acceptance``: the acceptance rule for requests that name none (docs/acceptance.md);
+    ``draft_forced``: a grammar's forced tokens drafted first; ``speculation``: a server's
+    controller mode (serve and bench-serve only; None elsewhere)."""
+
+    drafter: str = AUTO
+    tree: bool = False
+    policy: str | None = None
+    gamma: int | None = None
+    tree_budget: int | None = None
+    ngram_max: int = 4
+    ngram_min: int = 1
+    suffix_cache_tokens: int = 100_000
+    vocab_rule: str = "point-mass"
+    draft_head: str | None = None
+    index: tuple[str, ...] = ()
+    acceptance: str = "exact"
+    draft_forced: bool = True
+    speculation: str | None = None
+    # Options the caller set explicitly (from_args: those typed), checked for whether they apply.
+    given: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    @property
+    def drafts(self) -> bool:
+        return self.drafter != NO_DRAFTER
+
+    @property
+    def trees(self) -> bool:
+        """Whether it drafts token trees (--tree, a tree kind, or a merge A+B)."""
+        return self.drafts and (self.tree or drafts_trees(self.drafter))
+
+    @property
+    def chosen_policy(self) -> str:
+        """The policy that runs: the one named, else the drafter's own."""
+        if self.policy is not None:
+            return self.policy
+        if self.drafter == AUTO:
+            return AUTO
+        return "tree-cost" if self.trees else "fixed"
+
+    @property
+    def chosen_gamma(self) -> int:
+        return default_gamma(self.chosen_policy) if self.gamma is None else self.gamma
+
+    @property
+    def nodes(self) -> int:
+        """A tree drafter's node budget per step."""
+        return self.tree_budget or TREE_BUDGET
+
+    @property
+    def reads_head(self) -> bool:
+        """Whether a draft head may draft: auto's candidate or a head drafter."""
+        return self.drafts and any(kind in (AUTO, *HEAD_READERS) for kind in base_kinds(self.drafter))
+
+    @property
+    def uses_corpus(self) -> bool:
+        return self.drafts and uses_corpus(self.drafter)
+
+    def with_options(self, **changes: Any) -> SpeculationConfig:
+        """A copy with ``changes``, validated again."""
+        return replace(self, **changes, given=self.given | set(changes))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SpeculationConfig:
+        """From a command line's drafting options (add_drafting_options; serve's --speculation,
+        bench-serve's first --modes). Options a command does not have keep their defaults; those
+        typed (``args.argv``, the command as typed) are checked for whether they apply."""
+        typed = {token[2:].partition("=")[0].replace("-", "_") for token in getattr(args, "argv", ())
+                 if token.startswith("--")}
+        values: dict[str, Any] = {}
+        for name in ("gamma", "policy", "tree_budget", "draft_head", "ngram_max", "ngram_min",
+                     "suffix_cache_tokens", "vocab_rule", "acceptance", "speculation"):
+            value = getattr(args, name, None)
+            if value is not None:
+                values[name] = value
+        if getattr(args, "modes", None):  # bench-serve: servers side by side, one per mode
+            values["speculation"] = args.modes[0]
+        if getattr(args, "index", None):
+            values["index"] = tuple(args.index)
+        values["tree"] = bool(getattr(args, "tree", False))
+        drafter = getattr(args, "drafter", None)
+        if getattr(args, "no_draft", False):
+            if drafter not in (None, NO_DRAFTER):
+                raise ValueError(f"--no-draft and --drafter {drafter} disagree: --no-draft is --drafter {NO_DRAFTER}")
+            drafter = NO_DRAFTER
+        if drafter is None:  # unset: with --tree, the draft model's tree, else the n-gram's; else auto
+            drafter = ("model" if getattr(args, "draft", None) else "ngram") if values["tree"] else AUTO
+        given: set[str] = {name for name in ("gamma", "policy", "tree_budget", "draft_head") if name in values}
+        given |= ({"tree"} if values["tree"] else set()) | (typed & {"ngram_max", "ngram_min"})
+        return cls(drafter=drafter, **values, given=frozenset(given))
+
+    def make_drafter(self, target: Any, draft: Any = None, head: Any = None, corpus: Sequence[Any] = (),
+                     costs: Any = None, **overrides: Any) -> Any:
+        """The drafter this config names on loaded models (specdec.drafting.make_drafter; None: the
+        target alone). ``head``: a DraftHead or folder (draft_head's, or the one found for the
+        target); ``costs``: the engine's cost model (auto decides with it); ``overrides``: keywords
+        of make_drafter (``suffix_cache_tokens=0``)."""
+        if not self.drafts:
+            return None
+        from specdec.drafting import make_drafter
+
+        options = dict(max_n=self.ngram_max, min_n=self.ngram_min, tree=self.tree, tree_budget=self.nodes,
+                       target=target, vocab_rule=self.vocab_rule, head=head,
+                       suffix_cache_tokens=self.suffix_cache_tokens, corpus=corpus, costs=costs)
+        return make_drafter(self.drafter, draft, **{**options, **overrides})
+
+    def make_policy(self, costs: Any = None) -> Any:
+        """The draft-length policy that runs (specdec.core.policy.make_policy), on the engine's ``costs``."""
+        from specdec.core.policy import make_policy
+
+        return make_policy(self.chosen_policy, self.chosen_gamma, self.tree_budget, costs)
+
+    @classmethod
+    def from_method(cls, name: str) -> tuple[SpeculationConfig, list[str]]:
+        """A bench method "DRAFTER:POLICY" (e.g. "ngram:cost", "auto") and its flags after "@"
+        ("unforced", "noindex", an acceptance spec): the config and the flags not read here."""
+        method, *flags = name.split("@")
+        drafter, _, policy = method.partition(":")
+        config = cls(drafter=drafter, policy=policy or None, draft_forced="unforced" not in flags,
+                     given=frozenset({"policy"} if policy else ()))
+        return config, [flag for flag in flags if flag != "unforced"]
+
+
+def check(config: SpeculationConfig) -> None:
+    """Every combination that does not apply, as one ValueError naming the option."""
+    kinds = base_kinds(config.drafter)
+    if config.drafter != NO_DRAFTER:
+        unknown = [kind for kind in kinds if kind not in DRAFTERS]
+        if unknown or not config.drafter:
+            raise ValueError(f"unknown --drafter {(unknown or [config.drafter])[0]!r}; choose one of "
+                             f"{', '.join(DRAFTERS)} or {NO_DRAFTER} (or join drafters with +)")
+    for name, least in (("gamma", 0), ("tree_budget", 1), ("suffix_cache_tokens", 0)):
+        value = getattr(config, name)
+        if value is not None and value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+    if not 1 <= config.ngram_min <= config.ngram_max:
+        raise ValueError(f"--ngram-min and --ngram-max need 1 <= min <= max, got {config.ngram_min} and "
+                         f"{config.ngram_max}")
+    if config.policy is not None and config.policy not in POLICIES + TREE_POLICIES:
+        raise ValueError(f"unknown --policy {config.policy!r}; choose one of {', '.join(POLICIES + TREE_POLICIES)}")
+    if config.vocab_rule not in VOCAB_RULES:
+        raise ValueError(f"unknown --vocab-rule {config.vocab_rule!r}; choose one of {', '.join(VOCAB_RULES)}")
+    if config.speculation is not None:
+        if config.speculation not in SPECULATION_MODES:
+            raise ValueError(f"unknown --speculation {config.speculation!r}; choose one of "
+                             f"{', '.join(SPECULATION_MODES)}")
+        if config.policy is not None:
+            raise ValueError("--policy does not apply to a server: its speculation controller chooses every step's "
+                             "draft lengths from measured costs (--speculation auto; on: always --gamma; off: none)")
+    if not config.drafts:
+        applied = sorted(name for name in config.given if name in ("policy", "gamma", "tree", "tree_budget",
+                                                                   "draft_head"))
+        if applied:
+            raise ValueError(f"--{applied[0].replace('_', '-')} does not apply without a drafter "
+                             f"(--drafter {NO_DRAFTER} / --no-draft)")
+        return
+    kind = config.drafter
+    if config.tree and not any(part in TREE_KINDS for part in base_kinds(kind)):
+        raise ValueError(f"--tree does not apply to --drafter {kind}: it turns one of {', '.join(TREE_KINDS)} "
+                         "into its tree (auto drafts chains)")
+    if config.policy == AUTO and kind != AUTO:
+        raise ValueError(f"--policy {AUTO} is the auto drafter's own (it chooses each step's draft and length); "
+                         f"give --drafter {AUTO}, or another --policy for --drafter {kind}")
+    if kind == AUTO and config.policy not in (None, AUTO):
+        raise ValueError(f"--policy {config.policy} does not apply to --drafter {AUTO}: it chooses each step's "
+                         "draft and its length itself, up to --gamma, with the engine's one cost model")
+    if config.tree_budget is not None and not config.trees:
+        raise ValueError(f"--tree-budget does not apply to --drafter {kind}: it drafts chains (a tree drafter, "
+                         "--tree or A+B drafts trees)")
+    if config.draft_head is not None and not config.reads_head:
+        raise ValueError(f"--draft-head does not apply to --drafter {kind}: only auto, head and head-tree draft "
+                         "with a head")
+    if config.index and not config.uses_corpus:
+        raise ValueError(f"--index does not apply to --drafter {kind}: only auto and "
+                         f"{', '.join(CORPUS_DRAFTERS)} draft from datastores")
+    ngram = {"ngram_max", "ngram_min"} & config.given
+    if ngram and not any(kind in NGRAM_USERS or kind.startswith("suffix-or-ngram") for kind in base_kinds(kind)):
+        raise ValueError(f"--{sorted(ngram)[0].replace('_', '-')} does not apply to --drafter {kind}: no n-gram "
+                         "lookup drafts there")
