@@ -53,7 +53,8 @@ class SpeculationConfig:
     head folder (None: the one found for the target); ``index``: datastores (specs of
     --index); ``acceptance``: the acceptance rule for requests that name none (docs/acceptance.md);
     ``draft_forced``: a grammar's forced tokens drafted first; ``speculation``: a server's
-    controller mode (serve and bench-serve only; None elsewhere)."""
+    controller mode (serve and bench-serve only; None elsewhere); ``predicted``: the requests
+    carry predictions, which the prediction drafter copies (auto's candidate, or named)."""
 
     drafter: str = AUTO
     tree: bool = False
@@ -69,6 +70,7 @@ class SpeculationConfig:
     acceptance: str = "exact"
     draft_forced: bool = True
     speculation: str | None = None
+    predicted: bool = False  # requests carry a prediction (OpenAI's predicted outputs; generate --prediction)
     # Options the caller set explicitly (from_args: those typed), checked for whether they apply.
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -133,6 +135,7 @@ class SpeculationConfig:
         if getattr(args, "index", None):
             values["index"] = tuple(args.index)
         values["tree"] = bool(getattr(args, "tree", False))
+        values["predicted"] = bool(getattr(args, "prediction", None))
         drafter = getattr(args, "drafter", None)
         if getattr(args, "no_draft", False):
             if drafter not in (None, NO_DRAFTER):
@@ -205,6 +208,7 @@ def check(config: SpeculationConfig) -> None:
     if not config.drafts:
         applied = sorted(name for name in config.given if name in ("policy", "gamma", "tree", "tree_budget",
                                                                    "draft_head"))
+        applied += ["prediction"] if config.predicted else []
         if applied:
             raise ValueError(f"--{applied[0].replace('_', '-')} does not apply without a drafter "
                              f"(--drafter {NO_DRAFTER} / --no-draft)")
@@ -228,6 +232,9 @@ def check(config: SpeculationConfig) -> None:
     if config.index and not config.uses_corpus:
         raise ValueError(f"--index does not apply to --drafter {kind}: only auto and "
                          f"{', '.join(CORPUS_DRAFTERS)} draft from datastores")
+    if config.predicted and not any(part in (AUTO, "prediction") for part in base_kinds(kind)):
+        raise ValueError(f"--prediction does not apply to --drafter {kind}: auto (the default) or a drafter spec "
+                         "holding prediction drafts from it")
     ngram = {"ngram_max", "ngram_min"} & config.given
     if ngram and not any(kind in NGRAM_USERS or kind.startswith("suffix-or-ngram") for kind in base_kinds(kind)):
         raise ValueError(f"--{sorted(ngram)[0].replace('_', '-')} does not apply to --drafter {kind}: no n-gram "

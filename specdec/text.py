@@ -21,6 +21,7 @@ from specdec.core.engine import Request
 from specdec.core.metrics import SpecStats
 from specdec.core.sampling import TokenLogprob
 from specdec.drafting.corpus import CORPUS
+from specdec.drafting.prediction import PREDICTION
 from specdec.stops import StopMatcher
 
 
@@ -31,6 +32,7 @@ class TokenSource(str, enum.Enum):
     BRANCH = "branch"  # an accepted tree token that was not its parent's first (most likely) child
     CACHE = "cache"  # an accepted draft guessed from earlier requests' outputs (a suffix drafter's cache)
     CORPUS = "corpus"  # an accepted draft retrieved from a datastore of code (the corpus drafter, --index)
+    PREDICTION = "prediction"  # an accepted draft copied from the request's prediction (predicted outputs)
     RELAXED = "relaxed"  # a draft the exact test rejected, kept by a LOSSY acceptance rule (specdec.core.acceptance)
     CORRECTION = "correction"  # the target's token where it rejected a draft
     BONUS = "bonus"  # the target's extra token after every draft was accepted
@@ -54,8 +56,8 @@ def token_sources(outcome: StepOutcome) -> list[TokenSource]:
         first_children = {parent: parents.index(parent) for parent in set(parents)}
         accepted = [TokenSource.DRAFT if first_children[parents[node]] == node else TokenSource.BRANCH
                     for node in path.tolist()]
-    if outcome.drafter == CORPUS:
-        accepted = [TokenSource.CORPUS] * len(accepted)
+    if outcome.drafter in (CORPUS, PREDICTION):
+        accepted = [TokenSource(outcome.drafter)] * len(accepted)
     if outcome.from_cache is not None:
         accepted = [TokenSource.CACHE if outcome.from_cache[node] else source
                     for node, source in zip(outcome.accepted_nodes, accepted, strict=True)]
@@ -74,6 +76,18 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) 
             raise ValueError(f"{model_name} has no tokenizer; pass the prompt as token ids")
         return list(tokenizer.encode(prompt))
     return [int(token) for token in prompt]
+
+
+def prediction_ids(tokenizer: Any, prediction: str | Sequence[int], model_name: str) -> tuple[int, ...]:
+    """A prediction's token ids: its text encoded as output text (no special tokens: it continues
+    an answer), or ids as given."""
+    if not isinstance(prediction, str):
+        return tuple(int(token) for token in prediction)
+    if not prediction:
+        return ()
+    if tokenizer is None:
+        raise ValueError(f"{model_name} has no tokenizer; pass the prediction as token ids")
+    return tuple(tokenizer.encode(prediction, add_special_tokens=False))
 
 
 # Unicode normalization (NFKC) can turn one character of up to 4 UTF-8 bytes into a single byte of

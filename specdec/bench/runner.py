@@ -34,10 +34,13 @@ class Prompt:
     constraint: Constraint | None = None  # what the output must match (a suite's "json_schema" / "regex")
     stop: tuple[str, ...] = ()  # stop strings of this prompt's suite, beside the run's own
     task: CodeTask | None = None  # a program whose tests the output must pass (HumanEval)
+    prediction: str | None = None  # the output the client expects (OpenAI's predicted outputs), drafted from
 
     def settings(self, settings: SamplingParams) -> SamplingParams:
-        """The run's settings with this prompt's constraint and stop strings."""
+        """The run's settings with this prompt's constraint, stop strings and prediction."""
         changes: dict = {}
+        if self.prediction is not None:
+            changes["prediction"] = self.prediction
         if self.constraint is not None:
             changes["constraint"] = self.constraint
         if self.stop:

@@ -81,6 +81,10 @@ def suite_prompts(name: str, per_category: int | None = None) -> list[Prompt]:
         from specdec.bench.long_suite import long_suite
 
         return first_of_each_category(long_suite(), per_category)
+    if name == "predicted-edits":
+        from specdec.bench.predicted_edits import predicted_edits_suite
+
+        return first_of_each_category(predicted_edits_suite(), per_category)
     files = {"bundled": default_prompts, "editing": editing_prompts, "json": json_prompts}
     if name not in files:
         raise ValueError(f"unknown suite {name!r}; choose one of {', '.join(BENCH_SUITES)}")

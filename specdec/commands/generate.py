@@ -26,6 +26,7 @@ SOURCE_STYLES = {
     "branch": "cyan",
     "cache": "magenta",
     "corpus": "bright_magenta",
+    "prediction": "bright_green",
     "relaxed": "bold dark_orange",
     "forced": "yellow",
     "correction": "bold red",
@@ -55,11 +56,15 @@ def add_parser(commands, add_model_options, add_sampling_options, add_drafting_o
                            help="do not draft the tokens the grammar forces (they cost a target forward each then)")
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    generate.add_argument("--prediction", metavar="FILE",
+                          help="the output you expect (OpenAI's predicted outputs: for an edit, the file as it is "
+                               "now): drafted from where the output is in it; the text stays the target's")
     generate.add_argument("--no-draft", action="store_true", help="run the target alone (the baseline)")
     generate.add_argument("--show", action="store_true",
                           help="colour tokens: green = accepted draft, cyan = accepted from a tree's other branch, "
                                "magenta = accepted draft copied from an earlier request's output (suffix drafters' "
-                               "cache), bright magenta = retrieved from a datastore (--index), yellow = forced by "
+                               "cache), bright magenta = retrieved from a datastore (--index), bright green = "
+                               "copied from --prediction, yellow = forced by "
                                "the grammar, orange = kept by a lossy --acceptance only, "
                                "red = target's correction, blue = bonus")
     generate.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
@@ -172,6 +177,11 @@ def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None,
             f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
             f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s",
         ),
+        *(
+            [("drafted from the prediction", "{} accepted, {} rejected".format(*stats.prediction_tokens))]
+            if "prediction" in stats.by_drafter
+            else []
+        ),
         ("tokens per second", f"{stats.tokens_per_second:.1f}"),
     ]
     if baseline is not None:
@@ -196,7 +206,14 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     text = read_prompt(args)
     if args.system and not args.chat:
         raise ValueError("--system needs --chat")
-    sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    prediction = None
+    if args.prediction:
+        path = Path(args.prediction)
+        if not path.is_file():
+            raise FileNotFoundError(f"--prediction file not found: {path}")
+        prediction = path.read_text(encoding="utf-8", errors="replace")
+    sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()),
+                                  prediction=prediction)
     from specdec.core.drafts import describe_drafter
     from specdec.core.estimates import CostModel
     from specdec.decoder import GenerationResult, SpeculativeDecoder

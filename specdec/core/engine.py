@@ -136,6 +136,9 @@ class Engine:
         """A request for cache row ``row``, not yet prefilled. ``matcher``: its constraint's, compiled
         already (a server compiles off its serving loop, GrammarCompiler.matcher); else built here."""
         ids = self.check_prompt(prompt_ids)
+        if isinstance(sampling.prediction, str):
+            raise ValueError("the engine takes a prediction as token ids: encode its text first (the text layer, "
+                             "SpeculativeDecoder and the server, do)")
         device = self.target.device
         budget = min(sampling.max_new_tokens, self.max_context - len(ids))
         tokens = torch.empty(len(ids) + budget, dtype=torch.long, device=device)

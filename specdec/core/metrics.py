@@ -134,8 +134,18 @@ class SpecStats:
                 setattr(merged, name, value + theirs)
         return merged
 
+    @property
+    def prediction_tokens(self) -> tuple[int, int]:
+        """(accepted, rejected) tokens drafted from the request's prediction (OpenAI's
+        accepted_prediction_tokens / rejected_prediction_tokens)."""
+        _, drafted, accepted = self.by_drafter.get("prediction", (0, 0, 0))
+        return accepted, drafted - accepted
+
     def to_dict(self) -> dict:
+        accepted_prediction, rejected_prediction = self.prediction_tokens
         return {
+            "accepted_prediction_tokens": accepted_prediction,
+            "rejected_prediction_tokens": rejected_prediction,
             **asdict(self),
             "lossy": self.acceptance != "exact",
             "alpha": self.alpha,

@@ -74,8 +74,14 @@ class SamplingParams:
     # Which drafts verification keeps (specdec.core.acceptance): "exact" (lossless, the default), or LOSSY
     # "lossy" / "topk:k=3,delta=0.5" / "typical:epsilon=0.09,alpha=0.3", held in its canonical spelling.
     acceptance: str = EXACT
+    # The output the client expects (OpenAI's predicted outputs: an edited file's current text):
+    # text, which the text layer encodes, or token ids, which a prediction drafter copies
+    # (specdec.drafting.prediction). It changes speed, never the output. None: no prediction.
+    prediction: str | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.prediction, list):
+            object.__setattr__(self, "prediction", tuple(int(token) for token in self.prediction))
         if isinstance(self.stop, str):  # a single stop string
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))

@@ -14,6 +14,7 @@ from specdec.drafting.head_format import head_quantization, load_head
 from specdec.drafting.merge import MergedDrafter
 from specdec.drafting.model import ModelDrafter
 from specdec.drafting.ngram import NGramDrafter, NGramIndex
+from specdec.drafting.prediction import PredictionDrafter
 from specdec.drafting.staged import StagedDrafter, StagedTreeDrafter
 from specdec.drafting.suffix import SuffixCache, SuffixDrafter, SuffixFirstDrafter
 from specdec.drafting.translate import TranslatingDrafter
@@ -23,7 +24,8 @@ from specdec.models.base import LanguageModel
 from specdec.names import AUTO, DRAFTERS, SUFFIX_FIRST, TEXT_DRAFTERS, TREE_KINDS, base_kinds
 
 # auto's candidates that need nothing but the text; a head and a draft model join when given
-AUTO_TEXT_CANDIDATES = ("suffix", "ngram", "ngram-edit")
+# (prediction drafts only for a request that carries one: OpenAI's predicted outputs)
+AUTO_TEXT_CANDIDATES = ("suffix", "ngram", "ngram-edit", "prediction")
 
 
 def reads_target(drafter: str) -> bool:
@@ -86,6 +88,8 @@ def make_drafter(
         return SuffixFirstDrafter(cast(SuffixDrafter, suffix), fallback)
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
+    if kind == "prediction":
+        return PredictionDrafter()
     if kind == "ngram-edit":
         return EditingNGramDrafter(max_n, min_n, tokenizer=None if target is None else target.tokenizer)
     if kind in ("ngram", "ngram-tree"):

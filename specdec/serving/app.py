@@ -46,7 +46,7 @@ from specdec.serving.protocol import (
     usage,
 )
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
-from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens, most_bytes_a_token
+from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens, most_bytes_a_token, prediction_ids
 
 
 @dataclass
@@ -139,6 +139,12 @@ class Session:
         finally:
             if self.ticket is not None:
                 self.scheduler.cancel(self.ticket)
+
+
+def prediction_counts(results: list[GenerationResult]) -> tuple[int, int]:
+    """(accepted, rejected) tokens drafted from the request's prediction, over its choices."""
+    counts = [result.stats.prediction_tokens for result in results]
+    return sum(accepted for accepted, _ in counts), sum(rejected for _, rejected in counts)
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -251,7 +257,8 @@ async def respond(sessions: list[Session], kind: ResponseKind, body: Any, model_
                    for index, result in enumerate(done)]
         response = completion_object(kind, request_id, model_name, "", None, created)
         response["choices"] = choices
-        response["usage"] = usage(len(done[0].prompt_ids), sum(len(result.token_ids) for result in done))
+        response["usage"] = usage(len(done[0].prompt_ids), sum(len(result.token_ids) for result in done),
+                                  prediction_counts(done))
         response["specdec"] = speculation_summary(done)
         return response
 
@@ -281,7 +288,8 @@ async def respond(sessions: list[Session], kind: ResponseKind, body: Any, model_
         if body.stream_options and body.stream_options.include_usage and results:
             final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
             final["choices"] = []
-            final["usage"] = usage(len(results[0].prompt_ids), sum(len(result.token_ids) for result in results))
+            final["usage"] = usage(len(results[0].prompt_ids), sum(len(result.token_ids) for result in results),
+                                   prediction_counts(results))
             yield sse(final)
         yield sse("[DONE]")
 
@@ -350,6 +358,9 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             scheduler.engine.check_prompt(prompt_ids)
         except ValueError as error:
             raise ApiError(400, str(error), param) from error
+        if isinstance(sampling.prediction, str):  # the engine and its prediction drafter read token ids
+            sampling = dataclasses.replace(sampling, prediction=prediction_ids(tokenizer, sampling.prediction,
+                                                                               model_name))
         asked = body.asked_constraint()
         matchers = await grammars.matchers(sampling.constraint, asked[0] if asked else None, body.n)
         return open_sessions(scheduler, prompt_ids, sampling, body.n, matchers)

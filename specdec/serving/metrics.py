@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdec.core.drafts import StepOutcome
+from specdec.drafting.prediction import PREDICTION
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
                    10.0, 20.0, 40.0)
@@ -48,6 +49,8 @@ class ServerMetrics:
                                      "(none: no draft)", ["drafter"], registry=r)
         self.drafter_accepted = Counter("specdec:drafter_accepted_tokens", "Accepted draft tokens by the auto "
                                         "drafter's candidate that drafted them", ["drafter"], registry=r)
+        self.prediction_tokens = Counter("specdec:prediction_tokens", "Tokens drafted from requests' predictions "
+                                         "(OpenAI's predicted outputs), accepted or rejected", ["outcome"], registry=r)
         self.forced_tokens = Counter("specdec:forced_tokens", "Tokens a request's grammar forced, drafted for free "
                                      "(not in the drafted / accepted counts)", registry=r)
         if suffix_caches:
@@ -89,6 +92,9 @@ class ServerMetrics:
             elif outcome.drafter is not None:
                 self.drafter_steps.labels(drafter=outcome.drafter).inc()
                 self.drafter_accepted.labels(drafter=outcome.drafter).inc(outcome.num_accepted)
+                if outcome.drafter == PREDICTION:
+                    self.prediction_tokens.labels(outcome="accepted").inc(outcome.num_accepted)
+                    self.prediction_tokens.labels(outcome="rejected").inc(outcome.num_drafted - outcome.num_accepted)
             if not outcome.num_drafted or outcome.forced:
                 continue
             self.drafts.inc()

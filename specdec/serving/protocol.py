@@ -73,6 +73,25 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+def content_text(content: str | list[dict[str, Any]], where: str) -> str:
+    """OpenAI's content, a string or text parts (joined), as text; a 400 naming ``where`` for parts
+    that are not text (images) and for text a tokenizer cannot take (a lone surrogate)."""
+    if isinstance(content, list):
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+            raise ApiError(400, f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                                "supported", where)
+        content = "".join(part["text"] for part in content)
+    return check_text(content, where)
+
+
+class Prediction(BaseModel):
+    """OpenAI's predicted output: the text the answer is expected to be (an edited file as it is
+    now). It drafts (specdec.drafting.prediction); the answer is the target's whatever it says."""
+
+    type: Literal["content"]
+    content: str | list[dict[str, Any]]
+
+
 class SamplingFields(BaseModel):
     """What completions and chat share. top_k, min_p and sampling_rule are extensions (as vLLM's)."""
 
@@ -91,6 +110,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1  # choices, from one prefill (the cache row forked); with a seed s, choice i samples with seed s + i
+    prediction: Prediction | None = None  # OpenAI's predicted outputs: drafts, never changes the answer
     # Structured output (docs/structured.md): OpenAI's response_format, and vLLM's extensions
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -183,7 +203,9 @@ class SamplingFields(BaseModel):
                                   top_p=1.0 if self.top_p is None else self.top_p,
                                   min_p=self.min_p or 0.0, seed=self.seed, sampling_rule=self.sampling_rule,
                                   max_new_tokens=max_tokens, stop=stop, constraint=self.constraint(),
-                                  logprobs=self.requested_logprobs(), acceptance=acceptance)
+                                  logprobs=self.requested_logprobs(), acceptance=acceptance,
+                                  prediction=None if self.prediction is None else
+                                  content_text(self.prediction.content, "prediction.content"))
         except ValueError as error:
             raise ApiError(400, str(error)) from error
 
@@ -219,15 +241,9 @@ class ChatMessage(BaseModel):
         """{"role", "content"} with the content as text (OpenAI's text parts joined); a 400 for what
         is not text (null, image parts, a lone surrogate)."""
         where = f"messages[{index}].content"
-        content = self.content
-        if content is None:
+        if self.content is None:
             raise ApiError(400, f"{where} is null; give the message's text", where)
-        if isinstance(content, list):
-            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
-                raise ApiError(400, f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
-                                    "supported", where)
-            content = "".join(part["text"] for part in content)
-        return {"role": self.role, "content": check_text(content, where)}
+        return {"role": self.role, "content": content_text(self.content, where)}
 
 
 class ChatRequest(SamplingFields):
@@ -254,9 +270,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, prediction_tokens: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """OpenAI's usage object; ``prediction_tokens``: (accepted, rejected) tokens drafted from the
+    request's prediction, as its completion_tokens_details report them."""
+    accepted, rejected = prediction_tokens
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": rejected}}
 
 
 def speculation_summary(results: Sequence[GenerationResult]) -> dict[str, Any]:
