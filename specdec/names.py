@@ -14,6 +14,9 @@ TEXT_DRAFTERS = ("ngram", "ngram-tree", "suffix", "suffix-tree", "ngram-edit", "
 CORPUS_DRAFTERS = ("corpus", "corpus-tree")
 NO_INDEX = "none"  # --index none: no datastore, not even the default one
 NO_INDEX_FLAG = "noindex"  # a bench method's flag: "auto@noindex" drafts without the run's datastores
+# a bench method's flags for a suite with predictions: "auto@noprediction" drafts without the prompt's
+# prediction, "auto@unrelated" with an unrelated file's text in its place (what a wrong prediction costs)
+NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG = "noprediction", "unrelated"
 # "suffix-or-X": the suffix draft where the match is long, drafter X's elsewhere
 SUFFIX_FIRST = "suffix-or-"
 

@@ -50,7 +50,8 @@ def test_a_prediction_that_holds_is_copied_in_growing_blocks():
 def test_after_an_edit_it_joins_the_prediction_again(edit):
     """The output departs from the prediction at line 5 (a line inserted, deleted, or replaced)
     and follows it afterwards: after the edit, the drafter copies again within a few tokens.
-    Mutation, checked: rejoin returning None (never rejoining) fails it."""
+    Mutations, checked: rejoin returning None (never rejoining) fails it; an off-by-one in the
+    re-anchoring (the pointer one past where the output joins) fails 4 of these cases."""
     rows = lines(16)
     output_rows = {"insert": rows[:5] + lines(1, seed=9) + rows[5:], "delete": rows[:5] + rows[6:],
                    "replace": rows[:5] + lines(1, seed=9) + rows[6:]}[edit]
@@ -237,3 +238,34 @@ def test_tokens_copied_from_the_prediction_are_marked(target):
                                                                         prediction=alone))
     marked = sum(source == TokenSource.PREDICTION for chunk in chunks for source in chunk.sources)
     assert marked == chunks[-1].result.stats.prediction_tokens[0] > 0
+
+
+def test_the_counts_are_what_the_drafter_proposed_and_the_target_kept(target):
+    """With the prediction drafter alone every draft is the prediction's: its accepted and
+    rejected counts add up to the drafted tokens, the accepted ones to the accepted; an empty
+    prediction drafts nothing and changes nothing."""
+    alone = SpeculativeDecoder(target).generate([7, 8, 9], max_new_tokens=20).token_ids
+    decoder = SpeculativeDecoder(target, PREDICTION, gamma=6)
+    edited = alone[:5] + [(alone[5] + 1) % target.vocab_size] + alone[6:]
+    result = decoder.generate([7, 8, 9], max_new_tokens=20, prediction=edited)
+    accepted, rejected = result.stats.prediction_tokens
+    assert result.token_ids == alone and (accepted, accepted + rejected) == (result.stats.accepted,
+                                                                              result.stats.drafted)
+    assert rejected > 0 and accepted > 0
+    for empty in ((), ""):
+        result = decoder.generate([7, 8, 9], max_new_tokens=20, prediction=empty)
+        assert result.token_ids == alone and result.stats.drafted == 0
+
+
+def test_bench_methods_without_or_with_an_unrelated_prediction(target):
+    """auto@noprediction drops the prompt's prediction; @unrelated puts another file's text in its
+    place (the cost of a wrong prediction); the plain method keeps it."""
+    from specdec.bench.suite import make_method
+
+    expected = SpeculativeDecoder(target).generate([7, 8, 9], max_new_tokens=16).token_ids
+    settings = SamplingParams(max_new_tokens=16, prediction=tuple(expected))
+    outputs = {flag: make_method(f"prediction:fixed{flag}", target, None, 6).run([7, 8, 9], settings)
+               for flag in ("", "@noprediction", "@unrelated")}
+    assert all(output.token_ids == expected for output in outputs.values())
+    assert outputs[""].stats.prediction_tokens[0] > 0 and outputs["@noprediction"].stats.drafted == 0
+    assert outputs["@unrelated"].stats.prediction_tokens[0] < outputs[""].stats.prediction_tokens[0]

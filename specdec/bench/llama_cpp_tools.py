@@ -94,7 +94,9 @@ def command_line(name: str, tools: LlamaCppTools, prompt: str, settings: Samplin
                "--seed", str(settings.seed or 0), "--temp", str(settings.temperature),
                "--top-k", str(settings.top_k), "--top-p", str(settings.top_p), "--min-p", str(settings.min_p)]
     if base == "llama-target":
-        command += ["-no-cnv"]
+        # special tokens printed as text (llama-lookup prints them anyway): a chat-templated prompt is
+        # echoed as sent, so its continuation is found
+        command += ["-no-cnv", "--special"]
     else:
         command += ["--spec-draft-n-max", str(draft_max(name))]
     if base == "llama-speculative":

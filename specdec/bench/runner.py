@@ -164,12 +164,19 @@ def output_matches(constraint: Constraint, text: str) -> bool | None:
     return jsonschema.Draft202012Validator(json.loads(constraint.source)).is_valid(value)
 
 
-def speculative_method(name: str, decoder, engine: str = "specdec", acceptance: str | None = None) -> Method:
-    """A specdec SpeculativeDecoder as a benchmark method (``acceptance``: its own, else the run's)."""
+KEEP = "keep"  # speculative_method's prediction: the prompt's own
+
+
+def speculative_method(name: str, decoder, engine: str = "specdec", acceptance: str | None = None,
+                       prediction: str | None = KEEP) -> Method:
+    """A specdec SpeculativeDecoder as a benchmark method (``acceptance``: its own, else the run's;
+    ``prediction``: the prompt's own (KEEP), none, or this text in its place)."""
 
     def run(prompt_ids: list[int], settings: SamplingParams) -> MethodOutput:
         if acceptance is not None:
             settings = dataclasses.replace(settings, acceptance=acceptance)
+        if prediction != KEEP:
+            settings = dataclasses.replace(settings, prediction=prediction)
         started = time.perf_counter()
         result = decoder.generate(prompt_ids, sampling=settings)
         return MethodOutput(result.token_ids, time.perf_counter() - started, result.stats, result.stats.prefill_seconds)

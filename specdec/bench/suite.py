@@ -38,7 +38,7 @@ from specdec.decoder import SpeculativeDecoder
 from specdec.drafting.datastore import Datastore
 from specdec.drafting.vocab import vocabulary_mismatch
 from specdec.models.base import LanguageModel
-from specdec.names import NO_INDEX_FLAG
+from specdec.names import NO_INDEX_FLAG, NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG
 
 
 def load_prompts(path: Path, per_category: int | None = None) -> list[Prompt]:
@@ -184,8 +184,10 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
                 head=None, corpus: Sequence[Datastore] = ()) -> Method:
     """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
     transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools).
-    specdec's own methods take flags: "@unforced", "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3") and
-    "@noindex" (auto without the datastores in ``corpus``: "auto@noindex")."""
+    specdec's own methods take flags: "@unforced", "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3"),
+    "@noindex" (auto without the datastores in ``corpus``: "auto@noindex"), and for a suite with
+    predictions "@noprediction" (without the prompt's) and "@unrelated" (an unrelated file's text in
+    its place: what a wrong prediction costs)."""
 
     if is_llama_cpp_method(name):
         if llama_tools is None:
@@ -197,16 +199,29 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
         return transformers_method(name, target, draft)
     method, *flags = name.split("@")
     corpus = () if NO_INDEX_FLAG in flags else corpus
-    flags = [flag for flag in flags if flag != NO_INDEX_FLAG]
+    prediction = next((flag for flag in flags if flag in (NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG)), None)
+    flags = [flag for flag in flags if flag not in (NO_INDEX_FLAG, NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG)]
     unforced, acceptance = method_flags(name, flags)
     if method == REFERENCE:
         return speculative_method(name, SpeculativeDecoder(target, draft_forced=not unforced), acceptance=acceptance)
     config, _ = SpeculationConfig.from_method(name)
     # (the run's settings, for every method alike: not options this method was given)
     config = dataclasses.replace(config, gamma=gamma, ngram_max=ngram_max, ngram_min=ngram_min)
-    return speculative_method(name, SpeculativeDecoder.from_config(target, config, draft, head, corpus),
-                              acceptance=acceptance)
+    decoder = SpeculativeDecoder.from_config(target, config, draft, head, corpus)
+    if prediction is None:
+        return speculative_method(name, decoder, acceptance=acceptance)
+    return speculative_method(name, decoder, acceptance=acceptance,
+                              prediction=None if prediction == NO_PREDICTION_FLAG else unrelated_file())
 
+
+
+def unrelated_file() -> str:
+    """A prediction that has nothing to do with any suite's prompt: the standard library's JSON
+    decoder, whatever the prompt's file is."""
+    import inspect
+    import json.decoder
+
+    return inspect.getsource(json.decoder)
 
 
 def needs_draft_model(names: Sequence[str]) -> bool:
