@@ -97,8 +97,9 @@ def command_line(name: str, tools: LlamaCppTools, prompt: str, settings: Samplin
         # special tokens printed as text (llama-lookup prints them anyway): a chat-templated prompt is
         # echoed as sent, so its continuation is found
         command += ["-no-cnv", "--special"]
-    else:
-        command += ["--spec-draft-n-max", str(draft_max(name))]
+    else:  # (their prompt goes in as one batch: a prompt longer than the default 2048 stops them)
+        batch = str(context_size(prompt_tokens, settings))
+        command += ["--spec-draft-n-max", str(draft_max(name)), "-b", batch, "-ub", batch]
     if base == "llama-speculative":
         command += ["-md", str(tools.draft_gguf)]
     return command
