@@ -50,7 +50,8 @@ def test_auto_with_a_head_equals_target_only(models, tmp_path_factory):
     drafters = {"head": make_drafter("auto", target=target, head=head),
                 "head+model": make_drafter("auto", drafts["perturbed"], target=target, head=perturbed(head, 0.5, 2))}
     check_equality(target, drafters, "auto")
-    assert [c.name for c in drafters["head+model"].candidates] == ["suffix", "ngram", "ngram-edit", "head", "model"]
+    names = ["suffix", "ngram", "ngram-edit", "prediction", "head", "model"]
+    assert [c.name for c in drafters["head+model"].candidates] == names
 
 
 def test_auto_drafts_with_the_candidate_that_pays(models):

@@ -193,7 +193,7 @@ def test_corpus_drafters_and_auto_with_a_corpus_equal_target_only(lean_models, t
     counts = check_equality(target, {"corpus": drafters["corpus"], "corpus-tree": drafters["corpus-tree"]}, "fixed")
     counts.update(check_equality(target, {"auto": drafters["auto"]}, "auto"))
     assert all(0 < accepted < drafted for accepted, drafted in counts.values()), counts
-    assert [c.name for c in drafters["auto"].candidates] == ["suffix", "ngram", "ngram-edit", "corpus"]
+    assert [c.name for c in drafters["auto"].candidates] == ["suffix", "ngram", "ngram-edit", "prediction", "corpus"]
 
 
 @pytest.mark.slow

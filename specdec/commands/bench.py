@@ -28,7 +28,8 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
         "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N], llama-server-spec "
         "(llama-server --spec-default) (default: auto, "
         "ngram:cost, suffix:cost, and head:cost, suffix-or-head:cost where a head is found for the target; "
-        "model:cost with --draft)",
+        "model:cost with --draft). specdec's methods take flags: @unforced, @ACCEPTANCE (LOSSY), @noindex, and "
+        "with predictions (--suite predicted-edits) @noprediction and @unrelated (another file's text in its place)",
     )
     llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
     llama.add_argument("--llama-cpp-bin",
