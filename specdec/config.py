@@ -21,6 +21,7 @@ from specdec.names import (
     CORPUS_DRAFTERS,
     DRAFTERS,
     NO_DRAFTER,
+    NO_INDEX,
     POLICIES,
     SPECULATION_MODES,
     TREE_BUDGET,
@@ -229,7 +230,7 @@ def check(config: SpeculationConfig) -> None:
     if config.draft_head is not None and not config.reads_head:
         raise ValueError(f"--draft-head does not apply to --drafter {kind}: only auto, head and head-tree draft "
                          "with a head")
-    if config.index and not config.uses_corpus:
+    if config.index and config.index != (NO_INDEX,) and not config.uses_corpus:  # ("none" asks for nothing)
         raise ValueError(f"--index does not apply to --drafter {kind}: only auto and "
                          f"{', '.join(CORPUS_DRAFTERS)} draft from datastores")
     if config.predicted and not any(part in (AUTO, "prediction") for part in base_kinds(kind)):
