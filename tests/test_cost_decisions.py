@@ -62,8 +62,12 @@ def best_rate(acceptance: AcceptanceByPosition, draft: float, verify, most: int,
 @settings(max_examples=60, deadline=None)
 @given(verify_one, slopes, draft_costs, alpha_lists, st.integers(1, 4))
 def test_the_cost_policy_drafts_the_length_of_the_highest_rate(t1, slope, draft, alphas, batch):
-    """Mutation: best_chain_length reading T(1, k) whatever the batch fails the batch > 1 cases."""
+    """Mutation, checked: best_chain_length reading T(1, k) whatever the batch fails the batch > 1
+    cases (one request's blocks cost what a flat line says; the batch's, ``slope``)."""
     costs = chain_costs(t1, slope, batch, blocks=13)
+    if batch > 1:  # one request's T(k), unlike the batch's
+        for block in range(1, 14):
+            costs.verify.add(1, block, t1 * (1 + 0.01 * (block - 1)))
     costs.observe_draft(draft, 1)
     policy = make_policy("cost", 4, costs=costs)
     taught(policy.acceptance, alphas)
@@ -101,8 +105,8 @@ class Client:
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3), st.floats(0.0, 0.3), draft_costs)
 def test_the_servers_controller_gives_the_batch_its_best_lengths(alphas, slope, draft):
-    """Every vector of lengths (0..3 each) tried: none beats the controller's. Mutation: taking
-    the tokens in request order, not by reach, fails where requests' alphas differ."""
+    """Every vector of lengths (0..3 each) tried: none beats the controller's. Mutation, checked:
+    taking the tokens by position, not by reach, fails where requests' alphas differ."""
     batch, gamma = len(alphas), 3
     costs = CostModel()
     for block in range(1, gamma + 2):
@@ -130,7 +134,8 @@ def test_the_servers_controller_gives_the_batch_its_best_lengths(alphas, slope, 
 def test_auto_chooses_the_highest_rate_among_fresh_estimates(t1, slope, draft, copy_alphas, head_alphas,
                                                              copy_length, batch):
     """Its choice's rate is the best over no draft, the copy's lengths up to its draft's and the
-    head's up to gamma, at the step's batch. Mutation: the head's draft cost left out of its rate."""
+    head's up to gamma, at the step's batch. Mutation, checked: the head's draft cost left out of
+    its rate fails it."""
     auto = AutoDrafter({"copy": NGramDrafter(3), "head": NGramDrafter(3)}, ("copy",),
                        costs=chain_costs(t1, slope, batch))
     auto.costs.draft("head").add(draft, 1)
@@ -194,7 +199,7 @@ def test_no_candidate_starves(seconds_per_token):
 def test_the_engine_records_t_with_the_real_batch_and_block(tiny_pair):
     """Three requests decoded together (the same prompt: they finish on the same step): every T
     cell the engine records is batch 3, none of the batch-1 cells each request used to record.
-    Mutation: recording per request at batch 1 fails."""
+    Mutation, checked: recording per request at batch 1 fails."""
     target = load(tiny_pair["target"], dtype="float64")
     decoder = SpeculativeDecoder(target, "ngram", gamma=3)
     decoder.generate([[1, 2, 3, 1, 2, 3, 1, 2]] * 3, max_new_tokens=12)
