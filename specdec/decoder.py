@@ -3,7 +3,6 @@ underneath sees token ids only, and the text layer (specdec.text) sits on top of
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
@@ -18,7 +17,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.drafting import as_drafter
 from specdec.models.base import LanguageModel
 from specdec.models.paged_cache import BLOCK_SIZE
-from specdec.text import GenerationResult, StreamChunk, TextStream, encode_prompt, prediction_ids, step_chunk
+from specdec.text import GenerationResult, StreamChunk, TextStream, encode_prompt, step_chunk, with_prediction_ids
 
 Prompt = str | Sequence[int]
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
@@ -32,14 +31,6 @@ def sampling_params(sampling: SamplingParams | None, options: dict) -> SamplingP
     if sampling is not None and options:
         raise TypeError("pass either sampling=SamplingParams(...) or its fields as keywords, not both")
     return sampling if sampling is not None else SamplingParams(**options)
-
-
-def with_prediction_ids(sampling: SamplingParams, tokenizer: Any, model_name: str) -> SamplingParams:
-    """``sampling`` with a text prediction encoded into the target's token ids (what the engine
-    and the prediction drafter read); ids and no prediction pass through."""
-    if not isinstance(sampling.prediction, str):
-        return sampling
-    return dataclasses.replace(sampling, prediction=prediction_ids(tokenizer, sampling.prediction, model_name))
 
 
 def is_batch(prompt: Prompt | Sequence[Prompt]) -> bool:

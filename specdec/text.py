@@ -9,6 +9,7 @@ So the streamed text is always exactly a prefix of the final text.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from specdec.core.drafts import StepOutcome
 from specdec.core.engine import Request
 from specdec.core.metrics import SpecStats
-from specdec.core.sampling import TokenLogprob
+from specdec.core.sampling import SamplingParams, TokenLogprob
 from specdec.drafting.corpus import CORPUS
 from specdec.drafting.prediction import PREDICTION
 from specdec.stops import StopMatcher
@@ -78,16 +79,16 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int], model_name: str) 
     return [int(token) for token in prompt]
 
 
-def prediction_ids(tokenizer: Any, prediction: str | Sequence[int], model_name: str) -> tuple[int, ...]:
-    """A prediction's token ids: its text encoded as output text (no special tokens: it continues
-    an answer), or ids as given."""
-    if not isinstance(prediction, str):
-        return tuple(int(token) for token in prediction)
-    if not prediction:
-        return ()
-    if tokenizer is None:
+def with_prediction_ids(sampling: SamplingParams, tokenizer: Any, model_name: str) -> SamplingParams:
+    """``sampling`` with a text prediction encoded into the target's token ids, as output text (no
+    special tokens: it continues an answer), which the engine and the prediction drafter read;
+    ids and no prediction pass through."""
+    if not isinstance(sampling.prediction, str):
+        return sampling
+    if sampling.prediction and tokenizer is None:
         raise ValueError(f"{model_name} has no tokenizer; pass the prediction as token ids")
-    return tuple(tokenizer.encode(prediction, add_special_tokens=False))
+    ids = tuple(tokenizer.encode(sampling.prediction, add_special_tokens=False)) if sampling.prediction else ()
+    return dataclasses.replace(sampling, prediction=ids)
 
 
 # Unicode normalization (NFKC) can turn one character of up to 4 UTF-8 bytes into a single byte of

@@ -84,12 +84,11 @@ class Engine:
         self.costs = decision_costs(costs, self.drafter, policy)
         self.verify_hook = verify_hook  # told of each verified step (explain records steps through it)
         # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
-        chosen: str | DraftLengthPolicy = policy if policy is not None else str(
-            getattr(self.drafter, "default_policy", "fixed"))
+        drafter_policy = getattr(self.drafter, "default_policy", None)
+        chosen: str | DraftLengthPolicy = policy if policy is not None else str(drafter_policy or "fixed")
         gamma = default_gamma(chosen if isinstance(chosen, str) else None) if gamma is None else gamma
         if gamma < 0 or (prefill_chunk is not None and prefill_chunk < 1):
             raise ValueError(f"gamma must be >= 0 and prefill_chunk >= 1 token, got {gamma} and {prefill_chunk}")
-        drafter_policy = getattr(self.drafter, "default_policy", None)
         named = chosen if isinstance(chosen, str) else chosen.name
         if drafter_policy == AUTO and named != AUTO:  # two deciders would stack (auto's within the policy's)
             raise ValueError(f"the policy {named!r} does not apply to the auto drafter: it chooses each step's "

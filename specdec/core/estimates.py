@@ -298,11 +298,13 @@ class CostModel:
         """One step's drafting by ``drafter``: ``levels`` levels of ``width`` nodes in ``seconds``."""
         self.draft(drafter).add(seconds, levels, width)
 
-    def probe_period(self, draft_seconds: float | None, batch: int = 1, steps: int = 1) -> int:
+    def probe_period(self, draft_seconds: float | None, batch: int = 1, steps: int = 1,
+                     curve: Callable[[float], float] | None = None) -> int:
         """Undrafted steps before a probe of ``steps`` one-token drafts (each ``draft_seconds`` and
         T(batch, 2) - T(batch, 1)) that costs PROBE_SHARE of the T(batch, 1) steps between probes,
-        within MIN_PROBE_PERIOD..max_probe_period (the longest while a cost is unknown)."""
-        curve = self.verify.curve(batch)
+        within MIN_PROBE_PERIOD..max_probe_period (the longest while a cost is unknown). ``curve``:
+        T(batch, block) where the caller has fitted it already (auto, every step)."""
+        curve = curve if curve is not None else self.verify.curve(batch)
         if draft_seconds is None or curve is None:
             return self.max_probe_period
         probe_seconds = steps * (draft_seconds + max(0.0, curve(2) - curve(1)))

@@ -210,7 +210,8 @@ class AutoDrafter(BaseDrafter):
         stale = [index for index, candidate in enumerate(self.candidates)
                  if not candidate.copies_text and index != best.candidate
                  # (its probe: two one-token drafts, the one probe rule's period)
-                 and state.idle[index].due(self.costs.probe_period(self.draft_seconds(index), batch, steps=2))]
+                 and state.idle[index].due(self.costs.probe_period(self.draft_seconds(index), batch, steps=2,
+                                                                   curve=curve))]
         if stale:  # a probe keeps its estimate alive
             return replace(self.best_of(stale[0], options), probe=True)
         return best

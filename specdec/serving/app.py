@@ -46,7 +46,7 @@ from specdec.serving.protocol import (
     usage,
 )
 from specdec.serving.scheduler import QueueFullError, Scheduler, Ticket
-from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens, most_bytes_a_token, prediction_ids
+from specdec.text import chat_prompt_ids, encode_prompt, fewest_tokens, most_bytes_a_token, with_prediction_ids
 
 
 @dataclass
@@ -358,9 +358,7 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             scheduler.engine.check_prompt(prompt_ids)
         except ValueError as error:
             raise ApiError(400, str(error), param) from error
-        if isinstance(sampling.prediction, str):  # the engine and its prediction drafter read token ids
-            sampling = dataclasses.replace(sampling, prediction=prediction_ids(tokenizer, sampling.prediction,
-                                                                               model_name))
+        sampling = with_prediction_ids(sampling, tokenizer, model_name)  # (the engine reads token ids)
         asked = body.asked_constraint()
         matchers = await grammars.matchers(sampling.constraint, asked[0] if asked else None, body.n)
         return open_sessions(scheduler, prompt_ids, sampling, body.n, matchers)
