@@ -44,6 +44,10 @@ def main() -> None:
         base = Path(folder) / "base.cpp"
         base.write_bytes(subprocess.run(["git", "show", f"{args.base}:{relative}"], check=True,
                                         capture_output=True).stdout)
+        # The headers the kernel includes, as of the same revision.
+        for header in int4.SOURCE.parent.glob("*.h"):
+            (Path(folder) / header.name).write_bytes(subprocess.run(
+                ["git", "show", f"{args.base}:{relative.parent / header.name}"], check=True, capture_output=True).stdout)
         kernels = {"base": build(base, Path(folder), "base"), "tree": build(int4.SOURCE, Path(folder), "tree")}
         torch.manual_seed(0)
         weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES for _ in range(args.layers)]
