@@ -258,3 +258,30 @@ def test_a_16_bit_cache_stores_keys_as_torch_rounds_them_at_the_edges(kv_dtype):
                                torch.zeros(1, 1, d))
     assert torch.equal(keys[0, 0, 2].view(torch.int16), row.to(kv_dtype).view(torch.int16))
     assert torch.equal(values[0, 0, 2].view(torch.int16), row.flip(0).to(kv_dtype).view(torch.int16))
+
+
+@pytest.mark.parametrize("top", [0, 7, 8, 15, 16, 20])
+def test_compiled_attention_subtracts_the_largest_score_wherever_it_is(top):
+    """One key scores 100 and the 20 others 0: exp(100) overflows float32, so the softmax is right
+    only if the largest score it subtracts is that key's, whether it sits in the 8-lane body of the
+    maximum's loop or its tail (slot 20: the query's own key). Mutation, checked: a maximum that
+    skips the tail, or the body's second 8 scores, fails it."""
+    from types import SimpleNamespace
+
+    from specdec.models.attention import query_list
+
+    d, count = 64, 21
+    generator = torch.Generator().manual_seed(top)
+    keys, values = torch.zeros(1, 1, count + 3, d), torch.randn(1, 1, count + 3, d, generator=generator)
+    qkv = torch.zeros(1, 3 * d)
+    qkv[0, 0] = 40.0  # q . k * d ** -0.5 = 40 * 20 / 8 = 100 for the chosen key
+    qkv[0, 2 * d:] = torch.randn(d, generator=generator)  # the query's own value
+    if top == count - 1:
+        qkv[0, d] = 20.0
+    else:
+        keys[0, 0, top, 0] = 20.0
+    q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
+    out = torch.zeros(1, 1, d)
+    fused_layer.attend_queries(SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d), q, k, v,
+                               query_list([0], [0], [torch.arange(count)]), keys, values, out)
+    assert torch.allclose(out[0, 0], values[0, 0, top], atol=1e-6)

@@ -224,6 +224,25 @@ void silu_times(const float* gate, const float* up, float* out, int64_t n) {
   for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_scalar(0.0f - gate[j]))) * up[j];
 }
 
+// The largest of x[0..n): 8 lanes at a time (a running maximum, one compare per key, was a
+// latency-bound chain over a long context). The maximum of a set is the same whatever the order,
+// and x - top, hence exp, is the same for -0 and +0: for scores that are numbers, the plain loop's weights.
+float largest(const float* x, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+#if defined(__AVX2__)
+  if (n >= 8) {
+    __m256 tops = _mm256_loadu_ps(x);
+    for (j = 8; j + 8 <= n; j += 8) tops = _mm256_max_ps(tops, _mm256_loadu_ps(x + j));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, tops);
+    for (const float lane : lanes) top = std::max(top, lane);
+  }
+#endif
+  for (; j < n; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
 // x[j] = exp(x[j] - top), each element's bits those of exp_scalar(x[j] - top) on either path; returns
 // their sum in 8 interleaved lanes summed in a fixed order (as dot(): a single running sum over a
 // long context was a latency-bound chain of one add per key).
@@ -543,9 +562,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   const auto softmax = [&](int64_t i, int64_t h) {
     const int64_t count = counts[i];
     float* row = weights + starts[i] + h * count;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < count; ++j) top = std::max(top, row[j]);
-    totals[i * heads + h] = exp_minus_and_sum(row, top, count);
+    totals[i * heads + h] = exp_minus_and_sum(row, largest(row, count), count);
   };
   // 3. Values of row r's members for query heads [h0, h1) of kv head g, elements [t0, t0 + slice)
   // of each head's output.
