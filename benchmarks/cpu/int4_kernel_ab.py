@@ -23,6 +23,10 @@ from specdec.models import int4
 SHAPES = [(2 * 8960, 1536), (1536, 8960), (2048, 1536), (1536, 1536)]  # gate/up, down, q/k/v, o: [out, in]
 
 
+def at_revision(revision: str, path: Path) -> bytes:
+    return subprocess.run(["git", "show", f"{revision}:{path}"], check=True, capture_output=True).stdout
+
+
 def build(source: Path, folder: Path, name: str) -> ctypes.CDLL:
     library = folder / f"{name}.so"
     subprocess.run(["g++", *int4._flags(), str(source), "-o", str(library)], check=True)
@@ -42,12 +46,9 @@ def main() -> None:
     relative = int4.SOURCE.relative_to(Path(__file__).resolve().parents[2])
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder) / "base.cpp"
-        base.write_bytes(subprocess.run(["git", "show", f"{args.base}:{relative}"], check=True,
-                                        capture_output=True).stdout)
-        # The headers the kernel includes, as of the same revision.
-        for header in int4.SOURCE.parent.glob("*.h"):
-            (Path(folder) / header.name).write_bytes(subprocess.run(
-                ["git", "show", f"{args.base}:{relative.parent / header.name}"], check=True, capture_output=True).stdout)
+        base.write_bytes(at_revision(args.base, relative))
+        for header in int4.SOURCE.parent.glob("*.h"):  # the headers it includes, of the same revision
+            (Path(folder) / header.name).write_bytes(at_revision(args.base, relative.parent / header.name))
         kernels = {"base": build(base, Path(folder), "base"), "tree": build(int4.SOURCE, Path(folder), "tree")}
         torch.manual_seed(0)
         weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES for _ in range(args.layers)]
