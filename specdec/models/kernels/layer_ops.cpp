@@ -249,7 +249,8 @@ void silu_times(const float* gate, const float* up, float* out, int64_t n) {
 
 // The largest of x[0..n): 8 lanes at a time (a running maximum, one compare per key, was a
 // latency-bound chain over a long context). The maximum of a set is the same whatever the order,
-// and x - top, hence exp, is the same for -0 and +0: for scores that are numbers, the plain loop's weights.
+// and exp(x - top) is the same for a top of -0 or +0: for scores that are numbers, the weights of
+// the plain loop, bit for bit.
 float largest(const float* x, int64_t n) {
   float top = -std::numeric_limits<float>::infinity();
   int64_t j = 0;
