@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from law import assert_matches_law, sample_sequences
+from law import StepClock, assert_matches_law, sample_sequences
 from scipy.stats import chisquare
 from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
@@ -177,15 +177,18 @@ class SlowClock:
 @pytest.mark.parametrize("drafter_kind, policy", [("model", "cost"), ("tree", "tree-cost"), ("staged", "heuristic")])
 def test_a_seed_gives_one_text_under_every_policy_whatever_the_timings(float64_pair, drafter_kind,
                                                                         policy):
-    """Two runs per prompt with one seed (the default rule for a seeded request), the second with
-    a slow, irregular clock: the draft lengths differ, the texts do not."""
+    """Two runs per prompt with one seed (the default rule for a seeded request), the first with a
+    regular clock, the second with a slow, irregular one: the draft lengths differ, the texts do
+    not. (The first run read the machine's clock once: on some runs its timings led the cost policy
+    to the slow clock's draft lengths, and the check that they differ failed.)"""
     target, draft = float64_pair
     drafter = make_drafter(drafter_kind, draft, tree_budget=10)
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 4, 1, 4, 2, 1, 3, 5]]
     samplings = [SamplingParams(temperature=0.9, top_k=8, seed=seed, max_new_tokens=40) for seed in range(3)]
     assert samplings[0].rule == "coupled"
     # (probes at most 8 steps apart, so that a cost policy that stops drafting keeps measuring)
-    decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy, costs=CostModel(max_probe_period=8))
+    decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy,
+                                 costs=CostModel(max_probe_period=8, clock=StepClock()))
     idle = [decoder.generate(prompt, sampling) for prompt, sampling in zip(prompts, samplings, strict=True)]
     decoder = SpeculativeDecoder(target, drafter, gamma=4, policy=policy,
                                  costs=CostModel(max_probe_period=8, clock=SlowClock()))
