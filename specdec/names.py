@@ -34,7 +34,7 @@ POLICIES = ("fixed", "heuristic", "threshold", "cost", "auto")  # specdec.core.p
 # "auto" drafts with every drafter available and chooses each step's draft and length itself
 # (specdec.drafting.auto): its policy only caps the length, at this many tokens unless --gamma says.
 AUTO = "auto"
-AUTO_GAMMA, GAMMA = 12, 4
+AUTO_GAMMA, GAMMA = 16, 4
 THRESHOLD_GAMMA = 8  # the threshold policy's cap when --gamma is unset
 NO_DRAFTER = "none"  # --drafter none: the target alone (as --no-draft)
 # Models under this many parameters keep float32 unmeasured (specdec.models.precision_choice).

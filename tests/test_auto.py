@@ -233,12 +233,12 @@ def test_auto_under_the_coupled_rule_gives_the_target_alone_text(models):
 
 
 def test_one_argument_in_python(models):
-    """SpeculativeDecoder(target, "auto"): the auto drafter with its own policy, capped at 12 tokens."""
+    """SpeculativeDecoder(target, "auto"): the auto drafter with its own policy, capped at 16 tokens."""
     target, _ = models
     decoder = SpeculativeDecoder(target, "auto")
     assert isinstance(decoder.drafter, AutoDrafter)
     policy = decoder.engine.new_policy()
-    assert policy.name == "auto" and policy.next_shape().depth == 12
+    assert policy.name == "auto" and policy.next_shape().depth == 16
     prompt = [5, 6, 7, 8, 9] * 5
     assert decoder.generate(prompt, max_new_tokens=30).token_ids == \
         SpeculativeDecoder(target).generate(prompt, max_new_tokens=30).token_ids
@@ -303,3 +303,25 @@ def test_copies_are_judged_apart_by_how_far_the_shortest_reaches():
         near.update(12, 0)  # the shortest copy reached under 4: ngram's first token was wrong
     draft = auto.propose(request, 12)
     assert request.draft_state.reach_class == 0 and draft.drafter != "ngram", draft
+
+
+def test_a_chosen_copy_learns_of_its_guess_past_the_verified_length():
+    """A copy verified 8 tokens at a time, all accepted, whose 9th guess was right too (the step's
+    last token): auto learns the 9th position from it and drafts longer (mutation checked: judging
+    the chosen copy only on its verified tokens keeps every draft at 8, as the pooled estimate
+    from other requests says the 9th fails)."""
+    guess = list(range(10, 26))
+    auto = AutoDrafter({"copy": FixedGuess(guess)}, ("copy",))
+    auto.costs.verify.add(1, 1, 0.010)
+    auto.costs.verify.add(1, 17, 0.058)
+    request = ContextRequest.started(auto, torch.tensor([1, 2, 3]))
+    own = sum(16 >= bound for bound in (4, 8))  # the copy's own reach class (16 tokens: 8+)
+    for _ in range(50):
+        auto.candidates[0].pooled[2 * 3 + own].update(16, 8)  # elsewhere, the 9th was refused
+        request.draft_state.acceptance[0][2 * 3 + own].update(8, 8)
+    lengths = []
+    for _ in range(40):
+        draft = auto.propose(request, 16).tokens.tolist()
+        lengths.append(len(draft))
+        auto.observe(request, StepOutcome(torch.tensor(guess[: len(draft) + 1]), num_drafted=len(draft)))
+    assert lengths[0] == 8 and lengths[-1] == 16, lengths

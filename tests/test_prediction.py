@@ -14,21 +14,27 @@ from specdec.core.drafts import ContextRequest, StepOutcome
 from specdec.drafting.prediction import PREDICTION, PredictionDrafter
 
 
-def run_through(drafter: PredictionDrafter, output: list[int], predicted: list[int], gamma: int = 8) -> list[int]:
+def steps_through(drafter: PredictionDrafter, output: list[int], predicted: list[int],
+                  gamma: int = 8) -> list[tuple[int, int]]:
     """Step the drafter over ``output`` as a verifier would (the draft's agreeing prefix accepted,
-    then the output's next token); returns how many tokens each step accepted."""
+    then the output's next token); returns each step's (drafted, accepted)."""
     request = ContextRequest.started(drafter, torch.tensor([1, 2]),
                                      sampling=SamplingParams(prediction=tuple(predicted)))
-    done, accepted = 0, []
+    done, steps = 0, []
     while done < len(output):
         draft = drafter.propose(request, gamma).tokens.tolist()
         agree = next((j for j, token in enumerate(draft) if done + j >= len(output) or token != output[done + j]),
                      len(draft))
         emitted = output[done : done + agree + 1]
         drafter.observe(request, StepOutcome(torch.tensor(emitted), len(draft)))
-        accepted.append(agree)
+        steps.append((len(draft), agree))
         done += len(emitted)
-    return accepted
+    return steps
+
+
+def run_through(drafter: PredictionDrafter, output: list[int], predicted: list[int], gamma: int = 8) -> list[int]:
+    """How many tokens each step of steps_through accepted."""
+    return [accepted for _, accepted in steps_through(drafter, output, predicted, gamma)]
 
 
 def lines(count: int, seed: int = 0) -> list[list[int]]:
@@ -41,9 +47,24 @@ def flat(rows: list[list[int]]) -> list[int]:
 
 
 def test_a_prediction_that_holds_is_copied_in_growing_blocks():
+    """Twice as far as it has held: 2 at first, then 2 * 3 after 3 emitted, then gamma."""
     predicted = flat(lines(20))
     accepted = run_through(PredictionDrafter(), predicted, predicted, gamma=16)
-    assert accepted[:4] == [2, 4, 8, 16] and sum(accepted) >= len(predicted) - len(accepted)
+    assert accepted[:4] == [2, 6, 16, 16] and sum(accepted) >= len(predicted) - len(accepted)
+
+
+def test_its_draft_grows_on_steps_that_another_drafter_drafted():
+    """As auto's candidate it hears of the steps another copy drafted (num_drafted 0 for it): the
+    tokens that followed the prediction there count, so its next guess is long (a length grown
+    only on its own steps stayed at 2, and auto never chose it on whole-file edits)."""
+    predicted = flat(lines(6))
+    drafter = PredictionDrafter()
+    request = ContextRequest.started(drafter, torch.tensor([1]), sampling=SamplingParams(prediction=tuple(predicted)))
+    for start in range(0, 12, 4):  # three steps of 4 tokens, drafted by someone else
+        drafter.observe(request, StepOutcome(torch.tensor(predicted[start : start + 4]), 0))
+    assert drafter.propose(request, 16).tokens.tolist() == predicted[12:28]
+    drafter.observe(request, StepOutcome(torch.tensor([9999]), 0))  # the output leaves it: lost, no draft
+    assert len(drafter.propose(request, 16).tokens) == 0
 
 
 @pytest.mark.parametrize("edit", ["insert", "delete", "replace"])
@@ -60,6 +81,39 @@ def test_after_an_edit_it_joins_the_prediction_again(edit):
     # all but a few steps around the edit copy: most tokens come accepted
     assert sum(accepted) >= len(flat(output_rows)) - 3 * 7 - len(accepted)
     assert max(accepted[-3:]) >= 4  # copying long blocks again at the end
+
+
+def named_lines(count: int, renamed: int) -> tuple[list[int], list[int]]:
+    """(prediction, output): lines that each use name 600 (the prediction), and the same lines
+    where the first ``renamed`` have it renamed to 600 601 (one token added after it)."""
+    rows = lines(count, seed=5)
+    predicted = flat([row[:2] + [600] + row[2:] for row in rows])
+    output = flat([row[:2] + [600, 601] + row[2:] if n < renamed else row[:2] + [600] + row[2:]
+                   for n, row in enumerate(rows)])
+    return predicted, output
+
+
+def misses(steps: list[tuple[int, int]]) -> list[int]:
+    """The steps whose draft was refused somewhere."""
+    return [n for n, (drafted, accepted) in enumerate(steps) if accepted < drafted]
+
+
+def test_an_edit_made_once_is_made_ahead_in_later_copies():
+    """A name renamed on every line: after the first line the drafter has learned the edit and
+    drafts it at every later use, so no later step is refused (mutation checked: without learning,
+    each line's use of the name is refused, 12 misses)."""
+    predicted, output = named_lines(12, renamed=12)
+    steps = steps_through(PredictionDrafter(), output, predicted, gamma=8)
+    assert len(misses(steps)) <= 2, steps
+
+
+def test_an_edit_the_output_does_not_repeat_is_forgotten():
+    """The name renamed on the first line only: the edit learned there is refused once at the next
+    use, forgotten, and the rest copies plainly (mutation checked: keeping a refused edit misses on
+    every line)."""
+    predicted, output = named_lines(12, renamed=1)
+    steps = steps_through(PredictionDrafter(), output, predicted, gamma=8)
+    assert len(misses(steps)) <= 3, steps
 
 
 def test_a_repeated_line_rejoins_at_the_occurrence_the_output_is_at():

@@ -46,7 +46,7 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
                        "datastore for a code target); the method auto@noindex runs auto without them")
     bench.add_argument("--ngram-max", type=int, default=4)
     bench.add_argument("--ngram-min", type=int, default=1)
-    from specdec.names import BENCH_SUITES
+    from specdec.names import AUTO_GAMMA, BENCH_SUITES, GAMMA
 
     source = bench.add_mutually_exclusive_group()
     source.add_argument(
@@ -67,7 +67,7 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
                        help="each prompt as a user message in the target's chat template (Instruct models), for "
                        "every method alike (--suite humaneval: on where the target's tokenizer has a chat "
                        "template; --no-chat completes the problems' code instead)")
-    bench.add_argument("--gamma", type=int, help="draft length (default: 12 as auto's cap, else 4)")
+    bench.add_argument("--gamma", type=int, help=f"draft length (default: {AUTO_GAMMA} as auto's cap, else {GAMMA})")
     bench.add_argument("--max-new-tokens", type=int,
                        help="default 128 (512 with --suite humaneval, 48 with --synthetic)")
     add_sampling_options(bench)

@@ -77,13 +77,13 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_drafting_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.names import DRAFTERS, POLICIES, TREE_POLICIES, VOCAB_RULES
+    from specdec.names import AUTO_GAMMA, DRAFTERS, GAMMA, POLICIES, THRESHOLD_GAMMA, TREE_POLICIES, VOCAB_RULES
 
     parser.add_argument(
         "--gamma",
         type=int,
         help="draft tokens per step (the start for heuristic/cost, the maximum for threshold and auto; a tree's "
-        "depth limit; default: 12 for auto, 8 for threshold, else 4)",
+        f"depth limit; default: {AUTO_GAMMA} for auto, {THRESHOLD_GAMMA} for threshold, else {GAMMA})",
     )
     parser.add_argument(
         "--drafter",

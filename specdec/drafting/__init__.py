@@ -89,7 +89,7 @@ def make_drafter(
     if kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {kind!r}; choose one of {', '.join(DRAFTERS)} (or join them with +)")
     if kind == "prediction":
-        return PredictionDrafter()
+        return PredictionDrafter(tokenizer=None if target is None else target.tokenizer)
     if kind == "ngram-edit":
         return EditingNGramDrafter(max_n, min_n, tokenizer=None if target is None else target.tokenizer)
     if kind in ("ngram", "ngram-tree"):

@@ -272,7 +272,11 @@ class AutoDrafter(BaseDrafter):
         if not outcome.forced:  # (the step's verify seconds: recorded by the engine, at its batch)
             emitted = outcome.emitted.tolist()
             for index, candidate in enumerate(self.candidates):
-                if index == state.chosen and outcome.num_drafted:
+                # A chosen copy is judged on its whole free draft too: the step's last token says whether
+                # its guess one past the verified length was right (a copy verified 8 tokens at a time
+                # otherwise never learns of its 9th, and auto kept choosing 8 where 16 were all right).
+                if index == state.chosen and outcome.num_drafted and (state.shadows[index] is None
+                                                                      or outcome.parents is not None):
                     learned: tuple[int, int] | None = (outcome.num_drafted, outcome.num_accepted)
                 else:
                     learned = judged(state.shadows[index], emitted)
