@@ -1,6 +1,6 @@
 """Where a `specdec bench` run's drafts were refused, against where the output really leaves the
 prediction: the run as the CLI makes it, every step recorded as the engine advances a request
-(Engine.advance wrapped for the run, as step_costs.py does), then each request's output aligned
+(step_costs.run_with_steps), then each request's output aligned
 with its prediction (difflib on token ids: the fewest places any drafter copying the prediction
 must miss).
 
@@ -21,33 +21,23 @@ import difflib
 import json
 import sys
 
-import specdec.core.engine as engine_module
-from specdec.commands.cli import main as cli_main
+from step_costs import run_with_steps  # (this folder: the script's own path comes first)
 
 
 def record(arguments: list[str]) -> list[dict]:
-    """Run the CLI with Engine.advance wrapped; each request's steps, output and prediction."""
+    """Run the CLI recording every step; each request's steps, output and prediction."""
     steps: dict[int, list[tuple[int, int, int, str | None, float]]] = collections.defaultdict(list)
     finals: dict[int, tuple[list[int], list[int] | None]] = {}
-    advance = engine_module.Engine.advance
 
-    def recorded(self, request, outcome, draft_seconds, verify_seconds):
-        key = id(request)
-        steps[key].append((request.length - len(request.prompt_ids), outcome.num_drafted, outcome.num_accepted,
+    def on_step(request, outcome, draft_seconds, verify_seconds):
+        key, start = id(request), len(request.prompt_ids)
+        steps[key].append((request.length - len(outcome.emitted) - start, outcome.num_drafted, outcome.num_accepted,
                            outcome.drafter, verify_seconds))
-        advance(self, request, outcome, draft_seconds, verify_seconds)
         prediction = request.sampling.prediction
-        finals[key] = (request.tokens[len(request.prompt_ids) : request.length].tolist(),
+        finals[key] = (request.tokens[start : request.length].tolist(),
                        list(prediction) if prediction and not isinstance(prediction, str) else None)
 
-    engine_module.Engine.advance = recorded
-    sys.argv = ["specdec", *arguments]
-    try:
-        cli_main()
-    except SystemExit:
-        pass
-    finally:
-        engine_module.Engine.advance = advance
+    run_with_steps(arguments, on_step)
     return [{"steps": steps[key], "output": finals[key][0], "prediction": finals[key][1]} for key in steps]
 
 

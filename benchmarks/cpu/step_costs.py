@@ -16,19 +16,21 @@ import collections
 import json
 import statistics
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import specdec.core.engine as engine_module
 from specdec.commands.cli import main as cli_main
 
 
-def main() -> None:
-    out, arguments = sys.argv[1], sys.argv[2:]
-    steps: list[tuple[int, int, str | None, float, float]] = []
+def run_with_steps(arguments: list[str], on_step: Callable[[Any, Any, float, float], None]) -> None:
+    """Run `specdec ARGUMENTS` with Engine.advance wrapped: on_step(request, outcome, draft_seconds,
+    verify_seconds) after each step is applied (restored when the run ends)."""
     advance = engine_module.Engine.advance
 
     def recorded(self, request, outcome, draft_seconds, verify_seconds):
-        steps.append((outcome.num_drafted, len(outcome.emitted), outcome.drafter, draft_seconds, verify_seconds))
-        return advance(self, request, outcome, draft_seconds, verify_seconds)
+        advance(self, request, outcome, draft_seconds, verify_seconds)
+        on_step(request, outcome, draft_seconds, verify_seconds)
 
     engine_module.Engine.advance = recorded
     sys.argv = ["specdec", *arguments]
@@ -38,6 +40,13 @@ def main() -> None:
         pass
     finally:
         engine_module.Engine.advance = advance
+
+
+def main() -> None:
+    out, arguments = sys.argv[1], sys.argv[2:]
+    steps: list[tuple[int, int, str | None, float, float]] = []
+    run_with_steps(arguments, lambda request, outcome, draft_seconds, verify_seconds: steps.append(
+        (outcome.num_drafted, len(outcome.emitted), outcome.drafter, draft_seconds, verify_seconds)))
     with open(out, "w") as file:
         json.dump([dict(zip(("drafted", "emitted", "drafter", "draft_seconds", "verify_seconds"), step, strict=True))
                    for step in steps], file)

@@ -144,11 +144,10 @@ class PredictionDrafter(BaseDrafter):
     def learn(self, state: PredictionState) -> None:
         """The edits of the places the output left the prediction, once the output is long enough
         past them to tell (learn_edit on the prediction followed by the output)."""
-        waiting = [(at, output_at) for at, output_at in state.pending if len(state.seen) < output_at + REACH + SYNC]
-        ready = [pair for pair in state.pending if pair not in waiting]
-        state.pending = waiting
+        ready = [(at, output_at) for at, output_at in state.pending if len(state.seen) >= output_at + REACH + SYNC]
         if not ready:
             return
+        state.pending = state.pending[len(ready):]  # (in output order: the ready ones come first)
         both = state.predicted + state.seen
         for at, output_at in ready:
             edit = learn_edit(both, at, len(state.predicted) + output_at)
