@@ -47,6 +47,15 @@ def test_the_self_check_passes_here_and_refuses_wrong_layer_ops(monkeypatch, for
 
     monkeypatch.setattr(fused_layer, "attend_queries", attention_of_the_last_query_only)
     assert "attention" in fused_layer.check_layer(0, format)
+    monkeypatch.undo()
+    chain = fused_layer.attend_chain
+
+    def chain_one_ulp_off(layer, q, k, v, first, count, committed, slots, keys, values, out, row_base):
+        chain(layer, q, k, v, first, count, committed, slots, keys, values, out, row_base)
+        out[first + count - 1] = torch.nextafter(out[first + count - 1], torch.tensor(float("inf")))
+
+    monkeypatch.setattr(fused_layer, "attend_chain", chain_one_ulp_off)
+    assert "a chain's rows differ" in fused_layer.check_layer(0, format)
 
 
 @pytest.mark.parametrize("quantize", ["int4", "w8a32"])
@@ -95,10 +104,10 @@ def test_wrong_layer_ops_leave_the_torch_layer_with_a_one_line_notice(model_dir,
 
 @pytest.mark.parametrize("quantize", ["int4", "w8a32"])
 def test_a_forward_mixing_a_prefill_and_a_verify_block_scores_each_row_as_alone(model_dir, quantize):
-    """One forward in which row 0 prefills (masked SDPA over its segment) and row 1 verifies a
+    """One forward in which row 0 prefills (the compiled chain attention) and row 1 verifies a
     block (the compiled per-query attention) gives each row the bits it gets alone: the server's
-    steps mix them. Mutation checked: attend_compiled without attend_segments (the
-    prefill's keys never written, its queries never attended) fails."""
+    steps mix them. (attend_compiled without its chains passes here, the rows alone lacking them
+    too: the prompt and closeness tests above catch that, checked.)"""
     folder = save_random_model(model_dir / "fused-mixed", "qwen2", seed=11)
     model = load(folder, quantize=quantize)
     assert all(isinstance(layer, FusedDecoderLayer) for layer in model.network.layers)
@@ -112,6 +121,71 @@ def test_a_forward_mixing_a_prefill_and_a_verify_block_scores_each_row_as_alone(
     model.extend(context, verify_cache := model.new_cache())
     verify = model.extend(block, verify_cache)
     assert torch.equal(mixed[:9], prefill) and torch.equal(mixed[9:], verify)
+
+
+@pytest.mark.parametrize("quantize", ["int4", "w8a32"])
+def test_a_prompt_gets_the_same_bits_in_one_forward_as_in_pieces_and_token_by_token(model_dir, quantize):
+    """A prompt of 40 tokens (three of the chain attention's blocks of 16 queries) in one forward,
+    in pieces (a chunked prefill: the first a chain, the rest per-query blocks) and one token at a
+    time: the same logits, bit for bit, so a prompt's last token scores as it would in a verify
+    block. Mutation checked: a query not scored on the chunk of keys that starts with its own slot
+    fails it."""
+    folder = save_random_model(model_dir / "fused-prompt", "qwen2", seed=5, max_position_embeddings=64)
+    model = load(folder, quantize=quantize)
+    assert all(isinstance(layer, FusedDecoderLayer) for layer in model.network.layers)
+    prompt = torch.randint(3, model.vocab_size, (40,), generator=torch.Generator().manual_seed(2))
+    whole = model.extend(prompt, model.new_cache())
+    cache = model.new_cache()
+    pieces = torch.cat([model.extend(piece, cache) for piece in prompt.split([17, 1, 22])])
+    cache = model.new_cache()
+    one_by_one = torch.cat([model.extend(token[None], cache) for token in prompt])
+    assert torch.equal(whole, pieces) and torch.equal(whole, one_by_one)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("committed, count", [(0, 1), (0, 33), (45, 20), (3, 300)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 64), (14, 2, 40)])
+@pytest.mark.parametrize("paged", [False, True])
+def test_compiled_chain_attention_gives_each_query_the_bits_of_its_own_slot_list(kv_dtype, committed, count, heads,
+                                                                                 kv_heads, d, paged, two_threads):
+    """specdec_attend_chain, a chain of `count` queries after `committed` keys (one query; blocks of
+    16 queries not filling the last; a context longer than a chunk of 32 keys; more blocks than
+    threads; 7 query heads a kv head, a head size the vector slices do not divide), in a row of
+    its own cache or scattered over a pool (paged: slots in shuffled order): each query gets the
+    bits specdec_attend gives it over its slot list, and what float64 attention gives; the
+    chain's keys and values are stored in their slots as torch rounds them; other tokens' outputs
+    are left alone. Mutations, checked: a query not scored on the chunk that starts with its own
+    slot, a softmax over one slot fewer, or a block's first query left out of softmax and sums,
+    fail it."""
+    from types import SimpleNamespace
+
+    from specdec.models.attention import query_list
+
+    generator = torch.Generator().manual_seed(committed + count)
+    length, first, tokens = committed + count, 2, count + 3
+    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
+    capacity = 2 * length + 5
+    slots = torch.randperm(capacity, generator=generator)[:length] if paged else torch.arange(length)
+    row = 0 if paged else 1
+    keys = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
+    values = torch.randn(2, kv_heads, capacity, d, generator=generator).to(kv_dtype)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=generator)
+    q, k, v = qkv.view(tokens, -1, d).transpose(0, 1).split([heads, kv_heads, kv_heads])
+    chain_keys, chain_values, chain = keys.clone(), values.clone(), torch.zeros(tokens, heads, d)
+    fused_layer.attend_chain(layer, q, k, v, first, count, committed, slots, chain_keys, chain_values, chain,
+                             row * keys.stride(0))
+    listed = torch.zeros(tokens, heads, d)
+    lists = query_list(list(range(first, first + count)), [row] * count,
+                       [slots[: committed + i + 1] for i in range(count)])
+    fused_layer.attend_queries(layer, q, k, v, lists, keys, values, listed)
+    assert torch.equal(chain, listed) and torch.equal(chain_keys, keys) and torch.equal(chain_values, values)
+    assert not chain[:first].any() and not chain[first + count:].any()
+    for i in range(count):
+        token = first + i
+        slot = slots[committed + i]
+        assert torch.equal(chain_keys[row, :, slot], k[:, token].to(kv_dtype))
+        expected = _reference_attention(q[:, token], keys, values, row, slots[: committed + i + 1], heads // kv_heads)
+        assert torch.allclose(chain[token].double(), expected, atol=1e-5), i
 
 
 def _reference_attention(q, keys, values, row, slots, head_groups):  # one query, float64: [heads, d]

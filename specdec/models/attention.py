@@ -33,9 +33,15 @@ class SegmentPlan:
     masks: dict[int | None, torch.Tensor | None]  # per sliding window (None = full): [k, length + k] or None
     # For batch invariance: per window, the key slots each query sees (attended via QueryGroups).
     per_query: dict[int | None, list[torch.Tensor]] | None = None
-    # A long chain (a prompt in one forward): its committed length; queries attend in blocks of
-    # QUERY_BLOCK, each block's mask built as it goes (attend_in_blocks), never one [k, length + k].
-    blocks_after: int | None = None
+    # A chain that sees every key of its row up to each token (no window cuts it): its committed
+    # length. The compiled attention attends it in one call (fused_layer.attend_chain), torch with
+    # its masks, or, past QUERY_BLOCK tokens (a prompt in one forward), in blocks whose masks are
+    # built as it goes (attend_in_blocks), never one [k, length + k].
+    chain_after: int | None = None
+
+    @property
+    def in_blocks(self) -> bool:
+        return self.chain_after is not None and self.end - self.start > QUERY_BLOCK
 
 
 # Queries of a long chain attended together: a [k, length] mask, and the [heads, k, length]
@@ -68,11 +74,10 @@ def plan_segment(
         return SegmentPlan(segment.row, start, start + count, segment.written, {}, slots)
     if chain and all(window is None or length <= window for window in windows):
         # The common case, without building a mask per layer kind: one query sees every key;
-        # a block sees the committed context and the block up to itself.
-        if count > QUERY_BLOCK:
-            return SegmentPlan(segment.row, start, start + count, 0, dict.fromkeys(windows), blocks_after=committed)
-        mask = None if count == 1 else torch.ones(count, length, dtype=torch.bool, device=device).tril(committed)
-        return SegmentPlan(segment.row, start, start + count, 0, dict.fromkeys(windows, mask))
+        # a block sees the committed context and the block up to itself (in blocks, no mask here).
+        mask = None if count == 1 or count > QUERY_BLOCK else \
+            torch.ones(count, length, dtype=torch.bool, device=device).tril(committed)
+        return SegmentPlan(segment.row, start, start + count, 0, dict.fromkeys(windows, mask), chain_after=committed)
     return SegmentPlan(segment.row, start, start + count, segment.written,
                        segment_masks(segment, committed, positions, windows))
 
@@ -87,8 +92,8 @@ def attend_in_blocks(
 ) -> None:
     """A chain's queries in blocks of QUERY_BLOCK, each over the keys up to its last query:
     memory linear in the chain's length."""
-    committed = plan.blocks_after
-    assert committed is not None  # only such plans come here
+    committed = plan.chain_after
+    assert committed is not None  # only chains come here
     for first in range(0, plan.end - plan.start, QUERY_BLOCK):
         last = min(first + QUERY_BLOCK, plan.end - plan.start)
         visible = committed + last
@@ -231,11 +236,22 @@ class AttentionPlan:
     padded: PaddedChains | None = None
     groups: dict[int | None, list[QueryGroup]] | None = None  # per window: the per-query segments' queries
     query_lists: dict[int | None, QueryList] = field(default_factory=dict)  # built on demand, see query_list_for
+    chain_lists: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # built on demand, see chain_slots
 
     @functools.cached_property
     def masked_segments(self) -> list[SegmentPlan]:
         """The segments attended with masks (SDPA), not query by query."""
         return [plan for plan in self.segments if plan.per_query is None]
+
+    def chain_slots(self, segment: SegmentPlan) -> tuple[int, torch.Tensor]:
+        """A chain segment's cache row in storage and its row's slots 0..end-1 there ([committed +
+        count] int64), located once per forward (the compiled chain attention's input)."""
+        if segment.start not in self.chain_lists:
+            assert segment.chain_after is not None  # only chains come here
+            length = segment.chain_after + segment.end - segment.start
+            rows, slots = self.cache.locate(torch.tensor([segment.row]), torch.arange(length))
+            self.chain_lists[segment.start] = (int(rows.reshape(-1)[0]), slots.reshape(-1).contiguous())
+        return self.chain_lists[segment.start]
 
     def query_list_for(self, window: int | None) -> QueryList:
         """The per-query segments' queries for `window` as one list (the compiled attention's input)."""
@@ -289,7 +305,7 @@ def attend_segments(
     for segment in segments:
         rows = slice(segment.start, segment.end)
         keys, values = cache.write(layer_index, segment.row, k[:, rows], v[:, rows], segment.written)
-        if segment.blocks_after is not None:  # a long chain: its queries in blocks (linear memory)
+        if segment.in_blocks:  # a long chain: its queries in blocks (linear memory)
             attend_in_blocks(layer, q, keys, values, segment, attended)
         elif segment.per_query is None:
             attended[:, rows] = scaled_dot_product(layer, q[:, rows], keys, values, segment.masks.get(layer.window))

@@ -5,10 +5,11 @@ whose four linears share a packed format, where the self-check passes on this ma
 Why: a one-token int4 step spent ~40% of its time in the small ops around its matmuls (RMSNorm,
 attention's cache writes and one-query SDPA calls, RoPE's rotate): per-op dispatch and threading
 on vectors of a few thousand floats (measured: docs/design.md, "Correct and fast on every CPU";
-docs/benchmarks/archive/notebook.md, "The int4 layer compiled"). Here each layer is: norm + q/k/v matmul + bias +
-RoPE (one call), attention (per-query segments in one call; a prefill's masked segments still
-run SDPA), and o matmul + residual + norm + gate/up matmul + SiLU gate + down matmul + residual
-(one call).
+docs/benchmarks/archive/notebook.md, "The int4 layer compiled"). Here each layer is: norm + q/k/v
+matmul + bias + RoPE (one call), attention (a verify block's per-query segments in one call, a
+prompt's chain in another; a padded batch of chains, or a sliding window's or a first tree's masks,
+still run SDPA), and o matmul + residual + norm + gate/up matmul + SiLU gate + down matmul +
+residual (one call).
 
 Exactness: each row is computed by the same code alone or in any block (layer_ops.cpp), and each
 query attends over exactly its own keys; so the greedy-equality invariant holds as before. The
@@ -44,6 +45,8 @@ SIGNATURES = {
     "specdec_head_qkv": [INT64] + [POINTER] * 4 + [FLOAT] + [POINTER] * 4 + [INT64] * 5,
     "specdec_layer_mlp": [INT64] + [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
     "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
+    + [FLOAT, POINTER, INT64],
+    "specdec_attend_chain": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] + [INT64] * 6
     + [FLOAT, POINTER, INT64],
 }
 
@@ -95,15 +98,23 @@ def attend_compiled(
     cache: OwnCache,
     layer_index: int,
 ) -> torch.Tensor:  # [n, heads * d]
-    """attend_planned, with the per-query tokens in one compiled call (which writes their keys and
-    values itself) instead of one SDPA call each."""
-    if plan.padded is not None or not plan.groups:  # no per-query tokens
+    """attend_planned, with the per-query tokens in one compiled call and each chain over its whole
+    row (a prompt) in another (each writes its keys and values itself), instead of SDPA calls: so
+    a prompt's tokens get the bits they would get one by one, in a verify block or alone."""
+    if plan.padded is not None:  # a batch of chains in one padded SDPA call per layer
         return attend_planned(layer, q, k, v, plan, cache, layer_index)
     num_tokens = q.shape[1]
-    out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]
-    attend_segments(layer, q, k, v, plan.masked_segments, cache, layer_index, out.transpose(0, 1))
-    attend_queries(layer, q, k, v, plan.query_list_for(layer.window), cache.keys[layer_index],
-                   cache.values[layer_index], out, cache.row_stride)
+    out = q.new_zeros(num_tokens, q.shape[0], q.shape[2])  # [n, heads, d]; padding rows stay zero
+    keys, values = cache.keys[layer_index], cache.values[layer_index]
+    masked = [segment for segment in plan.masked_segments if segment.chain_after is None]
+    attend_segments(layer, q, k, v, masked, cache, layer_index, out.transpose(0, 1))
+    for segment in plan.masked_segments:
+        if segment.chain_after is not None:
+            row, slots = plan.chain_slots(segment)
+            attend_chain(layer, q, k, v, segment.start, segment.end - segment.start, segment.chain_after, slots,
+                         keys, values, out, row * cache.row_stride)
+    if plan.groups:
+        attend_queries(layer, q, k, v, plan.query_list_for(layer.window), keys, values, out, cache.row_stride)
     return out.reshape(num_tokens, -1)
 
 
@@ -151,12 +162,7 @@ def attend_queries(
 ) -> None:
     """Each query over exactly its own key slots (layer_ops.cpp, specdec_attend)."""
     d = layer.head_dim
-    if any(t.stride(2) != 1 or t.stride(0) != d or t.stride(1) != q.stride(1) for t in (q, k, v)) or \
-            not (keys.is_contiguous() and values.is_contiguous() and out.is_contiguous()):
-        raise ValueError("attend_queries needs q, k and v as head views of one token-major buffer and a contiguous "
-                         "cache")
-    if keys.dtype not in KV_FORMATS or values.dtype != keys.dtype:
-        raise ValueError(f"the compiled attention reads a float32, bfloat16 or float16 cache, not {keys.dtype}")
+    check_layout(q, k, v, keys, values, out)
     library().specdec_attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(),
         keys.stride(0) if row_stride is None else row_stride,
@@ -164,6 +170,47 @@ def attend_queries(
         queries.counts.data_ptr(), queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads,
         layer.num_kv_heads, d, 1.0 / math.sqrt(d), out.data_ptr(), KV_FORMATS[keys.dtype],
     )
+
+
+def attend_chain(
+    layer: AttendingLayer,
+    q: torch.Tensor,  # [heads, n, d], rope applied
+    k: torch.Tensor,  # [kv_heads, n, d], rope applied; q, k and v: views of one buffer (qkv_projection)
+    v: torch.Tensor,  # [kv_heads, n, d]
+    first: int,  # the chain: tokens first..first + count - 1 of the forward
+    count: int,
+    committed: int,  # its row's length before it
+    slots: torch.Tensor,  # [committed + count] int64, the row's slots 0.. in storage
+    keys: torch.Tensor,  # [rows, kv_heads, capacity, d], one layer's cache (as attend_queries)
+    values: torch.Tensor,
+    out: torch.Tensor,  # [n, heads, d] contiguous, written at the chain's tokens
+    row_base: int,  # elements from the cache's start to the chain's row (row * row stride)
+) -> None:
+    """Token first + i over its row's slots 0..committed + i, after writing the chain's keys and
+    values: the bits attend_queries gives it with that slot list (layer_ops.cpp,
+    specdec_attend_chain), without a list per query."""
+    check_layout(q, k, v, keys, values, out)
+    if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape[0] != committed + count:
+        raise ValueError(f"attend_chain needs the row's {committed + count} slots, contiguous int64")
+    d = layer.head_dim
+    library().specdec_attend_chain(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), row_base,
+        keys.stride(1), slots.data_ptr(), committed, first, count, layer.num_heads, layer.num_kv_heads, d,
+        1.0 / math.sqrt(d), out.data_ptr(), KV_FORMATS[keys.dtype],
+    )
+
+
+def check_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 out: torch.Tensor) -> None:
+    """What the compiled attention reads: q, k and v as head views of one token-major buffer, a
+    contiguous cache of a stored format and a contiguous output."""
+    d = q.shape[2]
+    if any(t.stride(2) != 1 or t.stride(0) != d or t.stride(1) != q.stride(1) for t in (q, k, v)) or \
+            not (keys.is_contiguous() and values.is_contiguous() and out.is_contiguous()):
+        raise ValueError("the compiled attention needs q, k and v as head views of one token-major buffer and a "
+                         "contiguous cache")
+    if keys.dtype not in KV_FORMATS or values.dtype != keys.dtype:
+        raise ValueError(f"the compiled attention reads a float32, bfloat16 or float16 cache, not {keys.dtype}")
 
 
 def packed_format(layer: DecoderLayer) -> int | None:
@@ -277,7 +324,7 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
     """A small random layer of packed linears (format 4: int4, 8: w8a32; qwen2-style biases,
     grouped-query attention) after a random cached context: None if each compiled piece is within
     float32 rounding of the torch layer's ops on a 3-token chain block, and every row of the block
-    gets the bits it gets alone, else what differs."""
+    gets the bits it gets alone (and as a chain, a prompt's attention), else what differs."""
     generator = torch.Generator().manual_seed(seed)
     layer = random_fused_layer(generator, Int4Linear if format == 4 else W8A32Linear)
     context, block = 21, 3
@@ -302,6 +349,9 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
                               expected_qkv[:, 6:]], dim=1)
     queries, new_keys, new_values = qkv.transpose(0, 1).split([4, 2, 2])  # [heads, n, d]
     lists = query_list(list(range(block)), [0] * block, [torch.arange(context + i + 1) for i in range(block)])
+    chain_keys, chain_values, as_chain = keys.clone(), values.clone(), torch.zeros(block, 4, 16)
+    attend_chain(layer, queries, new_keys, new_values, 0, block, context, torch.arange(context + block), chain_keys,
+                 chain_values, as_chain, 0)
     attended = torch.zeros(block, 4, 16)
     attend_queries(layer, queries, new_keys, new_values, lists, keys, values, attended)
     written = (keys[0, :, context:context + block], values[0, :, context:context + block])
@@ -323,6 +373,8 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
         close(qkv, expected_qkv, "norm + q/k/v + RoPE"),
         close(attended.view(block, 4, 16), expected_attended, "attention"),
         None if torch.equal(alone.reshape(block, -1), attended) else "attention: a block's rows differ from them alone",
+        None if torch.equal(as_chain.reshape(block, -1), attended) and torch.equal(chain_keys, keys)
+        else "attention: a chain's rows differ from them in a block",
         close(mlp_block(layer, x, attended), expected_out, "o + residual + norm + MLP"),
         rows_alone("norm + q/k/v + RoPE", lambda rows, c, s: qkv_projection(layer, rows, c, s).reshape(len(rows), -1),
                    x, cos, sin),

@@ -401,6 +401,52 @@ void gather_heads(int64_t n, const float* const* weights, const float* totals, c
     default: return gather_slice<kHeadsAtOnce>(weights, totals, values, base, list, count, d, t0, width, out);
   }
 }
+
+// Keys list[from..from + m) of one (row, kv head) of the cache (base: its first element), widened
+// to float32 into `to` [m, d]; the cache lines of slots up to kAhead further (before `end`) fetched.
+void widen_keys(const void* keys, int64_t base, const int64_t* list, int64_t from, int64_t m, int64_t end, int64_t d,
+                int64_t kv_format, float* to) {
+  const int64_t element = kv_format == kFloat32 ? 4 : 2;  // bytes a stored element takes
+  for (int64_t c = 0; c < m; ++c) {
+    if (from + c + kAhead < end) {
+      const char* ahead = static_cast<const char*>(keys) + (base + list[from + c + kAhead] * d) * element;
+      for (int64_t line = 0; line < d * element; line += 64) prefetch(ahead + line);
+    }
+    with_elements(kv_format, static_cast<const char*>(keys) + (base + list[from + c] * d) * element,
+                  [&](auto stored) { widen(stored, to + c * d, d); });
+  }
+}
+
+// One query's output for heads [h0, h1), elements [t0, t0 + slice) of each: its softmax weights
+// (head h's `count` floats at weights + h * count, unnormalized; totals[h] their sum) over the
+// values at list[0..count) of the (row, kv head) at base. out: the query's [heads, d] output row.
+void gather_query(const float* weights, int64_t count, const float* totals, int64_t h0, int64_t h1,
+                  const void* values, int64_t base, const int64_t* list, int64_t d, int64_t t0, int64_t slice,
+                  int64_t kv_format, float* out) {
+  for (int64_t first = h0; first < h1; first += kHeadsAtOnce) {
+    const int64_t n = std::min(kHeadsAtOnce, h1 - first);
+    const float* head_weights[kHeadsAtOnce];
+    float* head_out[kHeadsAtOnce];
+    for (int64_t h = 0; h < n; ++h) {
+      head_weights[h] = weights + (first + h) * count;
+      head_out[h] = out + (first + h) * d + t0;
+    }
+    with_elements(kv_format, static_cast<const char*>(values), [&](auto stored) {
+      gather_heads(n, head_weights, totals + first, stored, base, list, count, d, t0, slice, head_out);
+    });
+  }
+}
+
+// One token's key and value (kv heads of d floats at k and v) into a cache slot: element `at` (its
+// row's offset plus slot * d) of each kv head's keys and values, in kv_format.
+void store_token(const float* k, const float* v, void* keys, void* values, int64_t at, int64_t head_stride,
+                 int64_t kv_heads, int64_t d, int64_t kv_format) {
+  const int64_t element = kv_format == kFloat32 ? 4 : 2;
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    store_elements(k + g * d, static_cast<char*>(keys) + (at + g * head_stride) * element, d, kv_format);
+    store_elements(v + g * d, static_cast<char*>(values) + (at + g * head_stride) * element, d, kv_format);
+  }
+}
 }  // namespace
 
 extern "C" {
@@ -507,15 +553,11 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
                     int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_format) {
-  const int64_t element = kv_format == kFloat32 ? 4 : 2;  // bytes a stored key or value element takes
   const int64_t group = heads / kv_heads;
   // Each query's own key and value first (its last slot), so that block-mates see each other.
   for (int64_t i = 0; i < queries; ++i)
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      const int64_t at = (rows[i] * row_stride + g * head_stride + slots[i * slots_stride + counts[i] - 1] * d) * element;
-      store_elements(k + tokens[i] * q_stride + g * d, static_cast<char*>(keys) + at, d, kv_format);
-      store_elements(v + tokens[i] * q_stride + g * d, static_cast<char*>(values) + at, d, kv_format);
-    }
+    store_token(k + tokens[i] * q_stride, v + tokens[i] * q_stride, keys, values,
+                rows[i] * row_stride + slots[i * slots_stride + counts[i] - 1] * d, head_stride, kv_heads, d, kv_format);
   // The queries by cache row, in their order, and the slots each row's queries all start with.
   std::vector<std::vector<int64_t>> members;
   std::vector<int64_t> shared, longest;
@@ -562,14 +604,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
     const auto score = [&](const int64_t* list, int64_t from, int64_t to, size_t begin, size_t end) {
       for (int64_t c0 = from; c0 < to; c0 += kChunk) {
         const int64_t m = std::min(kChunk, to - c0);
-        for (int64_t c = 0; c < m; ++c) {
-          if (c0 + c + kAhead < to) {
-            const char* ahead = static_cast<const char*>(keys) + (base + list[c0 + c + kAhead] * d) * element;
-            for (int64_t line = 0; line < d * element; line += 64) prefetch(ahead + line);
-          }
-          with_elements(kv_format, static_cast<const char*>(keys) + (base + list[c0 + c] * d) * element,
-                        [&](auto stored) { widen(stored, widened.data() + c * d, d); });
-        }
+        widen_keys(keys, base, list, c0, m, to, d, kv_format, widened.data());
         for (size_t a = begin; a < end; ++a) {
           const int64_t i = mine[a];
           for (int64_t h = h0; h < h1; ++h)
@@ -591,21 +626,9 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   // 3. Values of row r's members for query heads [h0, h1) of kv head g, elements [t0, t0 + slice)
   // of each head's output.
   const auto gather = [&](int64_t r, int64_t g, int64_t h0, int64_t h1, int64_t t0) {
-    const int64_t base = cache_base(r, g);
     for (const int64_t i : members[r])
-      for (int64_t first = h0; first < h1; first += kHeadsAtOnce) {
-        const int64_t n = std::min(kHeadsAtOnce, h1 - first);
-        const float* head_weights[kHeadsAtOnce];
-        float* head_out[kHeadsAtOnce];
-        for (int64_t h = 0; h < n; ++h) {
-          head_weights[h] = weights + starts[i] + (first + h) * counts[i];
-          head_out[h] = out + tokens[i] * heads * d + (first + h) * d + t0;
-        }
-        with_elements(kv_format, static_cast<const char*>(values), [&](auto stored) {
-          gather_heads(n, head_weights, totals.data() + i * heads + first, stored, base, slots + i * slots_stride,
-                       counts[i], d, t0, slice, head_out);
-        });
-      }
+      gather_query(weights + starts[i], counts[i], totals.data() + i * heads, h0, h1, values, cache_base(r, g),
+                   slots + i * slots_stride, d, t0, slice, kv_format, out + tokens[i] * heads * d);
   };
 
   // Whole jobs, each a (row, kv head) pair's or a part of its query heads' three steps, one after
@@ -654,6 +677,65 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
     for (size_t job = 0; job < gathering.size(); ++job) {
       const int64_t g = gathering[job][1];
       gather(gathering[job][0], g, g * group, (g + 1) * group, gathering[job][2]);
+    }
+  }
+}
+// Attention of a chain: `count` queries, tokens first..first + count - 1 (laid out as for
+// specdec_attend), over one cache row, query i over the row's slots list[0..committed + i] in
+// order, after writing the chain's keys and values into slots list[committed..committed + count).
+// Each query gets the bits specdec_attend gives it with that slot list (each key scored alone by
+// score_keys, the same softmax over its slots, the same sums in slot order), without a list per
+// query: a prompt piece of n tokens would need n^2 / 2 slots in lists, and torch's attention with a
+// causal mask scores every block's whole rectangle, then masks it.
+//   row_base: elements from keys (and values) to the row's first (row * row_stride; 0 in a pool)
+// Jobs: (block of kMembersAtOnce queries, kv head), the longest blocks first; each widens a chunk
+// of keys once for its queries' scores (every query head of its kv head), then their softmax, then
+// their sums, one query at a time.
+void specdec_attend_chain(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
+                          int64_t row_base, int64_t head_stride, const int64_t* list, int64_t committed, int64_t first,
+                          int64_t count, int64_t heads, int64_t kv_heads, int64_t d, float scale, float* out,
+                          int64_t kv_format) {
+  for (int64_t i = 0; i < count; ++i)
+    store_token(k + (first + i) * q_stride, v + (first + i) * q_stride, keys, values,
+                row_base + list[committed + i] * d, head_stride, kv_heads, d, kv_format);
+  const int64_t group = heads / kv_heads, blocks = (count + kMembersAtOnce - 1) / kMembersAtOnce;
+  const int64_t slice = d % kSlice == 0 ? kSlice : d;
+#pragma omp parallel for schedule(dynamic, 1) if (blocks * kv_heads > 1)
+  for (int64_t job = 0; job < blocks * kv_heads; ++job) {
+    const int64_t block = blocks - 1 - job / kv_heads, g = job % kv_heads;
+    const int64_t begin = block * kMembersAtOnce, end = std::min(count, begin + kMembersAtOnce);
+    const int64_t longest = committed + end, base = row_base + g * head_stride;
+    // Member i's weights for its kv head's query head h: committed + i + 1 floats at
+    // weights + starts[i - begin] + h * (committed + i + 1).
+    std::array<int64_t, kMembersAtOnce + 1> starts{};
+    for (int64_t i = begin; i < end; ++i) starts[i - begin + 1] = starts[i - begin] + group * (committed + i + 1);
+    thread_local AlignedFloats widened, weights;  // loads within cache lines (LineAligned)
+    thread_local std::vector<float> totals;
+    widened.resize(kChunk * d);
+    weights.resize(starts[end - begin]);
+    totals.resize(kMembersAtOnce * group);
+    // 1. Scores: each chunk of keys widened once, scored for every member that sees part of it.
+    for (int64_t c0 = 0; c0 < longest; c0 += kChunk) {
+      const int64_t m = std::min(kChunk, longest - c0);
+      widen_keys(keys, base, list, c0, m, longest, d, kv_format, widened.data());
+      for (int64_t i = std::max(begin, c0 - committed); i < end; ++i) {  // (slot c0 is member c0 - committed's last)
+        const int64_t own = committed + i + 1;
+        for (int64_t h = 0; h < group; ++h)
+          score_keys(q + (first + i) * q_stride + (g * group + h) * d, widened.data(), std::min(m, own - c0), d, scale,
+                     weights.data() + starts[i - begin] + h * own + c0);
+      }
+    }
+    // 2. Each member's softmax weights per head, unnormalized, and their totals; 3. its sums.
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t own = committed + i + 1;
+      float* mine = weights.data() + starts[i - begin];
+      for (int64_t h = 0; h < group; ++h) {
+        float* row = mine + h * own;
+        totals[(i - begin) * group + h] = exp_minus_and_sum(row, largest(row, own), own);
+      }
+      for (int64_t t0 = 0; t0 < d; t0 += slice)
+        gather_query(mine, own, totals.data() + (i - begin) * group, 0, group, values, base, list, d, t0, slice,
+                     kv_format, out + (first + i) * heads * d + g * group * d);
     }
   }
 }
