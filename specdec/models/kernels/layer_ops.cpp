@@ -680,6 +680,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
     }
   }
 }
+
 // Attention of a chain: `count` queries, tokens first..first + count - 1 (laid out as for
 // specdec_attend), over one cache row, query i over the row's slots list[0..committed + i] in
 // order, after writing the chain's keys and values into slots list[committed..committed + count).
@@ -709,11 +710,11 @@ void specdec_attend_chain(const float* q, const float* k, const float* v, int64_
     // weights + starts[i - begin] + h * (committed + i + 1).
     std::array<int64_t, kMembersAtOnce + 1> starts{};
     for (int64_t i = begin; i < end; ++i) starts[i - begin + 1] = starts[i - begin] + group * (committed + i + 1);
-    thread_local AlignedFloats widened, weights;  // loads within cache lines (LineAligned)
+    thread_local AlignedFloats widened;  // its keys' loads within cache lines (LineAligned)
     thread_local std::vector<float> totals;
     widened.resize(kChunk * d);
-    weights.resize(starts[end - begin]);
     totals.resize(kMembersAtOnce * group);
+    const Scratch<6> weights(starts[end - begin]);
     // 1. Scores: each chunk of keys widened once, scored for every member that sees part of it.
     for (int64_t c0 = 0; c0 < longest; c0 += kChunk) {
       const int64_t m = std::min(kChunk, longest - c0);
@@ -722,13 +723,13 @@ void specdec_attend_chain(const float* q, const float* k, const float* v, int64_
         const int64_t own = committed + i + 1;
         for (int64_t h = 0; h < group; ++h)
           score_keys(q + (first + i) * q_stride + (g * group + h) * d, widened.data(), std::min(m, own - c0), d, scale,
-                     weights.data() + starts[i - begin] + h * own + c0);
+                     weights.get() + starts[i - begin] + h * own + c0);
       }
     }
     // 2. Each member's softmax weights per head, unnormalized, and their totals; 3. its sums.
     for (int64_t i = begin; i < end; ++i) {
       const int64_t own = committed + i + 1;
-      float* mine = weights.data() + starts[i - begin];
+      float* mine = weights.get() + starts[i - begin];
       for (int64_t h = 0; h < group; ++h) {
         float* row = mine + h * own;
         totals[(i - begin) * group + h] = exp_minus_and_sum(row, largest(row, own), own);
