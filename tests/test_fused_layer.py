@@ -125,18 +125,19 @@ def test_a_forward_mixing_a_prefill_and_a_verify_block_scores_each_row_as_alone(
 
 @pytest.mark.parametrize("quantize", ["int4", "w8a32"])
 def test_a_prompt_gets_the_same_bits_in_one_forward_as_in_pieces_and_token_by_token(model_dir, quantize):
-    """A prompt of 40 tokens (three of the chain attention's blocks of 16 queries) in one forward,
-    in pieces (a chunked prefill: the first a chain, the rest per-query blocks) and one token at a
-    time: the same logits, bit for bit, so a prompt's last token scores as it would in a verify
-    block. Mutation checked: a query not scored on the chunk of keys that starts with its own slot
-    fails it."""
-    folder = save_random_model(model_dir / "fused-prompt", "qwen2", seed=5, max_position_embeddings=64)
+    """A prompt of 300 tokens (19 of the chain attention's blocks of 16 queries; the MLP call's
+    panels of 128 rows and the int4 matmul's of 256 rows) in one forward, in pieces (a chunked
+    prefill: the first a chain, the rest per-query blocks) and one token at a time: the same
+    logits, bit for bit, so a prompt's last token scores as it would in a verify block. Mutations
+    checked: a query not scored on the chunk of keys that starts with its own slot, or the MLP's
+    panels skipping a row between them, fail it."""
+    folder = save_random_model(model_dir / "fused-prompt", "qwen2", seed=5, max_position_embeddings=512)
     model = load(folder, quantize=quantize)
     assert all(isinstance(layer, FusedDecoderLayer) for layer in model.network.layers)
-    prompt = torch.randint(3, model.vocab_size, (40,), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(3, model.vocab_size, (300,), generator=torch.Generator().manual_seed(2))
     whole = model.extend(prompt, model.new_cache())
     cache = model.new_cache()
-    pieces = torch.cat([model.extend(piece, cache) for piece in prompt.split([17, 1, 22])])
+    pieces = torch.cat([model.extend(piece, cache) for piece in prompt.split([17, 1, 140, 142])])
     cache = model.new_cache()
     one_by_one = torch.cat([model.extend(token[None], cache) for token in prompt])
     assert torch.equal(whole, pieces) and torch.equal(whole, one_by_one)

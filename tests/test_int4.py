@@ -56,6 +56,20 @@ def test_a_row_gets_the_same_bits_in_any_block():
         assert torch.equal(kernel_linear(x[:rows], records, q.shape[0]), block[:rows]), rows
 
 
+@pytest.mark.parametrize("rows", [257, 600])
+def test_a_long_prompts_rows_go_through_in_panels_with_their_bits(rows):
+    """Past 256 rows the kernel runs a panel of rows at a time through every column block (a
+    prompt's prefill): every row the reference's bits and its bits alone, the panels' seams (row
+    256 with tiles of 16; 600 rows: tiles of 15 and 16 around them) included. Mutation checked:
+    panels that skip a tile between them leave rows unwritten, and fail it."""
+    weight, x = _saturating_case(48, 64, rows=rows, seed=rows)
+    records, q, scale, minimum = pack_weight(weight)
+    block = kernel_linear(x, records, q.shape[0])
+    assert torch.equal(block, int4.reference_matmul(*quantize_rows(x), q, scale, minimum))
+    for start in (0, 200, 250, 255, 256, rows - 1):
+        assert torch.equal(kernel_linear(x[start:start + 1], records, q.shape[0]), block[start:start + 1])
+
+
 def test_packing_round_trips_the_weights_within_half_a_step():
     weight = torch.randn(20, 64)
     _, q, scale, minimum = pack_weight(weight)

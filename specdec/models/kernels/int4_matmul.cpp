@@ -245,18 +245,36 @@ void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_
   }
 }
 
+// The first row of tile t of M rows (tile_of's tiles).
+int64_t tile_start(int64_t t, int64_t M) {
+  const int64_t tiles = (M + kRows - 1) / kRows, base = M / tiles, bigger = M % tiles;
+  return t < bigger ? t * (base + 1) : bigger * (base + 1) + (t - bigger) * base;
+}
+
+// Rows a panel at most: a long prompt's rows go through every column block a panel at a time. Why:
+// one pass over all M rows for each block of 16 columns read the whole activation matrix again for
+// each block, from memory once it outgrew the caches (a 4096-token prefill: 36 MB of the down
+// projection's input, 96 times a layer); a panel's activations stay in the caches while its blocks
+// go by, and the weights are read once a panel. Measured on the MLP call alone (1.5B int4, AVX-512
+// VNNI): 0.144 ms a row at 256 rows, 0.156 at 1,257 and 0.168 at 4,096 in one pass.
+constexpr int64_t kPanelRows = 256;
+
 // x, xsum: M rows tiled (quantize_rows), xscale [M], w: N / 16 blocks of K / 32 records, y [M, N]
 // float32. N a multiple of 16, K of 32.
 void matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
             int64_t M, int64_t N, int64_t K) {
   const int64_t blocks = N / kCols, groups = K / kGroup;
+  const int64_t tiles = (M + kRows - 1) / kRows, panel_tiles = std::max<int64_t>(1, kPanelRows / kRows);
+  for (int64_t panel = 0; panel < tiles; panel += panel_tiles) {
+    const int64_t first = tile_start(panel, M), end = tile_start(std::min(tiles, panel + panel_tiles), M);
 #pragma omp parallel for schedule(static)
-  for (int64_t block = 0; block < blocks; ++block)
-    for (int64_t r0 = 0, rows = 0; r0 < M; r0 += rows) {
-      int64_t start;
-      tile_of(r0, M, start, rows);
-      rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(rows), N, K, block);
-    }
+    for (int64_t block = 0; block < blocks; ++block)
+      for (int64_t r0 = first, rows = 0; r0 < end; r0 += rows) {
+        int64_t start;
+        tile_of(r0, M, start, rows);
+        rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(rows), N, K, block);
+      }
+  }
 }
 }  // namespace
 

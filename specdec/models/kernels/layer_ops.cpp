@@ -447,6 +447,42 @@ void store_token(const float* k, const float* v, void* keys, void* values, int64
     store_elements(v + g * d, static_cast<char*>(values) + (at + g * head_stride) * element, d, kv_format);
   }
 }
+// specdec_layer_mlp for M rows at once.
+void layer_mlp_rows(int64_t format, const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
+                    const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
+                    const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
+                    int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
+  const Scratch<1> projected_buffer(M * hidden_padded);
+  const Scratch<2> gate_up_buffer(M * gate_up_padded);
+  const Scratch<3> act_buffer(M * inter);
+  float* projected = projected_buffer.get();
+  float* gate_up = gate_up_buffer.get();
+  float* act = act_buffer.get();
+  linear(format, attended, o_w, projected, M, hidden_padded, attn_width);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < hidden; ++j) {
+      const float p = projected[m * hidden_padded + j];
+      out[m * hidden + j] = x[m * hidden + j] + (o_bias ? p + o_bias[j] : p);
+    }
+  norm_linear(format, out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up, M, gate_up_padded, hidden, 2 * inter);
+  constexpr int64_t kPiece = 1024;  // elements per job: whole vectors, a few jobs per row
+  const int64_t pieces = (inter + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (M * inter >= 4096)
+  for (int64_t job = 0; job < M * pieces; ++job) {
+    const int64_t m = job / pieces, start = job % pieces * kPiece, count = std::min(kPiece, inter - start);
+    const float* row = gate_up + m * gate_up_padded;
+    silu_times(row + start, row + inter + start, act + m * inter + start, count);
+  }
+  linear(format, act, down_w, projected, M, hidden_padded, inter);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < hidden; ++j) {
+      const float p = projected[m * hidden_padded + j];
+      out[m * hidden + j] += down_bias ? p + down_bias[j] : p;
+    }
+}
+
+// Rows of a long prompt a layer's MLP call takes at a time (specdec_layer_mlp).
+constexpr int64_t kPanelRows = 128;
 }  // namespace
 
 extern "C" {
@@ -485,38 +521,18 @@ void specdec_norm_linear(int64_t format, const float* x, const float* norm_weigh
 //   h = x + attended @ Wo^T (+ bo);  g, u = halves of norm(h) @ Wgu^T (+ bgu);
 //   out = h + (silu(g) * u) @ Wdown^T (+ bdown)
 // attended [M, attn_width]; out [M, hidden] (may not alias x). hidden_padded and gate_up_padded:
-// the kernels' padded output widths (multiples of 16).
+// the kernels' padded output widths (multiples of 16). A long prompt's rows go through it
+// kPanelRows at a time (each row's arithmetic is its own: the same bits), so that its scratch stays
+// a panel's: the gate/up output of all M rows (a 4,096-token prefill of the 1.5B: 293 MB) was
+// faulted in afresh each call and went through memory between the matmul and the SiLU.
 void specdec_layer_mlp(int64_t format, const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
                        const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
                        const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
                        int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
-  const Scratch<1> projected_buffer(M * hidden_padded);
-  const Scratch<2> gate_up_buffer(M * gate_up_padded);
-  const Scratch<3> act_buffer(M * inter);
-  float* projected = projected_buffer.get();
-  float* gate_up = gate_up_buffer.get();
-  float* act = act_buffer.get();
-  linear(format, attended, o_w, projected, M, hidden_padded, attn_width);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < hidden; ++j) {
-      const float p = projected[m * hidden_padded + j];
-      out[m * hidden + j] = x[m * hidden + j] + (o_bias ? p + o_bias[j] : p);
-    }
-  norm_linear(format, out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up, M, gate_up_padded, hidden, 2 * inter);
-  constexpr int64_t kPiece = 1024;  // elements per job: whole vectors, a few jobs per row
-  const int64_t pieces = (inter + kPiece - 1) / kPiece;
-#pragma omp parallel for schedule(static) if (M * inter >= 4096)
-  for (int64_t job = 0; job < M * pieces; ++job) {
-    const int64_t m = job / pieces, start = job % pieces * kPiece, count = std::min(kPiece, inter - start);
-    const float* row = gate_up + m * gate_up_padded;
-    silu_times(row + start, row + inter + start, act + m * inter + start, count);
-  }
-  linear(format, act, down_w, projected, M, hidden_padded, inter);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < hidden; ++j) {
-      const float p = projected[m * hidden_padded + j];
-      out[m * hidden + j] += down_bias ? p + down_bias[j] : p;
-    }
+  for (int64_t m0 = 0; m0 < M; m0 += kPanelRows)
+    layer_mlp_rows(format, x + m0 * hidden, attended + m0 * attn_width, o_w, o_bias, norm_weight, eps, gate_up_w,
+                   gate_up_bias, down_w, down_bias, out + m0 * hidden, std::min(kPanelRows, M - m0), hidden,
+                   attn_width, inter, hidden_padded, gate_up_padded);
 }
 
 // Attention of each listed query over exactly its own key slots, in their order: softmax(q . k *

@@ -1,14 +1,17 @@
-"""A prompt's prefill with its attention compiled (one chain call a layer, fused_layer.attend_chain)
-against torch's SDPA with causal masks in blocks of 256 queries (what an int4 or w8a32 model's
-prefill ran before), alternated in one process, each prompt as the engine feeds it (one forward,
-no logits). Also checks, on this model and machine, that the compiled prefill gives the prompt's
-last token the logits it gets when the rest is fed first (the bits of a verify block).
+"""A prompt's prefill, as the engine feeds it (one forward, no logits), in each configuration: a
+compiled layer library (built as kernel_library_ab.py says; "package": the installed one) and a
+way of attending the prompt: "chain" (one compiled call a layer, fused_layer.attend_chain) or
+"sdpa" (torch's attention with causal masks in blocks of 256 queries, what an int4 or w8a32
+model's prefill ran before the chain call). Configurations alternate in one process (the VM's
+speed drifts between processes). Also checks, on this model and machine, that the installed
+library's prefill gives the prompt's last token the logits it gets when the rest is fed first
+(the bits of a verify block).
 
-    python benchmarks/cpu/prompt_attention.py MODEL_DIR [--quantize int4] [--lengths 512,1257,4096]
-        [--rounds 2] [--out runs/prompt_attention.json]
+    python benchmarks/cpu/prompt_prefill.py MODEL_DIR [--quantize int4] [--lengths 512,1257,4096]
+        [--configs old.so:sdpa,package:sdpa,package:chain] [--rounds 2] [--out runs/prompt_prefill.json]
 
-Prints, per prompt length and way, the median seconds, prompt tokens a second and the seconds
-inside the compiled attention calls (the chain's; SDPA's are the rest's difference); writes JSON.
+Prints, per prompt length and configuration, the median seconds, prompt tokens a second and the
+seconds inside the chain calls; writes JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import statistics
 import time
 
 import torch
+from long_context import library  # (this folder: the script's own path comes first)
 
 import specdec.models.fused_layer as fused_layer
 from specdec.bench.suite import machine_description
@@ -25,8 +29,6 @@ from specdec.machine import write_measurement
 from specdec.models.attention import attend_planned
 from specdec.models.base import Attention
 from specdec.models.loading import load
-
-COMPILED = fused_layer.attend_compiled
 
 
 def masked_sdpa(layer, q, k, v, plan, cache, layer_index):
@@ -36,11 +38,11 @@ def masked_sdpa(layer, q, k, v, plan, cache, layer_index):
     return attend_planned(layer, q, k, v, plan, cache, layer_index)
 
 
-WAYS = {"compiled chain": COMPILED, "torch SDPA, masked": masked_sdpa}
+WAYS = {"chain": fused_layer.attend_compiled, "sdpa": masked_sdpa}
 
 
 class TimedLibrary:
-    """The compiled library, its specdec_attend_chain calls timed."""
+    """A compiled library, its specdec_attend_chain calls timed."""
 
     def __init__(self, handle) -> None:
         self.handle, self.seconds = handle, 0.0
@@ -78,37 +80,43 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--quantize", default="int4")
     parser.add_argument("--lengths", default="512,1257,4096")
+    parser.add_argument("--configs", default="package:sdpa,package:chain", help="LIBRARY:WAY, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default="runs/prompt_attention.json")
+    parser.add_argument("--out", default="runs/prompt_prefill.json")
     args = parser.parse_args()
     model = load(args.model, quantize=args.quantize)
     if not isinstance(model.network.layers[0], fused_layer.FusedDecoderLayer):
         raise SystemExit(f"{model.name} in {args.quantize} runs torch layers here: nothing compiled to compare")
-    timed = TimedLibrary(fused_layer.library())
-    fused_layer.library = lambda: timed  # the compiled calls read it
+    installed = fused_layer.library()
+    configs = {}
+    for config in args.configs.split(","):
+        path, _, way = config.rpartition(":")
+        configs[config] = (TimedLibrary(installed if path == "package" else library(path)), WAYS[way])
     generator = torch.Generator().manual_seed(0)
     print(f"{machine_description()}; {model.name}, {model.precision}")
-    print(f"{'tokens':>6} {'way':>20} {'seconds':>8} {'tok/s':>7} {'chain calls s':>13}")
+    print(f"{'tokens':>6} {'configuration':>30} {'seconds':>8} {'tok/s':>7} {'chain calls s':>13}")
     rows = []
     for length in [int(n) for n in args.lengths.split(",")]:
         tokens = torch.randint(100, model.vocab_size - 100, (length,), generator=generator)
-        samples: dict[str, list[float]] = {way: [] for way in WAYS}
-        inside: dict[str, list[float]] = {way: [] for way in WAYS}
+        samples: dict[str, list[float]] = {name: [] for name in configs}
+        inside: dict[str, list[float]] = {name: [] for name in configs}
         for _ in range(args.rounds):
-            for way, function in WAYS.items():
-                fused_layer.attend_compiled = function
+            for name, (timed, way) in configs.items():
+                fused_layer.library = lambda timed=timed: timed  # the compiled calls read it
+                fused_layer.attend_compiled = way
                 timed.seconds = 0.0
-                samples[way].append(prefill_seconds(model, tokens))
-                inside[way].append(timed.seconds)
-        fused_layer.attend_compiled = COMPILED
+                samples[name].append(prefill_seconds(model, tokens))
+                inside[name].append(timed.seconds)
+        fused_layer.library, fused_layer.attend_compiled = lambda: installed, WAYS["chain"]
         exact = last_token_as_in_a_block(model, tokens)
-        for way in WAYS:
-            seconds = statistics.median(samples[way])
-            rows.append({"tokens": length, "way": way, "seconds": seconds, "samples": samples[way],
-                         "chain_call_seconds": statistics.median(inside[way]), "last_token_as_in_a_block": exact})
-            print(f"{length:6d} {way:>20} {seconds:8.2f} {length / seconds:7.1f} "
-                  f"{statistics.median(inside[way]):13.2f}", flush=True)
-        print(f"{length:6d} compiled: last token's logits as fed after the rest: {exact}")
+        for name in configs:
+            seconds = statistics.median(samples[name])
+            rows.append({"tokens": length, "config": name, "seconds": seconds, "samples": samples[name],
+                         "chain_call_seconds": statistics.median(inside[name])})
+            print(f"{length:6d} {name[-30:]:>30} {seconds:8.2f} {length / seconds:7.1f} "
+                  f"{statistics.median(inside[name]):13.2f}", flush=True)
+        print(f"{length:6d} installed library, chain: last token's logits as fed after the rest: {exact}")
+        rows.append({"tokens": length, "last_token_as_in_a_block": exact})
     path = write_measurement(args.out, {"machine": machine_description(), "model": args.model,
                                         "precision": model.precision, "rows": rows})
     print(f"-> {path}")
