@@ -261,8 +261,8 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
         assert torch.allclose(together[index].double(), expected, atol=1e-5), index
 
 
-# Under each build: a chain of 4 queries after 30 keys, together and one by one; saved for the
-# comparison across builds.
+# Under each build: a chain of 4 queries after 30 keys, together, one by one and as a chain call;
+# saved for the comparison across builds.
 ATTENTION_SCRIPT = (
     "import sys, torch; from types import SimpleNamespace; from specdec.models import fused_layer; "
     "from specdec.models.attention import query_list; w, x = torch.load(sys.argv[2]); "
@@ -273,7 +273,9 @@ ATTENTION_SCRIPT = (
     "fused_layer.attend_queries(layer, q, k, v, query_list([0, 1, 2, 3], [0] * 4, slots), keys, values, out); "
     "alone = torch.zeros(4, 6, 64); "
     "[fused_layer.attend_queries(layer, q, k, v, query_list([i], [0], [slots[i]]), keys, values, alone) "
-    "for i in range(4)]; torch.save((out, torch.equal(out, alone)), sys.argv[1])"
+    "for i in range(4)]; chain = torch.zeros(4, 6, 64); "
+    "fused_layer.attend_chain(layer, q, k, v, 0, 4, 30, torch.arange(34), keys.clone(), values.clone(), chain, 0); "
+    "torch.save((out, torch.equal(out, alone) and torch.equal(out, chain)), sys.argv[1])"
 )
 
 
@@ -281,7 +283,8 @@ ATTENTION_SCRIPT = (
 @pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
 def test_compiled_attention_gives_the_same_bits_on_every_instruction_set_path(tmp_path):
     """The attention's vector paths (8 keys' dots at once, the vectorized exp and lane sums) and
-    the portable code compute the same formula: the same bits on every build, each query as alone.
+    the portable code compute the same formula: the same bits on every build, each query as alone
+    and as in a chain call.
     Mutation, checked: a portable exp_minus_and_sum summing its lanes in another order fails it."""
     outputs = outputs_per_path(tmp_path, ATTENTION_SCRIPT)
     for out, rows_alone_equal in outputs.values():
