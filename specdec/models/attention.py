@@ -240,7 +240,7 @@ class AttentionPlan:
 
     @functools.cached_property
     def masked_segments(self) -> list[SegmentPlan]:
-        """The segments attended with masks (SDPA), not query by query."""
+        """The segments not attended query by query: with masks (SDPA), or a chain in one compiled call."""
         return [plan for plan in self.segments if plan.per_query is None]
 
     def chain_slots(self, segment: SegmentPlan) -> tuple[int, torch.Tensor]:
