@@ -143,6 +143,20 @@ def test_a_prompt_gets_the_same_bits_in_one_forward_as_in_pieces_and_token_by_to
     assert torch.equal(whole, pieces) and torch.equal(whole, one_by_one)
 
 
+def test_a_chain_past_its_rows_slots_is_refused_before_the_compiled_call_writes(model_dir):
+    """The chain call writes where its slots say, unchecked: its plan refuses a row without room
+    (a forward that skipped ensure()), as the torch path's cache.write does. Mutation checked:
+    without the check, the slots past the cache's capacity are handed on."""
+    from specdec.models.attention import plan_attention
+
+    model = load(save_random_model(model_dir / "fused-room", "qwen2", seed=3), quantize="int4")
+    cache = model.new_cache()
+    count = cache.capacity + 1
+    plan = plan_attention(Attention.chain(count), torch.arange(count), cache, {None}, per_query=True)
+    with pytest.raises(RuntimeError, match="call ensure"):
+        plan.chain_slots(plan.segments[0])
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("committed, count", [(0, 1), (0, 33), (45, 20), (3, 300)])
 @pytest.mark.parametrize("heads,kv_heads,d", [(6, 2, 64), (14, 2, 40)])

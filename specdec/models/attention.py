@@ -249,6 +249,9 @@ class AttentionPlan:
         if segment.start not in self.chain_lists:
             assert segment.chain_after is not None  # only chains come here
             length = segment.chain_after + segment.end - segment.start
+            if length > self.cache.slots_held(segment.row):  # (the compiled call writes where it is told)
+                raise RuntimeError(f"KV cache row {segment.row} holds {self.cache.slots_held(segment.row)} slots, "
+                                   f"{length} needed; call ensure() first")
             rows, slots = self.cache.locate(torch.tensor([segment.row]), torch.arange(length))
             self.chain_lists[segment.start] = (int(rows.reshape(-1)[0]), slots.reshape(-1).contiguous())
         return self.chain_lists[segment.start]
