@@ -245,12 +245,6 @@ void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_
   }
 }
 
-// The first row of tile t of M rows (tile_of's tiles).
-int64_t tile_start(int64_t t, int64_t M) {
-  const int64_t tiles = (M + kRows - 1) / kRows, base = M / tiles, bigger = M % tiles;
-  return t < bigger ? t * (base + 1) : bigger * (base + 1) + (t - bigger) * base;
-}
-
 // Rows a panel at most: a long prompt's rows go through every column block a panel at a time. Why:
 // one pass over all M rows for each block of 16 columns read the whole activation matrix again for
 // each block, from memory once it outgrew the caches (a 4096-token prefill: 36 MB of the down
@@ -263,10 +257,13 @@ constexpr int64_t kPanelRows = 256;
 // float32. N a multiple of 16, K of 32.
 void matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
             int64_t M, int64_t N, int64_t K) {
-  const int64_t blocks = N / kCols, groups = K / kGroup;
-  const int64_t tiles = (M + kRows - 1) / kRows, panel_tiles = std::max<int64_t>(1, kPanelRows / kRows);
-  for (int64_t panel = 0; panel < tiles; panel += panel_tiles) {
-    const int64_t first = tile_start(panel, M), end = tile_start(std::min(tiles, panel + panel_tiles), M);
+  const int64_t blocks = N / kCols, groups = K / kGroup, panel_tiles = std::max<int64_t>(1, kPanelRows / kRows);
+  for (int64_t first = 0, end = 0; first < M; first = end) {
+    for (int64_t tile = 0; tile < panel_tiles && end < M; ++tile) {  // the panel: up to panel_tiles tiles
+      int64_t start, rows;
+      tile_of(end, M, start, rows);
+      end += rows;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t block = 0; block < blocks; ++block)
       for (int64_t r0 = first, rows = 0; r0 < end; r0 += rows) {

@@ -573,7 +573,8 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   // Each query's own key and value first (its last slot), so that block-mates see each other.
   for (int64_t i = 0; i < queries; ++i)
     store_token(k + tokens[i] * q_stride, v + tokens[i] * q_stride, keys, values,
-                rows[i] * row_stride + slots[i * slots_stride + counts[i] - 1] * d, head_stride, kv_heads, d, kv_format);
+                rows[i] * row_stride + slots[i * slots_stride + counts[i] - 1] * d, head_stride, kv_heads, d,
+                kv_format);
   // The queries by cache row, in their order, and the slots each row's queries all start with.
   std::vector<std::vector<int64_t>> members;
   std::vector<int64_t> shared, longest;
