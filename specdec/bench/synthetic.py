@@ -91,13 +91,12 @@ class Shape:
 
 def random_model(shape: Shape, name: str, seed: int, quantize: str | None, max_positions: int = 1024) -> LanguageModel:
     """specdec's own forward with random weights (no tokenizer: prompts are token ids)."""
-    from specdec.models.transformer import LlamaFamilyModel, TransformerConfig, rope_inverse_frequencies
+    from specdec.models.transformer import LlamaFamilyModel, TransformerConfig, rope_frequencies
 
     hf_config = shape.hf_config(max_positions)
     config = TransformerConfig.from_hf(hf_config)
-    inv_freq, attention_scaling = rope_inverse_frequencies(hf_config, config.head_dim)
     torch.manual_seed(seed)
-    network = LlamaFamilyModel(config, inv_freq, attention_scaling)
+    network = LlamaFamilyModel(config, rope_frequencies(hf_config, config))
     with torch.no_grad():  # transformers' initialisation: N(0, 0.02) everywhere, norms at 1
         for module in network.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import torch
@@ -38,6 +37,10 @@ class AttendingLayer(Protocol):
     def head_dim(self) -> int: ...
     @property
     def window(self) -> int | None: ...  # sliding window, None = full attention
+    @property
+    def attention_scale(self) -> float: ...  # multiplies q . k (head_dim ** -0.5 unless the config says)
+    @property
+    def softcap(self) -> float | None: ...  # scores -> softcap * tanh(scores / softcap) (gemma2); None = none
 
 
 def scaled_dot_product(
@@ -49,7 +52,37 @@ def scaled_dot_product(
 ) -> torch.Tensor:  # [..., heads, k, d]
     # A 16-bit cache (KVCache in float16 or bfloat16) is computed with in q's dtype: storage, not arithmetic.
     keys, values = keys.to(q.dtype), values.to(q.dtype)
+    if layer.softcap is not None:
+        return soft_capped_attention(layer, q, keys, values, mask)
     return F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(layer.head_dim),
+        q, keys, values, attn_mask=mask, scale=layer.attention_scale,
         enable_gqa=layer.num_heads != layer.num_kv_heads,
     )
+
+
+def soft_capped_attention(
+    layer: AttendingLayer,
+    q: torch.Tensor,  # [..., heads, k, d]
+    keys: torch.Tensor,  # [..., kv_heads, length, d], in q's dtype
+    values: torch.Tensor,  # [..., kv_heads, length, d]
+    mask: torch.Tensor | None,  # [..., k, length] bool, True = may attend
+) -> torch.Tensor:  # [..., heads, k, d]
+    """Attention whose scores are soft-capped before the softmax (gemma2's attn_logit_softcapping),
+    in the reference's order: scores * scale, / cap, tanh, * cap, masked, softmax in float32."""
+    assert layer.softcap is not None
+    group = layer.num_heads // layer.num_kv_heads
+    keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * layer.attention_scale
+    scores = torch.tanh(scores / layer.softcap) * layer.softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# The MLP's gate activations the own forward runs (config names as transformers writes them).
+ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu_tanh": gelu_tanh}

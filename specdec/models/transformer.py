@@ -1,4 +1,4 @@
-"""specdec's own forward for the Llama family (llama, qwen2, mistral checkpoints).
+"""specdec's own forward: one config-driven decoder for the families in architectures.py.
 
 RMSNorm, RoPE (with the rope_scaling kinds these checkpoints use), grouped-query attention,
 SwiGLU, tied or untied embeddings, optional qkv bias (qwen2) and sliding-window attention
@@ -20,17 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.models.architectures import FAMILIES, SUPPORTED_MODEL_TYPES, UNSUPPORTED_REASONS
 from specdec.models.attention import AttentionPlan, attend_planned, plan_attention
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 from specdec.models.cache import KVCache
 from specdec.models.paged_cache import BLOCK_SIZE, OwnCache, PagedKVCache
-from specdec.models.primitives import RMSNorm, rotate_half
+from specdec.models.primitives import ACTIVATIONS, RMSNorm, rotate_half
 
-LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
+LEAN_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 # Rope kinds whose frequencies do not depend on the sequence length; "dynamic" and "longrope"
 # change with the length, which a position-indexed cache cannot follow, so they use the adapter.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DEFAULT_FIXED_ROWS = 8
+DEFAULT_ROPE = "default"  # the rope table's name where every layer shares one
 
 
 class UnsupportedByLeanModel(ValueError):
@@ -39,6 +41,9 @@ class UnsupportedByLeanModel(ValueError):
 
 @dataclass(frozen=True)
 class TransformerConfig:
+    """One decoder for every family in architectures.FAMILIES: the Llama layer plus what the
+    family and the config turn on. Fields after sliding_windows default to the Llama layer."""
+
     model_type: str
     vocab_size: int
     hidden_size: int
@@ -54,26 +59,44 @@ class TransformerConfig:
     output_bias: bool  # bias on o_proj (llama's attention_bias; qwen2 has none there)
     mlp_bias: bool
     sliding_windows: tuple[int | None, ...]  # per layer: window size, None = full attention
+    qk_norm: str | None = None  # "head" (per head: qwen3, gemma3), "projection" (over all heads: olmo2)
+    pre_norms: bool = True  # RMSNorm on attention's and the MLP's inputs
+    post_norms: bool = False  # RMSNorm on attention's and the MLP's outputs (gemma2/3, olmo2)
+    hidden_act: str = "silu"  # the MLP gate's activation (primitives.ACTIVATIONS)
+    embedding_scale: float | None = None  # embeddings times this (gemma: sqrt(hidden); granite's multiplier)
+    attention_scale: float | None = None  # q . k times this; None: head_dim ** -0.5
+    attention_softcap: float | None = None  # gemma2's attn_logit_softcapping
+    final_softcap: float | None = None  # gemma2's final_logit_softcapping
+    logits_divisor: float | None = None  # granite's logits_scaling
+    residual_scale: float = 1.0  # granite's residual_multiplier, folded into o_proj and down_proj at load
+    # Per layer: the name of its rope table (rope_frequencies), or None for a layer without RoPE
+    # (smollm3's no_rope_layers); None for the whole tuple: every layer uses DEFAULT_ROPE.
+    rope_layers: tuple[str | None, ...] | None = None
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
+
+    @property
+    def layer_ropes(self) -> tuple[str | None, ...]:
+        return self.rope_layers or (DEFAULT_ROPE,) * self.num_layers
 
     @classmethod
     def from_hf(cls, hf_config) -> TransformerConfig:
         model_type = hf_config.model_type
-        if model_type not in LEAN_MODEL_TYPES:
-            raise UnsupportedByLeanModel(f"model_type {model_type!r} is not one of {LEAN_MODEL_TYPES}")
-        if getattr(hf_config, "hidden_act", "silu") != "silu":
-            raise UnsupportedByLeanModel(f"hidden_act {hf_config.hidden_act!r} (only silu is implemented)")
+        if model_type in UNSUPPORTED_REASONS:
+            raise UnsupportedByLeanModel(f"model_type {model_type!r} is {UNSUPPORTED_REASONS[model_type]}")
+        if model_type not in FAMILIES:
+            raise UnsupportedByLeanModel(f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}")
+        family = FAMILIES[model_type]
+        activation = getattr(hf_config, "hidden_activation", None) or getattr(hf_config, "hidden_act", "silu")
+        if activation not in ACTIVATIONS:
+            raise UnsupportedByLeanModel(f"activation {activation!r} (implemented: {', '.join(ACTIVATIONS)})")
         num_heads = hf_config.num_attention_heads
         num_layers = hf_config.num_hidden_layers
-        window = getattr(hf_config, "sliding_window", None)
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
         layer_types = getattr(hf_config, "layer_types", None)
-        if model_type == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
-            window = None
-        if window is None:
-            windows = (None,) * num_layers
-        elif layer_types is not None:
-            windows = tuple(window if kind == "sliding_attention" else None for kind in layer_types)
-        else:
-            windows = (window,) * num_layers
+        bias = bool(getattr(hf_config, "attention_bias", False))
         return cls(
             model_type=model_type,
             vocab_size=hf_config.vocab_size,
@@ -82,40 +105,108 @@ class TransformerConfig:
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
-            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=hf_config.rms_norm_eps,
             max_position_embeddings=hf_config.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            attention_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-            output_bias=model_type != "qwen2" and bool(getattr(hf_config, "attention_bias", False)),
+            attention_bias=family.qkv_bias_always or bias,
+            output_bias=family.output_bias_with_attention_bias and bias,
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
-            sliding_windows=windows,
+            sliding_windows=sliding_windows(hf_config, num_layers),
+            qk_norm=family.qk_norm,
+            pre_norms=family.pre_norms,
+            post_norms=family.post_norms,
+            hidden_act=activation,
+            embedding_scale=hf_config.hidden_size ** 0.5 if family.embedding_scale_sqrt_hidden
+            else getattr(hf_config, "embedding_multiplier", None),
+            attention_scale=attention_scale(hf_config),
+            attention_softcap=getattr(hf_config, "attn_logit_softcapping", None),
+            final_softcap=getattr(hf_config, "final_logit_softcapping", None),
+            logits_divisor=getattr(hf_config, "logits_scaling", None),
+            residual_scale=float(getattr(hf_config, "residual_multiplier", 1.0)),
+            rope_layers=rope_layers(hf_config, num_layers, layer_types),
         )
 
 
-def rope_parameters(hf_config) -> dict:
+def sliding_windows(hf_config, num_layers: int) -> tuple[int | None, ...]:
+    """Per layer: its sliding window, or None for full attention (layer_types where the config
+    has them; use_sliding_window False turns every window off, as qwen2, qwen3 and smollm3 do)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        window = None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if window is None:
+        return (None,) * num_layers
+    if layer_types is not None:
+        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    return (window,) * num_layers
+
+
+def attention_scale(hf_config) -> float | None:
+    """What q . k is multiplied by where the config says (gemma's query_pre_attn_scalar ** -0.5,
+    granite's attention_multiplier); None: head_dim ** -0.5."""
+    if getattr(hf_config, "query_pre_attn_scalar", None) is not None:
+        return float(hf_config.query_pre_attn_scalar) ** -0.5
+    multiplier = getattr(hf_config, "attention_multiplier", None)
+    return None if multiplier is None else float(multiplier)
+
+
+def per_layer_rope(hf_config) -> bool:
+    """Whether the config gives each layer type its own rope settings (gemma3: local 10k, global 1M)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    return bool(params) and all(isinstance(value, dict) for value in params.values())
+
+
+def rope_layers(hf_config, num_layers: int, layer_types: list[str] | None) -> tuple[str | None, ...] | None:
+    """Per layer: its rope table's name (its layer type where types have their own rope), or
+    None where a layer has no RoPE (smollm3's no_rope_layers: 1 = rope, 0 = none)."""
+    names: list[str | None] = list(layer_types) if per_layer_rope(hf_config) and layer_types else \
+        [DEFAULT_ROPE] * num_layers
+    no_rope = getattr(hf_config, "no_rope_layers", None)
+    if no_rope is not None:
+        names = [name if uses else None for name, uses in zip(names, no_rope, strict=True)]
+    return None if all(name == DEFAULT_ROPE for name in names) else tuple(names)
+
+
+def rope_parameters(hf_config, layer_type: str | None = None) -> dict:
     """The rope settings whatever transformers version wrote the config (rope_scaling + rope_theta
-    in 4.x, rope_parameters in 5.x)."""
+    in 4.x, rope_parameters in 5.x, per layer type where the config has them)."""
     params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    if layer_type is not None:
+        params = dict(params[layer_type])
     params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
     return params
 
 
-def rope_inverse_frequencies(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
-    """Returns (inv_freq [head_dim / 2], attention_scaling) for the config's rope kind."""
-    params = rope_parameters(hf_config)
+def rope_inverse_frequencies(hf_config, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """Returns (inv_freq [head_dim / 2], attention_scaling) for the config's rope kind (of
+    ``layer_type``, where the config has rope settings per layer type)."""
+    params = rope_parameters(hf_config, layer_type)
     rope_type = params["rope_type"]
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedByLeanModel(f"rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+        raise UnsupportedByLeanModel(f"rope type {rope_type!r}: its frequencies change with the sequence length, "
+                                     f"which a position-indexed cache cannot follow (supported: "
+                                     f"{', '.join(SUPPORTED_ROPE_TYPES)})")
+    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise UnsupportedByLeanModel(f"partial_rotary_factor {partial} (RoPE on part of each head is not implemented)")
     if rope_type == "default":
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         return 1.0 / (params["rope_theta"] ** exponents), 1.0
     # The scaled kinds follow transformers' own definitions, so both forwards agree exactly.
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    extra = {} if layer_type is None else {"layer_type": layer_type}
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **extra)
     return inv_freq.float(), float(attention_scaling)
+
+
+def rope_frequencies(hf_config, config: TransformerConfig) -> dict[str, tuple[torch.Tensor, float]]:
+    """Each rope table the layers name (config.layer_ropes): (inv_freq [head_dim / 2], attention_scaling)."""
+    names = sorted({name for name in config.layer_ropes if name is not None}) or [DEFAULT_ROPE]
+    return {name: rope_inverse_frequencies(hf_config, config.head_dim, None if name == DEFAULT_ROPE else name)
+            for name in names}
 
 
 def project(linear: nn.Module, x: torch.Tensor, fixed_rows: int | None) -> torch.Tensor:
@@ -128,37 +219,85 @@ def project(linear: nn.Module, x: torch.Tensor, fixed_rows: int | None) -> torch
     return torch.cat([linear(chunk) for chunk in x.split(fixed_rows)])
 
 
+def optional_norm(present: bool, size: int, eps: float) -> RMSNorm | None:
+    return RMSNorm(size, eps) if present else None
+
+
+def apply_norm(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
+    return x if norm is None else norm(x)
+
+
 class DecoderLayer(nn.Module):
+    """The decoder layer of every family: [norm] -> q/k/v -> [q/k norms] -> [RoPE] -> attention ->
+    o -> [norm] -> + residual, then [norm] -> gate/up -> activation -> down -> [norm] -> + residual
+    (the bracketed steps as the config turns them on). ``input_norm`` and ``post_attention_norm``
+    are the norms on attention's and the MLP's inputs (transformers' Llama names); gemma and olmo2's
+    norms on the outputs are ``attention_out_norm`` and ``mlp_out_norm``."""
+
     def __init__(self, config: TransformerConfig, window: int | None) -> None:
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.window = window
-        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attention_scale, self.softcap = c.scale, c.attention_softcap
+        self.qk_norm, self.hidden_act = c.qk_norm, c.hidden_act
+        self.input_norm = optional_norm(c.pre_norms, c.hidden_size, c.rms_norm_eps)
         self.qkv_proj = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=c.attention_bias)
+        if c.qk_norm is not None:
+            per_head = c.qk_norm == "head"
+            self.q_norm = RMSNorm(c.head_dim if per_head else c.num_heads * c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim if per_head else c.num_kv_heads * c.head_dim, c.rms_norm_eps)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.output_bias)
-        self.post_attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attention_out_norm = optional_norm(c.post_norms, c.hidden_size, c.rms_norm_eps)
+        self.post_attention_norm = optional_norm(c.pre_norms, c.hidden_size, c.rms_norm_eps)
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.mlp_out_norm = optional_norm(c.post_norms, c.hidden_size, c.rms_norm_eps)
+
+    def queries_keys_values(
+        self,
+        x: torch.Tensor,  # [n, hidden]
+        cos: torch.Tensor | None,  # [n, head_dim]; None: a layer without RoPE
+        sin: torch.Tensor | None,
+        fixed_rows: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [heads, n, d], k and v [kv_heads, n, d]
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        num_tokens = x.shape[0]
+        qkv = project(self.qkv_proj, apply_norm(self.input_norm, x), fixed_rows)  # [n, (h + 2 g) * d]
+        if self.qk_norm == "projection":
+            q, k, v = qkv.split([h * d, g * d, g * d], dim=1)
+            qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=1)
+        qk, v = qkv.view(num_tokens, -1, d).transpose(0, 1).split([h + g, g], dim=0)  # [heads, n, d]
+        if self.qk_norm == "head":
+            qk = torch.cat([self.q_norm(qk[:h]), self.k_norm(qk[h:])])
+        if cos is not None and sin is not None:
+            qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one go: fewer ops per layer
+        q, k = qk.split([h, g], dim=0)
+        return q, k, v
+
+    def mlp_residual(
+        self,
+        x: torch.Tensor,  # [n, hidden], the layer's input
+        attended: torch.Tensor,  # [n, heads * d]
+        fixed_rows: int | None = None,
+    ) -> torch.Tensor:  # [n, hidden], the layer's output
+        x = x + apply_norm(self.attention_out_norm, project(self.o_proj, attended, fixed_rows))
+        gate, up = project(self.gate_up_proj, apply_norm(self.post_attention_norm, x), fixed_rows).chunk(2, dim=-1)
+        mlp = project(self.down_proj, ACTIVATIONS[self.hidden_act](gate) * up, fixed_rows)
+        return x + apply_norm(self.mlp_out_norm, mlp)
 
     def forward(
         self,
         x: torch.Tensor,  # [n, hidden], every segment's new tokens (+ zero rows up to a multiple of fixed_rows)
-        cos: torch.Tensor,  # [n, head_dim]
-        sin: torch.Tensor,  # [n, head_dim]
+        cos: torch.Tensor | None,  # [n, head_dim]; None: a layer without RoPE
+        sin: torch.Tensor | None,  # [n, head_dim]
         plan: AttentionPlan,
         cache: OwnCache,
         layer_index: int,
         fixed_rows: int | None = None,  # see project(); padding rows are never attended
     ) -> torch.Tensor:  # [n, hidden]
-        num_tokens = x.shape[0]
-        qkv = project(self.qkv_proj, self.input_norm(x), fixed_rows).view(num_tokens, -1, self.head_dim).transpose(0, 1)
-        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=0)  # [heads, n, d]
-        qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one go: fewer ops per layer
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=0)
-        x = x + project(self.o_proj, attend_planned(self, q, k, v, plan, cache, layer_index), fixed_rows)
-        gate, up = project(self.gate_up_proj, self.post_attention_norm(x), fixed_rows).chunk(2, dim=-1)
-        return x + project(self.down_proj, F.silu(gate) * up, fixed_rows)
+        q, k, v = self.queries_keys_values(x, cos, sin, fixed_rows)
+        return self.mlp_residual(x, attend_planned(self, q, k, v, plan, cache, layer_index), fixed_rows)
 
 
 class SubsetHead(nn.Module):
@@ -184,10 +323,10 @@ class LlamaFamilyModel(nn.Module):
     """Weights plus rope tables; stateless between calls (all state lives in the KVCache), so
     one set of weights can serve as both target and draft with two caches."""
 
-    rope_cos: torch.Tensor  # [max_positions, head_dim] buffers (set_rope_tables)
+    rope_cos: torch.Tensor  # [tables, max_positions, head_dim] buffers (set_rope_tables)
     rope_sin: torch.Tensor
 
-    def __init__(self, config: TransformerConfig, inv_freq: torch.Tensor, attention_scaling: float) -> None:
+    def __init__(self, config: TransformerConfig, ropes: dict[str, tuple[torch.Tensor, float]]) -> None:
         super().__init__()
         c = self.config = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
@@ -196,7 +335,10 @@ class LlamaFamilyModel(nn.Module):
         self.lm_head: nn.Linear | SubsetHead = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.set_rope_tables(inv_freq, attention_scaling)
+        names = list(ropes)
+        # Each layer's index into the rope tables, or None for a layer without RoPE.
+        self.rope_index = [None if name is None else names.index(name) for name in c.layer_ropes]
+        self.set_rope_tables(ropes)
         self.quantized: str | None = None  # the precision that replaced the linears (precisions.py)
         self.quantize_notice: str | None = None  # the one line the CLI prints about it
         # One call for lm_head(norm(x)) on the last layer's output ([n, hidden] -> [n, vocab]), where
@@ -228,13 +370,33 @@ class LlamaFamilyModel(nn.Module):
         self.fixed_rows = None if self.quantized else fixed_rows
         return self
 
-    def set_rope_tables(self, inv_freq: torch.Tensor, attention_scaling: float) -> None:
-        """cos/sin for every absolute position, kept in float32 (cast per forward) like the reference."""
-        positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32, device=inv_freq.device)
-        angles = torch.outer(positions, inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
-        self.register_buffer("rope_cos", angles.cos() * attention_scaling, persistent=False)
-        self.register_buffer("rope_sin", angles.sin() * attention_scaling, persistent=False)
+    def set_rope_tables(self, ropes: dict[str, tuple[torch.Tensor, float]]) -> None:
+        """cos/sin of each rope table (name -> (inv_freq, attention_scaling)) for every absolute
+        position, kept in float32 (cast per forward) like the reference."""
+        cos, sin = [], []
+        for inv_freq, attention_scaling in ropes.values():
+            positions = torch.arange(self.config.max_position_embeddings, dtype=torch.float32, device=inv_freq.device)
+            angles = torch.outer(positions, inv_freq)
+            angles = torch.cat([angles, angles], dim=-1)  # [max_positions, head_dim]
+            cos.append(angles.cos() * attention_scaling)
+            sin.append(angles.sin() * attention_scaling)
+        self.register_buffer("rope_cos", torch.stack(cos), persistent=False)
+        self.register_buffer("rope_sin", torch.stack(sin), persistent=False)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [n] -> [n, hidden]
+        x = self.embed_tokens(tokens)
+        scale = self.config.embedding_scale
+        # gemma multiplies by sqrt(hidden) rounded to the weights' dtype, as transformers does
+        return x if scale is None else x * torch.tensor(scale, dtype=x.dtype)
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:  # [n, vocab]
+        """Granite's logits divisor and gemma2's final soft-cap, as the reference applies them."""
+        c = self.config
+        if c.logits_divisor is not None:
+            logits = logits / c.logits_divisor
+        if c.final_softcap is not None:
+            logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
+        return logits
 
     @property
     def dtype(self) -> torch.dtype:
@@ -274,8 +436,8 @@ class LlamaFamilyModel(nn.Module):
         check_forward(tokens, positions, cache, attention)
         for segment in attention.segments:
             cache.ensure(segment.row, cache.lengths[segment.row] + segment.written + segment.count)
-        cos = self.rope_cos[positions].to(self.dtype)  # [n, head_dim]
-        sin = self.rope_sin[positions].to(self.dtype)
+        cos = self.rope_cos[:, positions].to(self.dtype)  # [tables, n, head_dim]
+        sin = self.rope_sin[:, positions].to(self.dtype)
         windows = set(self.config.sliding_windows)
         # An int8 or batch-invariant model attends per query after the prefill (see
         # quantize.py), where the caller needs each token scored as alone; a float one also runs
@@ -284,22 +446,23 @@ class LlamaFamilyModel(nn.Module):
         plan = plan_attention(attention, positions, cache, windows, per_query=invariant)
         after_prefill = any(cache.lengths[segment.row] > 0 for segment in attention.segments)
         fixed_rows = self.fixed_rows if invariant and after_prefill else None
-        x = self.embed_tokens(tokens)
+        x = self.embed(tokens)
         count = x.shape[0]
         if fixed_rows is not None:  # the whole stack runs on a multiple of fixed_rows rows
             padding = (0, 0, 0, -count % fixed_rows)
             x, cos, sin = F.pad(x, padding), F.pad(cos, padding), F.pad(sin, padding)
         check_hidden_layers(hidden_layers, len(self.layers))
         outputs = {}
-        for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, plan, cache, index, fixed_rows)
+        for index, (layer, rope) in enumerate(zip(self.layers, self.rope_index, strict=True)):
+            x = layer(x, None if rope is None else cos[rope], None if rope is None else sin[rope], plan, cache, index,
+                      fixed_rows)
             if index in hidden_layers:
                 outputs[index] = x[:count]
         if not want_logits:
             logits = None
         elif self.norm_then_head is not None:
-            logits = self.norm_then_head(x)[:count]
+            logits = self.finish_logits(self.norm_then_head(x)[:count])
         else:
-            logits = project(self.lm_head, self.norm(x), fixed_rows)[:count]
+            logits = self.finish_logits(project(self.lm_head, self.norm(x), fixed_rows)[:count])
         hidden = torch.cat([outputs[index] for index in hidden_layers], dim=-1) if hidden_layers else None
         return ForwardOutput(logits, hidden)
