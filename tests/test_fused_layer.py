@@ -178,7 +178,7 @@ def test_compiled_chain_attention_gives_each_query_the_bits_of_its_own_slot_list
 
     generator = torch.Generator().manual_seed(committed + count)
     length, first, tokens = committed + count, 2, count + 3
-    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
+    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, attention_scale=d ** -0.5)
     capacity = 2 * length + 5
     slots = torch.randperm(capacity, generator=generator)[:length] if paged else torch.arange(length)
     row = 0 if paged else 1
@@ -243,7 +243,7 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
 
     generator = torch.Generator().manual_seed(context)
     capacity = context + 32
-    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d)
+    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, attention_scale=d ** -0.5)
     keys = torch.randn(2 * copies, kv_heads, capacity, d, generator=generator).to(kv_dtype)
     values = torch.randn(2 * copies, kv_heads, capacity, d, generator=generator).to(kv_dtype)
     chain, tree_parents, tree_context = 20, [-1, 0, 0, 1, 2], max(context // 2, 1)
@@ -282,7 +282,7 @@ ATTENTION_SCRIPT = (
     "from specdec.models.attention import query_list; w, x = torch.load(sys.argv[2]); "
     "keys = w.reshape(1, 2, 36, 64).clone(); values = w.flip(0).reshape(1, 2, 36, 64).clone(); "
     "qkv = torch.cat([x.flatten()] * 4)[: 4 * 640].view(4, 640); q, k, v = qkv.view(4, 10, 64).transpose(0, 1)"
-    ".split([6, 2, 2]); layer = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=64); "
+    ".split([6, 2, 2]); layer = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=64, attention_scale=0.125); "
     "slots = [torch.arange(31 + i) for i in range(4)]; out = torch.zeros(4, 6, 64); "
     "fused_layer.attend_queries(layer, q, k, v, query_list([0, 1, 2, 3], [0] * 4, slots), keys, values, out); "
     "alone = torch.zeros(4, 6, 64); "
@@ -345,7 +345,7 @@ def test_a_16_bit_cache_stores_keys_as_torch_rounds_them_at_the_edges(kv_dtype):
     qkv[0, 2 * d:] = row.flip(0)  # the value
     q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
     keys, values = torch.zeros(1, 1, 4, d, dtype=kv_dtype), torch.zeros(1, 1, 4, d, dtype=kv_dtype)
-    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d)
+    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5)
     fused_layer.attend_queries(layer, q, k, v, query_list([0], [0], [torch.arange(3)]), keys, values,
                                torch.zeros(1, 1, d))
     assert torch.equal(keys[0, 0, 2].view(torch.int16), row.to(kv_dtype).view(torch.int16))
@@ -374,6 +374,6 @@ def test_compiled_attention_subtracts_the_largest_score_wherever_it_is(top):
         keys[0, 0, top, 0] = 20.0
     q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
     out = torch.zeros(1, 1, d)
-    fused_layer.attend_queries(SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d), q, k, v,
+    fused_layer.attend_queries(SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5), q, k, v,
                                query_list([0], [0], [torch.arange(count)]), keys, values, out)
     assert torch.allclose(out[0, 0], values[0, 0, top], atol=1e-6)

@@ -33,10 +33,14 @@ class FusedHeadLayer(nn.Module):
     compiled calls and the compiled attention; the same modules and the same forward signature."""
 
     window = None  # full attention
+    softcap = None
+    attention_out_norm = mlp_out_norm = None  # the Llama layer's MLP (mlp_block reads them)
+    hidden_act = "silu"
 
     def __init__(self, layer: HeadLayer) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        self.attention_scale = layer.attention_scale
         self.input_layernorm, self.hidden_norm = layer.input_layernorm, layer.hidden_norm
         self.post_attention_norm = layer.post_attention_layernorm  # the name mlp_block reads
         linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)

@@ -62,10 +62,12 @@ class HeadLayer(nn.Module):
     the residual taken from the features, then a SwiGLU MLP (as SpecForge's Eagle3 layer)."""
 
     window = None  # full attention (attend_planned reads it)
+    softcap = None
 
     def __init__(self, c: HeadConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.attention_scale = c.head_dim ** -0.5
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # on the token embedding
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # on the features
         self.qkv_proj = nn.Linear(2 * c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -32,7 +31,7 @@ from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
 from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
 from specdec.models.paged_cache import OwnCache
-from specdec.models.primitives import AttendingLayer, RMSNorm, rotate_half
+from specdec.models.primitives import AttendingLayer, RMSNorm
 from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
 
@@ -40,10 +39,11 @@ POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # The cache dtypes the compiled attention stores and reads, as its kv_format argument.
 KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 SIGNATURES = {
-    "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
+    "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 4 + [INT64] * 2 + [POINTER] * 3
+    + [INT64] * 7,
     "specdec_norm_linear": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
     "specdec_head_qkv": [INT64] + [POINTER] * 4 + [FLOAT] + [POINTER] * 4 + [INT64] * 5,
-    "specdec_layer_mlp": [INT64] + [POINTER] * 5 + [FLOAT] + [POINTER] * 5 + [INT64] * 6,
+    "specdec_layer_mlp": [INT64] + [POINTER] * 6 + [FLOAT] + [POINTER] * 5 + [INT64] + [POINTER] + [INT64] * 6,
     "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
     + [FLOAT, POINTER, INT64],
     "specdec_attend_chain": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] + [INT64] * 6
@@ -60,15 +60,27 @@ def library() -> ctypes.CDLL:
     return handle
 
 
+# The MLP activations the compiled layer runs, as specdec_layer_mlp's activation argument.
+ACTIVATION_CODES = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
+
+
 class FusedDecoderLayer(nn.Module):
     """A DecoderLayer whose linears share a packed format, run as three compiled calls; the same
-    weights (the same modules, under the same names) and the same forward signature."""
+    weights (the same modules, under the same names) and the same forward signature. Every
+    family's variant is an argument of the calls: q/k norms, norms on the outputs, no input norms,
+    GELU, the attention scale, a layer without RoPE."""
 
     def __init__(self, layer: DecoderLayer) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
-        self.window = layer.window
+        self.window, self.attention_scale, self.softcap = layer.window, layer.attention_scale, layer.softcap
+        if self.softcap is not None:
+            raise ValueError("the compiled attention has no soft-capping (gemma2): the torch layer runs it")
+        self.hidden_act = layer.hidden_act
         self.input_norm, self.post_attention_norm = layer.input_norm, layer.post_attention_norm
+        self.attention_out_norm, self.mlp_out_norm = layer.attention_out_norm, layer.mlp_out_norm
+        self.q_norm: RMSNorm | None = getattr(layer, "q_norm", None)
+        self.k_norm: RMSNorm | None = getattr(layer, "k_norm", None)
         linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
         if not all(isinstance(linear, PackedLinear) for linear in linears):
             raise ValueError("a fused layer needs packed linears (int4 or w8a32)")
@@ -77,8 +89,8 @@ class FusedDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [n, hidden], every segment's new tokens
-        cos: torch.Tensor,  # [n, head_dim]
-        sin: torch.Tensor,  # [n, head_dim]
+        cos: torch.Tensor | None,  # [n, head_dim]; None: a layer without RoPE
+        sin: torch.Tensor | None,  # [n, head_dim]
         plan: AttentionPlan,
         cache: OwnCache,
         layer_index: int,
@@ -137,7 +149,7 @@ def fuse(network: LlamaFamilyModel, format: int) -> str | None:
     if problem is not None:
         return problem
     for index, layer in enumerate(network.layers):
-        if isinstance(layer, DecoderLayer) and packed_format(layer) == format:
+        if isinstance(layer, DecoderLayer) and packed_format(layer) == format and layer.softcap is None:
             network.layers[index] = FusedDecoderLayer(layer)
     if isinstance(network.layers[0], FusedDecoderLayer) and isinstance(network.lm_head, PackedLinear) and \
             network.lm_head.format == format:
@@ -168,7 +180,7 @@ def attend_queries(
         keys.stride(0) if row_stride is None else row_stride,
         keys.stride(1), queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(),
         queries.counts.data_ptr(), queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads,
-        layer.num_kv_heads, d, 1.0 / math.sqrt(d), out.data_ptr(), KV_FORMATS[keys.dtype],
+        layer.num_kv_heads, d, layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype],
     )
 
 
@@ -196,7 +208,7 @@ def attend_chain(
     library().specdec_attend_chain(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), row_base,
         keys.stride(1), slots.data_ptr(), committed, first, count, layer.num_heads, layer.num_kv_heads, d,
-        1.0 / math.sqrt(d), out.data_ptr(), KV_FORMATS[keys.dtype],
+        layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype],
     )
 
 
@@ -221,17 +233,31 @@ def packed_format(layer: DecoderLayer) -> int | None:
     return formats.pop() if len(formats) == 1 else None
 
 
-def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [n, hidden] -> norm, q/k/v matmul, bias, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
+def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor | None,
+                   sin: torch.Tensor | None) -> torch.Tensor:
+    """x [n, hidden] -> [norm], q/k/v matmul, bias, [q/k norms], [RoPE on q and k]:
+    [n, heads + 2 kv_heads, d] (a view)."""
     linear, norm = layer.qkv_proj, layer.input_norm
-    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    q_norm, k_norm = layer.q_norm, layer.k_norm
+    x = x.contiguous()
+    cos, sin = (None, None) if cos is None or sin is None else (cos.contiguous(), sin.contiguous())
     out = torch.empty(x.shape[0], linear.out_padded)
     library().specdec_layer_qkv(
-        linear.format, x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
-        cos.data_ptr(), sin.data_ptr(), out.data_ptr(), x.shape[0], linear.out_padded, linear.in_features,
-        linear.out_features, layer.num_heads + layer.num_kv_heads, layer.head_dim,
+        linear.format, x.data_ptr(), _pointer(None if norm is None else norm.weight), layer_eps(layer),
+        linear.records.data_ptr(), _pointer(linear.bias), _pointer(None if q_norm is None else q_norm.weight),
+        _pointer(None if k_norm is None else k_norm.weight), 0 if q_norm is None else q_norm.weight.shape[0],
+        0 if k_norm is None else k_norm.weight.shape[0], _pointer(cos), _pointer(sin), out.data_ptr(), x.shape[0],
+        linear.out_padded, linear.in_features, linear.out_features, layer.num_heads, layer.num_kv_heads,
+        layer.head_dim,
     )
     return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
+
+
+def layer_eps(layer: FusedDecoderLayer | PackedMLP) -> float:
+    """The layer's RMSNorm epsilon (one for all its norms), from whichever norms it has."""
+    norms = (getattr(layer, name, None) for name in ("input_norm", "post_attention_norm", "attention_out_norm",
+                                                      "mlp_out_norm"))
+    return next(norm.eps for norm in norms if norm is not None)
 
 
 def head_qkv_projection(linear: PackedLinear, embed_norm: RMSNorm, feature_norm: RMSNorm, embeds: torch.Tensor,
@@ -255,19 +281,24 @@ class PackedMLP(Protocol):
     o_proj: PackedLinear
     gate_up_proj: PackedLinear
     down_proj: PackedLinear
-    post_attention_norm: RMSNorm
+    post_attention_norm: RMSNorm | None  # the MLP's input norm
+    attention_out_norm: RMSNorm | None  # norms on attention's and the MLP's outputs (gemma, olmo2)
+    mlp_out_norm: RMSNorm | None
+    hidden_act: str
 
 
 def mlp_block(layer: PackedMLP, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-    """x + o(attended), then + down(silu(gate) * up) of its norm: [n, hidden]."""
+    """x + [norm](o(attended)), then + [norm](down(act(gate) * up)) of its [norm]: [n, hidden]."""
     o, gate_up, down = layer.o_proj, layer.gate_up_proj, layer.down_proj
-    norm = layer.post_attention_norm
+    norms = (layer.attention_out_norm, layer.post_attention_norm, layer.mlp_out_norm)
+    o_norm, norm, down_norm = (None if norm is None else norm.weight for norm in norms)
     x, attended = x.contiguous(), attended.contiguous()
     out = torch.empty_like(x)
     library().specdec_layer_mlp(
-        o.format, x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), norm.weight.data_ptr(),
-        norm.eps, gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(), _pointer(down.bias),
-        out.data_ptr(), x.shape[0], x.shape[1], attended.shape[1], down.in_features, o.out_padded, gate_up.out_padded,
+        o.format, x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), _pointer(o_norm),
+        _pointer(norm), layer_eps(layer), gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(),
+        _pointer(down.bias), _pointer(down_norm), ACTIVATION_CODES[layer.hidden_act], out.data_ptr(), x.shape[0],
+        x.shape[1], attended.shape[1], down.in_features, o.out_padded, gate_up.out_padded,
     )
     return out
 
@@ -302,31 +333,54 @@ def _cached_layer_problem(key: str, format: int) -> str | None:
         "problem"]
 
 
-def random_fused_layer(generator: torch.Generator, packed: type[Int4Linear] | type[W8A32Linear]) -> FusedDecoderLayer:
-    """A small qwen2-style layer (q/k/v bias, 4 heads over 2 kv heads of 16) with random packed
-    weights (int4 or w8a32) and norm scales."""
-    config = TransformerConfig(
-        model_type="qwen2", vocab_size=1, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
-        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
-        attention_bias=True, output_bias=False, mlp_bias=False, sliding_windows=(None,))
+# The layer variants the load-time self-check runs: the Llama layer with qwen2's biases, gemma3's
+# (per-head q/k norms, norms on the outputs, GELU, a scale of its own) and olmo2's (no input norms,
+# q/k norms over all heads).
+CHECKED_VARIANTS: dict[str, dict] = {
+    "qwen2": dict(attention_bias=True),
+    "gemma3": dict(qk_norm="head", post_norms=True, hidden_act="gelu_pytorch_tanh", attention_scale=0.3),
+    "olmo2": dict(qk_norm="projection", pre_norms=False, post_norms=True),
+}
+
+
+def random_layers(generator: torch.Generator, packed: type[Int4Linear] | type[W8A32Linear],
+                  **variant) -> tuple[DecoderLayer, FusedDecoderLayer]:
+    """A small layer (4 heads over 2 kv heads of 16; ``variant``: TransformerConfig fields) with
+    random packed weights (int4 or w8a32) and norm scales: the torch layer and its compiled twin,
+    sharing every module."""
+    shape = dict(model_type="qwen2", vocab_size=1, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
+                 num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
+                 attention_bias=False, output_bias=False, mlp_bias=False, sliding_windows=(None,))
+    config = TransformerConfig(**{**shape, **variant})
     layer = DecoderLayer(config, None)
     for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         dense = getattr(layer, name)
         for parameter in dense.parameters():
             parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
         setattr(layer, name, packed(dense))
-    for norm in (layer.input_norm, layer.post_attention_norm):
-        norm.weight.data = 1 + 0.3 * torch.randn(64, generator=generator)
-    return FusedDecoderLayer(layer)
+    for module in layer.modules():
+        if isinstance(module, RMSNorm):
+            module.weight.data = 1 + 0.3 * torch.randn(module.weight.shape, generator=generator)
+    return layer, FusedDecoderLayer(layer)
 
 
 def check_layer(seed: int = 0, format: int = 4) -> str | None:
-    """A small random layer of packed linears (format 4: int4, 8: w8a32; qwen2-style biases,
-    grouped-query attention) after a random cached context: None if each compiled piece is within
-    float32 rounding of the torch layer's ops on a 3-token chain block, and every row of the block
-    gets the bits it gets alone (and as a chain, a prompt's attention), else what differs."""
+    """check_variant for every layer variant in CHECKED_VARIANTS: None if all pass, else the first
+    problem, naming its variant."""
+    for name, variant in CHECKED_VARIANTS.items():
+        problem = check_variant(seed, format, variant)
+        if problem is not None:
+            return f"{problem} ({name} layer)"
+    return None
+
+
+def check_variant(seed: int, format: int, variant: dict) -> str | None:
+    """A small random layer of packed linears (format 4: int4, 8: w8a32; ``variant``: its config)
+    after a random cached context: None if each compiled piece is within float32 rounding of the
+    torch layer's own methods on a 3-token chain block, and every row of the block gets the bits it
+    gets alone (and as a chain, a prompt's attention), else what differs."""
     generator = torch.Generator().manual_seed(seed)
-    layer = random_fused_layer(generator, Int4Linear if format == 4 else W8A32Linear)
+    reference, layer = random_layers(generator, Int4Linear if format == 4 else W8A32Linear, **variant)
     context, block = 21, 3
     keys = torch.randn(1, 2, 32, 16, generator=generator)
     values = torch.randn(1, 2, 32, 16, generator=generator)
@@ -344,9 +398,7 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
         return None if torch.equal(together, alone) else f"{what}: a block's rows differ from them alone"
 
     qkv = qkv_projection(layer, x, cos, sin)
-    expected_qkv = layer.qkv_proj(layer.input_norm(x)).view(block, -1, 16)
-    expected_qkv = torch.cat([expected_qkv[:, :6] * cos[:, None] + rotate_half(expected_qkv[:, :6]) * sin[:, None],
-                              expected_qkv[:, 6:]], dim=1)
+    expected_qkv = torch.cat(reference.queries_keys_values(x, cos, sin), dim=0).transpose(0, 1)  # [n, heads, d]
     queries, new_keys, new_values = qkv.transpose(0, 1).split([4, 2, 2])  # [heads, n, d]
     lists = query_list(list(range(block)), [0] * block, [torch.arange(context + i + 1) for i in range(block)])
     chain_keys, chain_values, as_chain = keys.clone(), values.clone(), torch.zeros(block, 4, 16)
@@ -362,11 +414,9 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
     mask = torch.ones(block, context + block, dtype=torch.bool).tril(context)
     expected_attended = torch.nn.functional.scaled_dot_product_attention(
         queries[None], keys[:, :, : context + block], values[:, :, : context + block], attn_mask=mask, enable_gqa=True,
+        scale=layer.attention_scale,
     )[0].transpose(0, 1)  # [n, heads, d]
     attended = attended.reshape(block, -1)
-    expected_out = x + layer.o_proj(attended)
-    gate, up = layer.gate_up_proj(layer.post_attention_norm(expected_out)).chunk(2, dim=-1)
-    expected_out = expected_out + layer.down_proj(torch.nn.functional.silu(gate) * up)
     problems = [
         None if torch.equal(written[0], new_keys) and torch.equal(written[1], new_values)
         else "attention: the block's keys and values are not in their cache slots",
@@ -375,7 +425,7 @@ def check_layer(seed: int = 0, format: int = 4) -> str | None:
         None if torch.equal(alone.reshape(block, -1), attended) else "attention: a block's rows differ from them alone",
         None if torch.equal(as_chain.reshape(block, -1), attended) and torch.equal(chain_keys, keys)
         else "attention: a chain's rows differ from them in a block",
-        close(mlp_block(layer, x, attended), expected_out, "o + residual + norm + MLP"),
+        close(mlp_block(layer, x, attended), reference.mlp_residual(x, attended), "o + residual + norm + MLP"),
         rows_alone("norm + q/k/v + RoPE", lambda rows, c, s: qkv_projection(layer, rows, c, s).reshape(len(rows), -1),
                    x, cos, sin),
         rows_alone("o + residual + norm + MLP", lambda rows, a: mlp_block(layer, rows, a), x, attended),

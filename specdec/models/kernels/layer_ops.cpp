@@ -247,6 +247,38 @@ void silu_times(const float* gate, const float* up, float* out, int64_t n) {
   for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_scalar(0.0f - gate[j]))) * up[j];
 }
 
+// gelu_tanh(g) * u = (0.5 g (1 + tanh(c (g + 0.044715 g^3)))) * u, tanh(t) = 1 - 2 / (exp(2 t) + 1)
+// with exp as above (gemma's gelu_pytorch_tanh): the vector and scalar code run the same IEEE
+// operations in the same order, so each element has the same bits on either path.
+constexpr float kGeluC = 0.7978845608028654f, kGeluCube = 0.044715f;
+
+inline float gelu_tanh_scalar(float g) {
+  const float t = kGeluC * (g + kGeluCube * ((g * g) * g));
+  const float tanh_t = 1.0f - 2.0f / (exp_scalar(2.0f * t) + 1.0f);
+  return (0.5f * g) * (1.0f + tanh_t);
+}
+
+void gelu_tanh_times(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t j = 0;
+#if defined(__AVX2__)
+  const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+  const __m256 c = _mm256_set1_ps(kGeluC), cube = _mm256_set1_ps(kGeluCube);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + j);
+    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 t = _mm256_mul_ps(c, _mm256_add_ps(g, _mm256_mul_ps(cube, g3)));
+    const __m256 e = exp_vector(_mm256_mul_ps(two, t));
+    const __m256 tanh_t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+    const __m256 gelu = _mm256_mul_ps(_mm256_mul_ps(half, g), _mm256_add_ps(one, tanh_t));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + j)));
+  }
+#endif
+  for (; j < n; ++j) out[j] = gelu_tanh_scalar(gate[j]) * up[j];
+}
+
+// The MLP gate's activations (the activation argument of specdec_layer_mlp).
+constexpr int64_t kSilu = 0, kGeluTanh = 1;
+
 // The largest of x[0..n): 8 lanes at a time (a running maximum, one compare per key, was a
 // latency-bound chain over a long context). The maximum of a set is the same whatever the order,
 // and exp(x - top) is the same for a top of -0 or +0: for scores that are numbers, the weights of
@@ -303,13 +335,18 @@ void rms_norm(const float* x, const float* weight, float eps, float* out, int64_
 }
 
 // y [M, N] = norm(x) @ W^T + bias (bias over the first `width` outputs; N is the padded width).
+// A null norm_weight: no norm (olmo2's layers have none on their inputs).
 void norm_linear(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, int64_t width) {
-  const Scratch<0> normed_buffer(M * K);
-  float* normed = normed_buffer.get();
+  if (norm_weight) {
+    const Scratch<0> normed_buffer(M * K);
+    float* normed = normed_buffer.get();
 #pragma omp parallel for schedule(static) if (M > 1)
-  for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed + m * K, K);
-  linear(format, normed, w, y, M, N, K);
+    for (int64_t m = 0; m < M; ++m) rms_norm(x + m * K, norm_weight, eps, normed + m * K, K);
+    linear(format, normed, w, y, M, N, K);
+  } else {
+    linear(format, x, w, y, M, N, K);
+  }
   if (bias)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t j = 0; j < width; ++j) y[m * N + j] += bias[j];
@@ -328,6 +365,18 @@ void rope(float* y, const float* cos, const float* sin, int64_t M, int64_t strid
         x[j] = a * c[j] + (-b) * s[j];
         x[j + half] = b * c[j + half] + a * s[j + half];
       }
+    }
+}
+
+// In place on each row's `width` floats from `first`: RMSNorm of every group of `size` floats with
+// `weight` [size] (q/k norms: size head_dim for qwen3's and gemma3's per-head norms, all the q (k)
+// heads for olmo2's).
+void norm_groups(float* y, const float* weight, float eps, int64_t M, int64_t stride, int64_t first, int64_t width,
+                 int64_t size) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t start = first; start < first + width; start += size) {
+      float* x = y + m * stride + start;
+      rms_norm(x, weight, eps, x, size);
     }
 }
 constexpr int64_t kChunk = 32;   // slots widened at once: they stay in the first-level caches
@@ -447,11 +496,36 @@ void store_token(const float* k, const float* v, void* keys, void* values, int64
     store_elements(v + g * d, static_cast<char*>(values) + (at + g * head_stride) * element, d, kv_format);
   }
 }
+// out[m] += (norm(p[m] + bias) or p[m] + bias) for M rows of `hidden` (p's rows `padded` apart): a
+// projection's residual add, through a norm on its output where the layer has one (gemma, olmo2).
+void add_projected(float* out, const float* projected, const float* bias, const float* out_norm, float eps,
+                   int64_t M, int64_t hidden, int64_t padded) {
+  if (!out_norm) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < hidden; ++j) {
+        const float p = projected[m * padded + j];
+        out[m * hidden + j] += bias ? p + bias[j] : p;
+      }
+    return;
+  }
+  const Scratch<7> row_buffer(hidden);
+  float* row = row_buffer.get();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < hidden; ++j) {
+      const float p = projected[m * padded + j];
+      row[j] = bias ? p + bias[j] : p;
+    }
+    rms_norm(row, out_norm, eps, row, hidden);
+    for (int64_t j = 0; j < hidden; ++j) out[m * hidden + j] += row[j];
+  }
+}
+
 // specdec_layer_mlp for M rows at once.
 void layer_mlp_rows(int64_t format, const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
-                    const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
-                    const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
-                    int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
+                    const float* o_norm, const float* norm_weight, float eps, const uint8_t* gate_up_w,
+                    const float* gate_up_bias, const uint8_t* down_w, const float* down_bias, const float* down_norm,
+                    int64_t activation, float* out, int64_t M, int64_t hidden, int64_t attn_width, int64_t inter,
+                    int64_t hidden_padded, int64_t gate_up_padded) {
   const Scratch<1> projected_buffer(M * hidden_padded);
   const Scratch<2> gate_up_buffer(M * gate_up_padded);
   const Scratch<3> act_buffer(M * inter);
@@ -459,11 +533,8 @@ void layer_mlp_rows(int64_t format, const float* x, const float* attended, const
   float* gate_up = gate_up_buffer.get();
   float* act = act_buffer.get();
   linear(format, attended, o_w, projected, M, hidden_padded, attn_width);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < hidden; ++j) {
-      const float p = projected[m * hidden_padded + j];
-      out[m * hidden + j] = x[m * hidden + j] + (o_bias ? p + o_bias[j] : p);
-    }
+  std::memcpy(out, x, sizeof(float) * M * hidden);
+  add_projected(out, projected, o_bias, o_norm, eps, M, hidden, hidden_padded);
   norm_linear(format, out, norm_weight, eps, gate_up_w, gate_up_bias, gate_up, M, gate_up_padded, hidden, 2 * inter);
   constexpr int64_t kPiece = 1024;  // elements per job: whole vectors, a few jobs per row
   const int64_t pieces = (inter + kPiece - 1) / kPiece;
@@ -471,14 +542,11 @@ void layer_mlp_rows(int64_t format, const float* x, const float* attended, const
   for (int64_t job = 0; job < M * pieces; ++job) {
     const int64_t m = job / pieces, start = job % pieces * kPiece, count = std::min(kPiece, inter - start);
     const float* row = gate_up + m * gate_up_padded;
-    silu_times(row + start, row + inter + start, act + m * inter + start, count);
+    (activation == kGeluTanh ? gelu_tanh_times : silu_times)(row + start, row + inter + start,
+                                                              act + m * inter + start, count);
   }
   linear(format, act, down_w, projected, M, hidden_padded, inter);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < hidden; ++j) {
-      const float p = projected[m * hidden_padded + j];
-      out[m * hidden + j] += down_bias ? p + down_bias[j] : p;
-    }
+  add_projected(out, projected, down_bias, down_norm, eps, M, hidden, hidden_padded);
 }
 
 // Rows of a long prompt a layer's MLP call takes at a time (specdec_layer_mlp).
@@ -486,13 +554,18 @@ constexpr int64_t kPanelRows = 128;
 }  // namespace
 
 extern "C" {
-// qkv [M, N] = norm(x) @ Wqkv^T + bias, RoPE applied to the first rope_heads heads of d each (q and
-// k). x [M, K]; cos, sin [M, d]; bias over the first `width` outputs or null.
+// qkv [M, N] = norm(x) @ Wqkv^T + bias, the q and k norms, then RoPE on the q and k heads (d each).
+// x [M, K]; norm_weight null: no input norm; bias over the first `width` outputs or null;
+// q_norm [q_norm_size] and k_norm [k_norm_size], or null: RMSNorm over each group of that many
+// floats of the q heads (heads * d) and the k heads (kv_heads * d); cos, sin [M, d], or null: no RoPE.
 void specdec_layer_qkv(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
+                       const float* q_norm, const float* k_norm, int64_t q_norm_size, int64_t k_norm_size,
                        const float* cos, const float* sin, float* qkv, int64_t M, int64_t N, int64_t K, int64_t width,
-                       int64_t rope_heads, int64_t d) {
+                       int64_t heads, int64_t kv_heads, int64_t d) {
   norm_linear(format, x, norm_weight, eps, w, bias, qkv, M, N, K, width);
-  rope(qkv, cos, sin, M, N, rope_heads, d);
+  if (q_norm) norm_groups(qkv, q_norm, eps, M, N, 0, heads * d, q_norm_size);
+  if (k_norm) norm_groups(qkv, k_norm, eps, M, N, heads * d, kv_heads * d, k_norm_size);
+  if (cos && sin) rope(qkv, cos, sin, M, N, heads + kv_heads, d);
 }
 
 // qkv [M, N] = concat(norm(a), norm(b)) @ Wqkv^T, RoPE applied to the first rope_heads heads of d
@@ -518,21 +591,23 @@ void specdec_norm_linear(int64_t format, const float* x, const float* norm_weigh
 }
 
 // The rest of a layer after attention, for M rows of `hidden` floats:
-//   h = x + attended @ Wo^T (+ bo);  g, u = halves of norm(h) @ Wgu^T (+ bgu);
-//   out = h + (silu(g) * u) @ Wdown^T (+ bdown)
-// attended [M, attn_width]; out [M, hidden] (may not alias x). hidden_padded and gate_up_padded:
+//   h = x + [o_norm](attended @ Wo^T (+ bo));  g, u = halves of [norm](h) @ Wgu^T (+ bgu);
+//   out = h + [down_norm]((act(g) * u) @ Wdown^T (+ bdown))
+// the bracketed norms where their weights are not null, act SiLU (activation kSilu) or GELU-tanh
+// (kGeluTanh). attended [M, attn_width]; out [M, hidden] (may not alias x). hidden_padded and gate_up_padded:
 // the kernels' padded output widths (multiples of 16). A long prompt's rows go through it
 // kPanelRows at a time (each row's arithmetic is its own: the same bits), so that its scratch stays
 // a panel's: the gate/up output of all M rows (a 4,096-token prefill of the 1.5B: 293 MB) was
 // faulted in afresh each call and went through memory between the matmul and the SiLU.
 void specdec_layer_mlp(int64_t format, const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
-                       const float* norm_weight, float eps, const uint8_t* gate_up_w, const float* gate_up_bias,
-                       const uint8_t* down_w, const float* down_bias, float* out, int64_t M, int64_t hidden,
-                       int64_t attn_width, int64_t inter, int64_t hidden_padded, int64_t gate_up_padded) {
+                       const float* o_norm, const float* norm_weight, float eps, const uint8_t* gate_up_w,
+                       const float* gate_up_bias, const uint8_t* down_w, const float* down_bias, const float* down_norm,
+                       int64_t activation, float* out, int64_t M, int64_t hidden, int64_t attn_width, int64_t inter,
+                       int64_t hidden_padded, int64_t gate_up_padded) {
   for (int64_t m0 = 0; m0 < M; m0 += kPanelRows)
-    layer_mlp_rows(format, x + m0 * hidden, attended + m0 * attn_width, o_w, o_bias, norm_weight, eps, gate_up_w,
-                   gate_up_bias, down_w, down_bias, out + m0 * hidden, std::min(kPanelRows, M - m0), hidden,
-                   attn_width, inter, hidden_padded, gate_up_padded);
+    layer_mlp_rows(format, x + m0 * hidden, attended + m0 * attn_width, o_w, o_bias, o_norm, norm_weight, eps,
+                   gate_up_w, gate_up_bias, down_w, down_bias, down_norm, activation, out + m0 * hidden,
+                   std::min(kPanelRows, M - m0), hidden, attn_width, inter, hidden_padded, gate_up_padded);
 }
 
 // Attention of each listed query over exactly its own key slots, in their order: softmax(q . k *
