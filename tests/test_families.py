@@ -1,0 +1,131 @@
+"""Every family the own forward runs (architectures.FAMILIES), on tiny random models built from
+transformers' own configs: the logits equal transformers' float32 logits (a prompt in pieces and a
+ragged batch of two rows), greedy speculative output equals target-only in float32, int4 and w8a32
+(chains, trees, n-gram), and the packed precisions run every layer on the compiled ops."""
+
+import pytest
+import torch
+from tiny import save_random_model
+
+from specdec import SpeculativeDecoder, load, make_drafter
+from specdec.drafting import ModelTreeDrafter
+from specdec.models.base import Attention, Segment
+from specdec.models.fused_layer import FusedDecoderLayer
+from specdec.models.transformer import DecoderLayer, UnsupportedByLeanModel
+
+# Each family's own features turned on where a tiny config allows: head_dim 8 so that gemma's
+# query_pre_attn_scalar differs from it, sliding windows shorter than the prompts.
+FAMILY_SETTINGS = {
+    "qwen3": dict(model_type="qwen3", head_dim=8),
+    "gemma3_text": dict(model_type="gemma3_text", head_dim=8, sliding_window=5, query_pre_attn_scalar=6,
+                        layer_types=["sliding_attention", "full_attention"],
+                        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "gemma2": dict(model_type="gemma2", head_dim=8, sliding_window=5, query_pre_attn_scalar=6),
+    "gemma": dict(model_type="gemma", head_dim=8),
+    "phi3": dict(model_type="phi3", pad_token_id=0),
+    "olmo2": dict(model_type="olmo2"),
+    "granite": dict(model_type="granite", embedding_multiplier=3.0, residual_multiplier=0.5,
+                    attention_multiplier=0.2, logits_scaling=4.0),
+    "smollm3": dict(model_type="smollm3", num_hidden_layers=4, pad_token_id=0),  # layer 4 without RoPE
+}
+
+
+def save_family(folder, name: str, seed: int = 3, **extra):
+    settings = {**FAMILY_SETTINGS[name], **extra}
+    return save_random_model(folder, settings.pop("model_type"), seed=seed, **settings)
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_SETTINGS))
+def family(request, model_dir):
+    target = save_family(model_dir / f"family-{request.param}", request.param)
+    draft = save_random_model(model_dir / f"family-{request.param}-draft", perturb_from=target, perturb_scale=0.05,
+                              seed=9)
+    return request.param, target, draft
+
+
+def reference_logits(model, tokens: torch.Tensor) -> torch.Tensor:  # [n] -> [n, vocab]
+    with torch.no_grad():
+        return model.network.model(input_ids=tokens[None]).logits[0]
+
+
+def test_the_own_forward_runs_each_family_with_its_features(family):
+    name, target, _ = family
+    model = load(target, backend="specdec")
+    assert model.backend == "specdec" and model.network.config.model_type == name
+    config = model.network.config
+    features = {"qwen3": config.qk_norm == "head", "gemma3_text": len(set(config.layer_ropes)) == 2,
+                "gemma2": config.attention_softcap is not None and config.final_softcap is not None,
+                "gemma": config.embedding_scale is not None, "phi3": True,
+                "olmo2": config.qk_norm == "projection" and not config.pre_norms,
+                "granite": config.logits_divisor == 4.0 and config.residual_scale == 0.5,
+                "smollm3": None in config.layer_ropes}
+    assert features[name]
+
+
+def test_logits_equal_transformers_over_a_prompt_in_pieces(family):
+    _, target, _ = family
+    lean, reference = load(target, backend="specdec"), load(target, backend="transformers")
+    tokens = torch.randint(0, lean.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    cache, pieces, start = lean.new_cache(), [], 0
+    for size in [9, 1, 1, 4, 1, 8, 3, 5, 1, 7]:
+        pieces.append(lean.extend(tokens[start:start + size], cache))
+        start += size
+    torch.testing.assert_close(torch.cat(pieces), reference_logits(reference, tokens), atol=1e-4, rtol=0)
+
+
+def test_logits_equal_transformers_over_a_ragged_batch(family):
+    """Two rows in one forward: a 7-token continuation after 12 tokens, and a 3-token first piece."""
+    _, target, _ = family
+    lean, reference = load(target, backend="specdec"), load(target, backend="transformers")
+    generator = torch.Generator().manual_seed(1)
+    first, second = torch.randint(0, lean.vocab_size, (19,), generator=generator), \
+        torch.randint(0, lean.vocab_size, (3,), generator=generator)
+    cache = lean.new_cache(rows=2)
+    lean.extend(first[:12], cache, row=0)
+    tokens = torch.cat([first[12:], second])
+    positions = torch.cat([torch.arange(12, 19), torch.arange(3)])
+    logits = lean.forward(tokens, positions, cache, Attention((Segment(0, 7), Segment(1, 3)))).logits
+    torch.testing.assert_close(logits[:7], reference_logits(reference, first)[12:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(logits[7:], reference_logits(reference, second), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4", "w8a32"])
+def test_greedy_speculative_output_equals_target_only(family, precision):
+    """Chains of a perturbed draft (partly agreeing), trees of it and n-gram drafts; the packed
+    precisions on the compiled layer (gemma2's soft-capped attention: the torch layer)."""
+    name, target_folder, draft_folder = family
+    quantize = None if precision == "float32" else precision
+    target = load(target_folder, quantize=quantize)
+    if quantize is not None:
+        kinds = {type(layer) for layer in target.network.layers}
+        assert kinds == ({DecoderLayer} if name == "gemma2" else {FusedDecoderLayer}), kinds
+    draft = load(draft_folder)
+    drafters = {"chain": make_drafter("model", draft), "tree": ModelTreeDrafter(draft, budget=6, branching=2),
+                "ngram": make_drafter("ngram", max_n=3)}
+    baseline = SpeculativeDecoder(target)
+    accepted = 0
+    for start in range(6):
+        prompt = [(start * 11 + i * 5) % target.vocab_size for i in range(3 + start)] * 2
+        expected = baseline.generate(prompt, max_new_tokens=16).token_ids
+        for kind, drafter in drafters.items():
+            result = SpeculativeDecoder(target, drafter, gamma=4).generate(prompt, max_new_tokens=16)
+            assert result.token_ids == expected, (name, precision, kind, prompt)
+            accepted += result.stats.accepted
+    assert accepted > 0  # drafts were really verified and kept
+
+
+def test_what_the_own_forward_cannot_run_is_said_in_one_line(model_dir):
+    """longrope (phi3's long-context kind) and partial rotary refuse with the reason; a mixture of
+    experts names itself; the adapter runs each instead."""
+    longrope = save_family(model_dir / "family-phi3-longrope", "phi3", rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+        "original_max_position_embeddings": 64})
+    with pytest.raises(ValueError, match="rope type 'longrope'"):
+        load(longrope, backend="specdec")
+    assert load(longrope).backend == "transformers"
+    from specdec.models.transformer import TransformerConfig
+    from tiny import make_config
+
+    with pytest.raises(UnsupportedByLeanModel, match="mixture-of-experts"):
+        TransformerConfig.from_hf(make_config("qwen3_moe"))
