@@ -129,3 +129,29 @@ def test_what_the_own_forward_cannot_run_is_said_in_one_line(model_dir):
 
     with pytest.raises(UnsupportedByLeanModel, match="mixture-of-experts"):
         TransformerConfig.from_hf(make_config("qwen3_moe"))
+
+
+def test_a_head_trains_and_drafts_for_each_family(family, tmp_path, capsys):
+    """`specdec train-head` on the family's tiny target (a few steps), then its head drafts in
+    int4: the text is the target's alone."""
+    import json
+    from pathlib import Path
+
+    import specdec
+    from specdec.commands.cli import main
+
+    _, target_folder, _ = family
+    target = str(target_folder)
+    train = ["train-head", "--target", target, "--out", str(tmp_path), "--data", str(Path(specdec.__file__).parent),
+             "--steps", "6", "--sequence-length", "32", "--corpus-sequences", "8", "--continuation-sequences", "2",
+             "--heldout-sequences", "2", "--draft-vocab", "64", "--batch-size", "4", "--precision", "float32"]
+    assert main(train) == 0
+    assert (tmp_path / "head" / "config.json").is_file()
+    capsys.readouterr()
+    outputs = []
+    for options in (["--drafter", "head", "--draft-head", str(tmp_path / "head")], ["--no-draft"]):
+        assert main(["generate", "def add(a, b):", "--target", target, "--quantize", "int4", "--max-new-tokens", "24",
+                     "--json", *options]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0]["text"] == outputs[1]["text"]
+    assert outputs[0]["drafted"] > 0  # the head really drafted
