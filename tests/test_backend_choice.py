@@ -52,3 +52,21 @@ def test_with_no_exact_candidate_it_says_so(tiny_pair, tmp_path):
     skewed = dataclasses.replace(exact, network=BlockSkewed(exact.network))
     with pytest.raises(RuntimeError, match="no exact way"):
         choose_fastest_exact({"skewed": lambda: skewed}, "tiny", cache_file=tmp_path / "choice.json")
+
+
+def test_each_block_size_is_timed_after_its_first_use(tiny_pair, monkeypatch):
+    """A model whose first forward of each block size is slow (a kernel's per-shape check, say)
+    is timed at its steady speed. Mutation: warming up the one-token forward only (as before)
+    times the first 5-token forward and fails."""
+    from specdec.models import backend_choice
+
+    model = load(tiny_pair["target"])
+    seen: set[int] = set()
+
+    def first_use_slow(model, cache, count, repeats):
+        slow = count not in seen
+        seen.add(count)
+        return 1.0 if slow else 0.001  # seconds: the median of the repeats of that call
+
+    monkeypatch.setattr(backend_choice, "time_block", first_use_slow)
+    assert backend_choice.forward_milliseconds(model) == pytest.approx(2.0)
