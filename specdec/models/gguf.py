@@ -36,7 +36,8 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
     try:
         network = build_lean(raw, hf_config, DTYPES[dtype], device, str(path))
     except UnsupportedByLeanModel as reason:
-        raise ValueError(f"{path}: specdec's own forward cannot run this model: {reason}") from None
+        raise ValueError(f"{path}: specdec's own forward cannot run this {hf_config.model_type} model: {reason}; "
+                         'llama.cpp can: pip install "specdec[llama-cpp]" (then --backend llama.cpp)') from None
     if exact:
         network.make_batch_invariant()
     if quantize:  # (load() checked that the weights are float32)

@@ -61,6 +61,24 @@ def gguf_four_bit_share(path: Path) -> float:
     return counts["low"] / total if total else 0.0
 
 
+def own_forward_problem(path: Path) -> str | None:
+    """Why the own forward cannot run the model (its architecture, in one line), or None: the
+    precisions measured are the own forward's, so a model it cannot run is not measured."""
+    from transformers import AutoConfig
+
+    from specdec.models.transformer import TransformerConfig, UnsupportedByLeanModel, rope_frequencies
+
+    try:
+        gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        hf_config = AutoConfig.from_pretrained(str(path.parent if gguf else path), **gguf)
+        rope_frequencies(hf_config, TransformerConfig.from_hf(hf_config))
+    except UnsupportedByLeanModel as reason:
+        return f"specdec's own forward cannot run {getattr(hf_config, 'model_type', path.name)}: {reason}"
+    except (ValueError, OSError, KeyError):
+        return None  # load() says what is wrong with the folder or file
+    return None
+
+
 def worth_measuring(path: str) -> bool:
     """Whether a target is big enough that its precision is measured (else float32 stays)."""
     parameters = parameter_estimate(Path(path))
@@ -86,13 +104,19 @@ def choose_precision(path: str, load: Callable[[str | None], object],
     where = Path(path)
     if not worth_measuring(path):
         return None
+    problem = own_forward_problem(where)
+    if problem is not None:
+        return None, f"precision: float32 on the transformers adapter ({problem})"
     gguf = where.suffix == ".gguf"
     if gguf and gguf_four_bit_share(where) < 0.5:
         return "w8a32", ("precision: w8a32, the GGUF's own weights (most of its matrices hold more than 4 bits, "
                          "which int4 would round away; --quantize int4 to run it so anyway)")
     names = GGUF_CANDIDATES if gguf else FOLDER_CANDIDATES
     candidates = {name: (lambda name=name: load(None if name == "none" else name)) for name in names}
-    choice = choose_fastest_exact(candidates, f"precision {shape_key(where)}", progress)  # type: ignore[arg-type]
+    try:
+        choice = choose_fastest_exact(candidates, f"precision {shape_key(where)}", progress)  # type: ignore[arg-type]
+    except RuntimeError as error:  # no candidate exact here: float32, with the reasons in one line
+        return None, f"precision: float32, no quantized precision ran exactly here ({error})"
     fastest = choice.milliseconds[choice.name]
     way_back = "w8a32" if gguf else "none"
     back = choice.milliseconds.get(way_back)
