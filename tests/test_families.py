@@ -124,8 +124,9 @@ def test_what_the_own_forward_cannot_run_is_said_in_one_line(model_dir):
     with pytest.raises(ValueError, match="rope type 'longrope'"):
         load(longrope, backend="specdec")
     assert load(longrope).backend == "transformers"
-    from specdec.models.transformer import TransformerConfig
     from tiny import make_config
+
+    from specdec.models.transformer import TransformerConfig
 
     with pytest.raises(UnsupportedByLeanModel, match="mixture-of-experts"):
         TransformerConfig.from_hf(make_config("qwen3_moe"))

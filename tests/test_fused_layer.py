@@ -374,6 +374,7 @@ def test_compiled_attention_subtracts_the_largest_score_wherever_it_is(top):
         keys[0, 0, top, 0] = 20.0
     q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
     out = torch.zeros(1, 1, d)
-    fused_layer.attend_queries(SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5), q, k, v,
+    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5)
+    fused_layer.attend_queries(layer, q, k, v,
                                query_list([0], [0], [torch.arange(count)]), keys, values, out)
     assert torch.allclose(out[0, 0], values[0, 0, top], atol=1e-6)

@@ -26,6 +26,7 @@ from specdec.models.attention import AttentionPlan
 from specdec.models.cache import KVCache
 from specdec.models.fused_layer import FusedOutput, attend_compiled, head_qkv_projection, layer_problem, mlp_block
 from specdec.models.int4 import PackedLinear
+from specdec.models.primitives import RMSNorm
 
 
 class FusedHeadLayer(nn.Module):
@@ -34,7 +35,9 @@ class FusedHeadLayer(nn.Module):
 
     window = None  # full attention
     softcap = None
-    attention_out_norm = mlp_out_norm = None  # the Llama layer's MLP (mlp_block reads them)
+    # The Llama layer's MLP: no norms on the outputs, SiLU (mlp_block reads them).
+    attention_out_norm: RMSNorm | None = None
+    mlp_out_norm: RMSNorm | None = None
     hidden_act = "silu"
 
     def __init__(self, layer: HeadLayer) -> None:

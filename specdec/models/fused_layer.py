@@ -281,10 +281,15 @@ class PackedMLP(Protocol):
     o_proj: PackedLinear
     gate_up_proj: PackedLinear
     down_proj: PackedLinear
-    post_attention_norm: RMSNorm | None  # the MLP's input norm
-    attention_out_norm: RMSNorm | None  # norms on attention's and the MLP's outputs (gemma, olmo2)
-    mlp_out_norm: RMSNorm | None
-    hidden_act: str
+
+    @property
+    def post_attention_norm(self) -> RMSNorm | None: ...  # the MLP's input norm
+    @property
+    def attention_out_norm(self) -> RMSNorm | None: ...  # norms on attention's and the MLP's outputs (gemma, olmo2)
+    @property
+    def mlp_out_norm(self) -> RMSNorm | None: ...
+    @property
+    def hidden_act(self) -> str: ...
 
 
 def mlp_block(layer: PackedMLP, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:

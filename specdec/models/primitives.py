@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -85,4 +86,5 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 # The MLP's gate activations the own forward runs (config names as transformers writes them).
-ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu_tanh": gelu_tanh}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu_tanh": gelu_tanh}
