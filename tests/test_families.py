@@ -92,7 +92,7 @@ def test_logits_equal_transformers_over_a_ragged_batch(family):
 
 @pytest.mark.parametrize("precision", ["float32", "int4", "w8a32"])
 def test_greedy_speculative_output_equals_target_only(family, precision):
-    """Chains of a perturbed draft (partly agreeing), trees of it and n-gram drafts; the packed
+    """Chains of a perturbed draft (partly agreeing), trees of it, n-gram drafts and auto; the packed
     precisions on the compiled layer (gemma2's soft-capped attention: the torch layer)."""
     name, target_folder, draft_folder = family
     quantize = None if precision == "float32" else precision
@@ -102,7 +102,7 @@ def test_greedy_speculative_output_equals_target_only(family, precision):
         assert kinds == ({DecoderLayer} if name == "gemma2" else {FusedDecoderLayer}), kinds
     draft = load(draft_folder)
     drafters = {"chain": make_drafter("model", draft), "tree": ModelTreeDrafter(draft, budget=6, branching=2),
-                "ngram": make_drafter("ngram", max_n=3)}
+                "ngram": make_drafter("ngram", max_n=3), "auto": make_drafter("auto", target=target)}
     baseline = SpeculativeDecoder(target)
     accepted = 0
     for start in range(6):
