@@ -3,6 +3,8 @@ transformers' own configs: the logits equal transformers' float32 logits (a prom
 ragged batch of two rows), greedy speculative output equals target-only in float32, int4 and w8a32
 (chains, trees, n-gram), and the packed precisions run every layer on the compiled ops."""
 
+import dataclasses
+
 import pytest
 import torch
 from tiny import save_random_model
@@ -156,3 +158,39 @@ def test_a_head_trains_and_drafts_for_each_family(family, tmp_path, capsys):
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[0]["text"] == outputs[1]["text"]
     assert outputs[0]["drafted"] > 0  # the head really drafted
+
+
+# Families whose GGUF files transformers' reader reads (architecture in the file -> model_type), with
+# the tiny settings a GGUF keeps: qwen3's reader assumes head_dim 128, gemma's query_pre_attn_scalar 256.
+GGUF_FAMILIES = {"qwen3": ("qwen3", {}), "phi3": ("phi3", dict(pad_token_id=0)),
+                 "gemma2": ("gemma2", dict(head_dim=8, sliding_window=5)),
+                 "gemma3_text": ("gemma3", dict(head_dim=8, sliding_window=5))}
+
+
+@pytest.mark.parametrize("model_type", list(GGUF_FAMILIES))
+def test_a_gguf_of_each_family_gives_its_folders_logits(model_dir, model_type):
+    """A tiny model written as a GGUF file (gguf's tensor names for the architecture, the metadata
+    keys, gemma's norms as 1 + weight), loaded back into the own forward: its folder's logits."""
+    from gguf_writer import write_gguf
+
+    architecture, settings = GGUF_FAMILIES[model_type]
+    folder = save_random_model(model_dir / f"gguf-{model_type}", model_type, seed=5, **settings)
+    from_folder = load(folder, backend="specdec")
+    from_file = load(write_gguf(folder, model_dir / f"{model_type}.gguf", architecture), backend="specdec")
+    file_config, folder_config = from_file.network.config, from_folder.network.config
+    assert from_file.backend == "specdec" and file_config.rms_norm_eps == pytest.approx(folder_config.rms_norm_eps)
+    assert dataclasses.replace(file_config, rms_norm_eps=folder_config.rms_norm_eps) == folder_config  # eps: float32
+    tokens = torch.randint(0, from_folder.vocab_size, (24,), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(from_file.extend(tokens, from_file.new_cache()),
+                               from_folder.extend(tokens, from_folder.new_cache()), atol=0, rtol=0)
+
+
+def test_a_gguf_whose_architecture_cannot_be_read_says_so_in_one_line(model_dir):
+    """transformers' reader has no olmo2: one line naming the architecture and llama.cpp's way."""
+    from gguf_writer import write_gguf
+
+    folder = save_family(model_dir / "gguf-olmo2", "olmo2")
+    with pytest.raises(ValueError) as raised:
+        load(write_gguf(folder, model_dir / "olmo2.gguf", "olmo2"), backend="specdec")
+    message = str(raised.value)
+    assert "olmo2" in message and "llama.cpp" in message and "\n" not in message

@@ -32,7 +32,9 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         raw = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).state_dict()
     except (ValueError, OSError, KeyError) as error:
-        raise ValueError(f"could not read {path} as a GGUF model: {str(error).splitlines()[0]}") from None
+        raise ValueError(f"could not read {path} as a GGUF model for the own forward: {str(error).splitlines()[0]} "
+                         '(llama.cpp runs every GGUF architecture: pip install "specdec[llama-cpp]", then '
+                         "--backend llama.cpp)") from None
     try:
         network = build_lean(raw, hf_config, DTYPES[dtype], device, str(path))
     except UnsupportedByLeanModel as reason:
