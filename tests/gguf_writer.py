@@ -12,10 +12,9 @@ def write_gguf(folder: Path, out: Path, architecture: str) -> Path:
     import gguf
     import numpy as np
     import torch
+    from tiny import byte_level_tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
-    from tiny import byte_level_tokenizer
 
     config = AutoConfig.from_pretrained(str(folder))
     state = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
