@@ -118,18 +118,17 @@ def test_greedy_speculative_output_equals_target_only(family, precision):
 
 
 def test_what_the_own_forward_cannot_run_is_said_in_one_line(model_dir):
-    """longrope (phi3's long-context kind) and partial rotary refuse with the reason; a mixture of
-    experts names itself; the adapter runs each instead."""
-    longrope = save_family(model_dir / "family-phi3-longrope", "phi3", rope_parameters={
-        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-        "original_max_position_embeddings": 64})
-    with pytest.raises(ValueError, match="rope type 'longrope'"):
-        load(longrope, backend="specdec")
-    assert load(longrope).backend == "transformers"
+    """dynamic NTK rope (its frequencies change at every length) refuses with the reason and runs
+    on the adapter; a mixture of experts names itself."""
     from tiny import make_config
 
     from specdec.models.transformer import TransformerConfig
 
+    dynamic = save_random_model(model_dir / "family-llama-dynamic", "llama",
+                                rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ValueError, match="rope type 'dynamic'"):
+        load(dynamic, backend="specdec")
+    assert load(dynamic).backend == "transformers"
     with pytest.raises(UnsupportedByLeanModel, match="mixture-of-experts"):
         TransformerConfig.from_hf(make_config("qwen3_moe"))
 
@@ -194,3 +193,25 @@ def test_a_gguf_whose_architecture_cannot_be_read_says_so_in_one_line(model_dir)
         load(write_gguf(folder, model_dir / "olmo2.gguf", "olmo2"), backend="specdec")
     message = str(raised.value)
     assert "olmo2" in message and "llama.cpp" in message and "\n" not in message
+
+
+def test_phi4_minis_longrope_and_partial_rotary_run_up_to_the_short_factors_context(model_dir):
+    """Phi-4-mini's rope: longrope (short factors up to original_max_position_embeddings) on 3/4
+    of each head. The own forward runs it with the context capped there, its logits those of
+    transformers, and greedy speculative output in int4 equals target-only."""
+    settings = dict(head_dim=8, partial_rotary_factor=0.75, max_position_embeddings=128,
+                    original_max_position_embeddings=64, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.5, 2.0],
+        "long_factor": [4.0, 5.0, 6.0], "original_max_position_embeddings": 64, "partial_rotary_factor": 0.75})
+    folder = save_family(model_dir / "family-phi4-rope", "phi3", **settings)
+    lean, reference = load(folder, backend="specdec"), load(folder, backend="transformers")
+    assert lean.max_context == 64 and lean.network.config.rotary == 6
+    tokens = torch.randint(0, lean.vocab_size, (40,), generator=torch.Generator().manual_seed(4))
+    cache = lean.new_cache()
+    logits = torch.cat([lean.extend(tokens[:25], cache), lean.extend(tokens[25:], cache)])
+    torch.testing.assert_close(logits, reference_logits(reference, tokens), atol=1e-4, rtol=0)
+    target = load(folder, quantize="int4")
+    assert all(isinstance(layer, FusedDecoderLayer) for layer in target.network.layers)
+    prompt = tokens[:12].tolist()
+    expected = SpeculativeDecoder(target).generate(prompt, max_new_tokens=20).token_ids
+    assert SpeculativeDecoder(target, make_drafter("ngram")).generate(prompt, max_new_tokens=20).token_ids == expected

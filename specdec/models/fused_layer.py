@@ -40,7 +40,7 @@ POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 SIGNATURES = {
     "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 4 + [INT64] * 2 + [POINTER] * 3
-    + [INT64] * 7,
+    + [INT64] * 8,
     "specdec_norm_linear": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
     "specdec_head_qkv": [INT64] + [POINTER] * 4 + [FLOAT] + [POINTER] * 4 + [INT64] * 5,
     "specdec_layer_mlp": [INT64] + [POINTER] * 6 + [FLOAT] + [POINTER] * 5 + [INT64] + [POINTER] + [INT64] * 6,
@@ -76,7 +76,7 @@ class FusedDecoderLayer(nn.Module):
         self.window, self.attention_scale, self.softcap = layer.window, layer.attention_scale, layer.softcap
         if self.softcap is not None:
             raise ValueError("the compiled attention has no soft-capping (gemma2): the torch layer runs it")
-        self.hidden_act = layer.hidden_act
+        self.hidden_act, self.rotary = layer.hidden_act, layer.rotary
         self.input_norm, self.post_attention_norm = layer.input_norm, layer.post_attention_norm
         self.attention_out_norm, self.mlp_out_norm = layer.attention_out_norm, layer.mlp_out_norm
         self.q_norm: RMSNorm | None = getattr(layer, "q_norm", None)
@@ -248,7 +248,7 @@ def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor 
         _pointer(None if k_norm is None else k_norm.weight), 0 if q_norm is None else q_norm.weight.shape[0],
         0 if k_norm is None else k_norm.weight.shape[0], _pointer(cos), _pointer(sin), out.data_ptr(), x.shape[0],
         linear.out_padded, linear.in_features, linear.out_features, layer.num_heads, layer.num_kv_heads,
-        layer.head_dim,
+        layer.head_dim, layer.rotary,
     )
     return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
 
@@ -339,12 +339,13 @@ def _cached_layer_problem(key: str, format: int) -> str | None:
 
 
 # The layer variants the load-time self-check runs: the Llama layer with qwen2's biases, gemma3's
-# (per-head q/k norms, norms on the outputs, GELU, a scale of its own) and olmo2's (no input norms,
-# q/k norms over all heads).
+# (per-head q/k norms, norms on the outputs, GELU, a scale of its own), olmo2's (no input norms,
+# q/k norms over all heads) and phi3's partial rotary (RoPE on 12 of 16 dims).
 CHECKED_VARIANTS: dict[str, dict] = {
     "qwen2": dict(attention_bias=True),
     "gemma3": dict(qk_norm="head", post_norms=True, hidden_act="gelu_pytorch_tanh", attention_scale=0.3),
     "olmo2": dict(qk_norm="projection", pre_norms=False, post_norms=True),
+    "phi3-partial-rotary": dict(rotary_dim=12),
 }
 
 
@@ -390,7 +391,8 @@ def check_variant(seed: int, format: int, variant: dict) -> str | None:
     keys = torch.randn(1, 2, 32, 16, generator=generator)
     values = torch.randn(1, 2, 32, 16, generator=generator)
     x = torch.randn(block, 64, generator=generator) * 2
-    angles = torch.arange(context, context + block)[:, None] * torch.rand(8, generator=generator)[None]
+    frequencies = torch.rand(reference.rotary // 2, generator=generator)
+    angles = torch.arange(context, context + block)[:, None] * frequencies[None]
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
 
     def close(compiled: torch.Tensor, expected: torch.Tensor, what: str) -> str | None:

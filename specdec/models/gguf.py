@@ -46,7 +46,7 @@ def load_gguf_dequantized(path: Path, dtype: str, device: str, quantize: str | N
         from specdec.models.precisions import quantize_model
 
         quantize_model(network, quantize)
-    context = hf_config.max_position_embeddings
+    context = network.config.max_position_embeddings
     return LanguageModel(network=network, tokenizer=tokenizer, name=path.stem, vocab_size=hf_config.vocab_size,
                          max_context=min(context, max_context) if max_context else context,
                          eos_token_ids=end_token_ids(hf_config.eos_token_id, tokenizer.eos_token_id),

@@ -209,7 +209,7 @@ def load(
     network, used_backend = _build_network(folder, hf_config, backend, DTYPES[dtype], device, trust_remote_code)
     _set_precision(network, used_backend, folder, exact, quantize)
     tokenizer = _load_tokenizer(folder)
-    context = hf_config.max_position_embeddings
+    context = own_context(network, hf_config)
     return with_kv_dtype(LanguageModel(
         network=network,
         tokenizer=tokenizer,
@@ -225,6 +225,13 @@ def load(
 
 
 KV_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def own_context(network, hf_config) -> int:
+    """The longest context the network runs: the own forward's may be shorter than the config's
+    (longrope: the context its short factors cover, transformer.rope_context)."""
+    return network.config.max_position_embeddings if isinstance(network, LlamaFamilyModel) else \
+        hf_config.max_position_embeddings
 
 
 def with_kv_dtype(model: LanguageModel, kv_dtype: str | None) -> LanguageModel:

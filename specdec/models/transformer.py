@@ -28,9 +28,11 @@ from specdec.models.paged_cache import BLOCK_SIZE, OwnCache, PagedKVCache
 from specdec.models.primitives import ACTIVATIONS, RMSNorm, rotate_half
 
 LEAN_MODEL_TYPES = SUPPORTED_MODEL_TYPES
-# Rope kinds whose frequencies do not depend on the sequence length; "dynamic" and "longrope"
-# change with the length, which a position-indexed cache cannot follow, so they use the adapter.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Rope kinds a position-indexed cache can follow. "longrope" (Phi-3.5, Phi-4-mini) changes its
+# frequencies past original_max_position_embeddings: the own forward runs it up to there (its short
+# factors, as the reference does there) and caps the context; "dynamic" changes them at every
+# length, so it uses the adapter.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 DEFAULT_FIXED_ROWS = 8
 DEFAULT_ROPE = "default"  # the rope table's name where every layer shares one
 
@@ -72,6 +74,11 @@ class TransformerConfig:
     # Per layer: the name of its rope table (rope_frequencies), or None for a layer without RoPE
     # (smollm3's no_rope_layers); None for the whole tuple: every layer uses DEFAULT_ROPE.
     rope_layers: tuple[str | None, ...] | None = None
+    rotary_dim: int | None = None  # RoPE on each head's first rotary_dim dims (phi3's partial_rotary_factor)
+
+    @property
+    def rotary(self) -> int:
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     @property
     def scale(self) -> float:
@@ -107,7 +114,7 @@ class TransformerConfig:
             num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim,
             rms_norm_eps=hf_config.rms_norm_eps,
-            max_position_embeddings=hf_config.max_position_embeddings,
+            max_position_embeddings=rope_context(hf_config),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             attention_bias=family.qkv_bias_always or bias,
             output_bias=family.output_bias_with_attention_bias and bias,
@@ -125,7 +132,30 @@ class TransformerConfig:
             logits_divisor=getattr(hf_config, "logits_scaling", None),
             residual_scale=float(getattr(hf_config, "residual_multiplier", 1.0)),
             rope_layers=rope_layers(hf_config, num_layers, layer_types),
+            rotary_dim=rotary_dim(hf_config, head_dim),
         )
+
+
+def rope_context(hf_config) -> int:
+    """The longest context the own forward runs: the config's, or for longrope the context its
+    short factors cover (original_max_position_embeddings), where it matches the reference."""
+    params = rope_parameters(hf_config) if not per_layer_rope(hf_config) else {}
+    if params.get("rope_type") == "longrope":
+        return min(hf_config.max_position_embeddings, int(params["original_max_position_embeddings"]))
+    return hf_config.max_position_embeddings
+
+
+def rotary_dim(hf_config, head_dim: int) -> int | None:
+    """How many of each head's dims RoPE turns (partial_rotary_factor), None for all of them."""
+    params = rope_parameters(hf_config) if not per_layer_rope(hf_config) else {}
+    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None) or 1.0)
+    if partial == 1.0:
+        return None
+    dims = int(head_dim * partial)
+    if dims % 2 or not 0 < dims <= head_dim:
+        raise UnsupportedByLeanModel(f"partial_rotary_factor {partial} turns {dims} of {head_dim} dims (not an even "
+                                     "number of them)")
+    return dims
 
 
 def sliding_windows(hf_config, num_layers: int) -> tuple[int | None, ...]:
@@ -181,16 +211,14 @@ def rope_parameters(hf_config, layer_type: str | None = None) -> dict:
 
 def rope_inverse_frequencies(hf_config, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
     """Returns (inv_freq [head_dim / 2], attention_scaling) for the config's rope kind (of
-    ``layer_type``, where the config has rope settings per layer type)."""
+    ``layer_type``, where the config has rope settings per layer type); head_dim: the dims RoPE
+    turns (the rotary part of a head, where only part is turned)."""
     params = rope_parameters(hf_config, layer_type)
     rope_type = params["rope_type"]
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedByLeanModel(f"rope type {rope_type!r}: its frequencies change with the sequence length, "
                                      f"which a position-indexed cache cannot follow (supported: "
                                      f"{', '.join(SUPPORTED_ROPE_TYPES)})")
-    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise UnsupportedByLeanModel(f"partial_rotary_factor {partial} (RoPE on part of each head is not implemented)")
     if rope_type == "default":
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         return 1.0 / (params["rope_theta"] ** exponents), 1.0
@@ -203,9 +231,9 @@ def rope_inverse_frequencies(hf_config, head_dim: int, layer_type: str | None = 
 
 
 def rope_frequencies(hf_config, config: TransformerConfig) -> dict[str, tuple[torch.Tensor, float]]:
-    """Each rope table the layers name (config.layer_ropes): (inv_freq [head_dim / 2], attention_scaling)."""
+    """Each rope table the layers name (config.layer_ropes): (inv_freq [rotary / 2], attention_scaling)."""
     names = sorted({name for name in config.layer_ropes if name is not None}) or [DEFAULT_ROPE]
-    return {name: rope_inverse_frequencies(hf_config, config.head_dim, None if name == DEFAULT_ROPE else name)
+    return {name: rope_inverse_frequencies(hf_config, config.rotary, None if name == DEFAULT_ROPE else name)
             for name in names}
 
 
@@ -240,7 +268,7 @@ class DecoderLayer(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.window = window
         self.attention_scale, self.softcap = c.scale, c.attention_softcap
-        self.qk_norm, self.hidden_act = c.qk_norm, c.hidden_act
+        self.qk_norm, self.hidden_act, self.rotary = c.qk_norm, c.hidden_act, c.rotary
         self.input_norm = optional_norm(c.pre_norms, c.hidden_size, c.rms_norm_eps)
         self.qkv_proj = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=c.attention_bias)
         if c.qk_norm is not None:
@@ -257,7 +285,7 @@ class DecoderLayer(nn.Module):
     def queries_keys_values(
         self,
         x: torch.Tensor,  # [n, hidden]
-        cos: torch.Tensor | None,  # [n, head_dim]; None: a layer without RoPE
+        cos: torch.Tensor | None,  # [n, rotary]; None: a layer without RoPE
         sin: torch.Tensor | None,
         fixed_rows: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [heads, n, d], k and v [kv_heads, n, d]
@@ -270,7 +298,10 @@ class DecoderLayer(nn.Module):
         qk, v = qkv.view(num_tokens, -1, d).transpose(0, 1).split([h + g, g], dim=0)  # [heads, n, d]
         if self.qk_norm == "head":
             qk = torch.cat([self.q_norm(qk[:h]), self.k_norm(qk[h:])])
-        if cos is not None and sin is not None:
+        if cos is not None and sin is not None and self.rotary < d:  # RoPE on the first rotary dims only
+            turned, kept = qk.split([self.rotary, d - self.rotary], dim=-1)
+            qk = torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
+        elif cos is not None and sin is not None:
             qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one go: fewer ops per layer
         q, k = qk.split([h, g], dim=0)
         return q, k, v

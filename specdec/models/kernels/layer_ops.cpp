@@ -352,14 +352,16 @@ void norm_linear(int64_t format, const float* x, const float* norm_weight, float
       for (int64_t j = 0; j < width; ++j) y[m * N + j] += bias[j];
 }
 
-// In place on each row's first `heads` heads: x * cos + rotate_half(x) * sin, as the torch forward.
-void rope(float* y, const float* cos, const float* sin, int64_t M, int64_t stride, int64_t heads, int64_t d) {
-  const int64_t half = d / 2;
+// In place on each row's first `heads` heads of d: x * cos + rotate_half(x) * sin over each head's
+// first `rotary` dims (all d, or phi3's partial rotary), as the torch forward. cos, sin [M, rotary].
+void rope(float* y, const float* cos, const float* sin, int64_t M, int64_t stride, int64_t heads, int64_t d,
+          int64_t rotary) {
+  const int64_t half = rotary / 2;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t h = 0; h < heads; ++h) {
       float* x = y + m * stride + h * d;
-      const float* c = cos + m * d;
-      const float* s = sin + m * d;
+      const float* c = cos + m * rotary;
+      const float* s = sin + m * rotary;
       for (int64_t j = 0; j < half; ++j) {
         const float a = x[j], b = x[j + half];
         x[j] = a * c[j] + (-b) * s[j];
@@ -557,15 +559,16 @@ extern "C" {
 // qkv [M, N] = norm(x) @ Wqkv^T + bias, the q and k norms, then RoPE on the q and k heads (d each).
 // x [M, K]; norm_weight null: no input norm; bias over the first `width` outputs or null;
 // q_norm [q_norm_size] and k_norm [k_norm_size], or null: RMSNorm over each group of that many
-// floats of the q heads (heads * d) and the k heads (kv_heads * d); cos, sin [M, d], or null: no RoPE.
+// floats of the q heads (heads * d) and the k heads (kv_heads * d); cos, sin [M, rotary], or null: no
+// RoPE; rotary: the dims of each head RoPE turns (d, or fewer for a partial rotary).
 void specdec_layer_qkv(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w, const float* bias,
                        const float* q_norm, const float* k_norm, int64_t q_norm_size, int64_t k_norm_size,
                        const float* cos, const float* sin, float* qkv, int64_t M, int64_t N, int64_t K, int64_t width,
-                       int64_t heads, int64_t kv_heads, int64_t d) {
+                       int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary) {
   norm_linear(format, x, norm_weight, eps, w, bias, qkv, M, N, K, width);
   if (q_norm) norm_groups(qkv, q_norm, eps, M, N, 0, heads * d, q_norm_size);
   if (k_norm) norm_groups(qkv, k_norm, eps, M, N, heads * d, kv_heads * d, k_norm_size);
-  if (cos && sin) rope(qkv, cos, sin, M, N, heads + kv_heads, d);
+  if (cos && sin) rope(qkv, cos, sin, M, N, heads + kv_heads, d, rotary);
 }
 
 // qkv [M, N] = concat(norm(a), norm(b)) @ Wqkv^T, RoPE applied to the first rope_heads heads of d
@@ -581,7 +584,7 @@ void specdec_head_qkv(int64_t format, const float* a, const float* a_weight, con
     rms_norm(b + m * hidden, b_weight, eps, normed + m * 2 * hidden + hidden, hidden);
   }
   linear(format, normed, w, qkv, M, N, 2 * hidden);
-  rope(qkv, cos, sin, M, N, rope_heads, d);
+  rope(qkv, cos, sin, M, N, rope_heads, d, d);
 }
 
 // y [M, N] = norm(x) @ W^T (+ bias): the final norm and the output head.
