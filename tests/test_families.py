@@ -13,7 +13,7 @@ from specdec import SpeculativeDecoder, load, make_drafter
 from specdec.drafting import ModelTreeDrafter
 from specdec.models.base import Attention, Segment
 from specdec.models.fused_layer import FusedDecoderLayer
-from specdec.models.transformer import DecoderLayer, UnsupportedByLeanModel
+from specdec.models.transformer import UnsupportedByLeanModel
 
 # Each family's own features turned on where a tiny config allows: head_dim 8 so that gemma's
 # query_pre_attn_scalar differs from it, sliding windows shorter than the prompts.
@@ -95,13 +95,13 @@ def test_logits_equal_transformers_over_a_ragged_batch(family):
 @pytest.mark.parametrize("precision", ["float32", "int4", "w8a32"])
 def test_greedy_speculative_output_equals_target_only(family, precision):
     """Chains of a perturbed draft (partly agreeing), trees of it, n-gram drafts and auto; the packed
-    precisions on the compiled layer (gemma2's soft-capped attention: the torch layer)."""
+    precisions on the compiled layer."""
     name, target_folder, draft_folder = family
     quantize = None if precision == "float32" else precision
     target = load(target_folder, quantize=quantize)
     if quantize is not None:
         kinds = {type(layer) for layer in target.network.layers}
-        assert kinds == ({DecoderLayer} if name == "gemma2" else {FusedDecoderLayer}), kinds
+        assert kinds == {FusedDecoderLayer}, kinds
     draft = load(draft_folder)
     drafters = {"chain": make_drafter("model", draft), "tree": ModelTreeDrafter(draft, budget=6, branching=2),
                 "ngram": make_drafter("ngram", max_n=3), "auto": make_drafter("auto", target=target)}

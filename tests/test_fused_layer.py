@@ -178,7 +178,7 @@ def test_compiled_chain_attention_gives_each_query_the_bits_of_its_own_slot_list
 
     generator = torch.Generator().manual_seed(committed + count)
     length, first, tokens = committed + count, 2, count + 3
-    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, attention_scale=d ** -0.5)
+    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, attention_scale=d ** -0.5, softcap=None)
     capacity = 2 * length + 5
     slots = torch.randperm(capacity, generator=generator)[:length] if paged else torch.arange(length)
     row = 0 if paged else 1
@@ -243,7 +243,7 @@ def test_compiled_attention_reads_a_rows_shared_keys_once_and_scores_each_query_
 
     generator = torch.Generator().manual_seed(context)
     capacity = context + 32
-    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, attention_scale=d ** -0.5)
+    layer = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, attention_scale=d ** -0.5, softcap=None)
     keys = torch.randn(2 * copies, kv_heads, capacity, d, generator=generator).to(kv_dtype)
     values = torch.randn(2 * copies, kv_heads, capacity, d, generator=generator).to(kv_dtype)
     chain, tree_parents, tree_context = 20, [-1, 0, 0, 1, 2], max(context // 2, 1)
@@ -282,7 +282,8 @@ ATTENTION_SCRIPT = (
     "from specdec.models.attention import query_list; w, x = torch.load(sys.argv[2]); "
     "keys = w.reshape(1, 2, 36, 64).clone(); values = w.flip(0).reshape(1, 2, 36, 64).clone(); "
     "qkv = torch.cat([x.flatten()] * 4)[: 4 * 640].view(4, 640); q, k, v = qkv.view(4, 10, 64).transpose(0, 1)"
-    ".split([6, 2, 2]); layer = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=64, attention_scale=0.125); "
+    ".split([6, 2, 2]); "
+    "layer = SimpleNamespace(num_heads=6, num_kv_heads=2, head_dim=64, attention_scale=0.125, softcap=None); "
     "slots = [torch.arange(31 + i) for i in range(4)]; out = torch.zeros(4, 6, 64); "
     "fused_layer.attend_queries(layer, q, k, v, query_list([0, 1, 2, 3], [0] * 4, slots), keys, values, out); "
     "alone = torch.zeros(4, 6, 64); "
@@ -345,7 +346,7 @@ def test_a_16_bit_cache_stores_keys_as_torch_rounds_them_at_the_edges(kv_dtype):
     qkv[0, 2 * d:] = row.flip(0)  # the value
     q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
     keys, values = torch.zeros(1, 1, 4, d, dtype=kv_dtype), torch.zeros(1, 1, 4, d, dtype=kv_dtype)
-    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5)
+    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5, softcap=None)
     fused_layer.attend_queries(layer, q, k, v, query_list([0], [0], [torch.arange(3)]), keys, values,
                                torch.zeros(1, 1, d))
     assert torch.equal(keys[0, 0, 2].view(torch.int16), row.to(kv_dtype).view(torch.int16))
@@ -374,7 +375,48 @@ def test_compiled_attention_subtracts_the_largest_score_wherever_it_is(top):
         keys[0, 0, top, 0] = 20.0
     q, k, v = qkv.view(1, 3, d).transpose(0, 1).split([1, 1, 1])
     out = torch.zeros(1, 1, d)
-    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5)
+    layer = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=d, attention_scale=d ** -0.5, softcap=None)
     fused_layer.attend_queries(layer, q, k, v,
                                query_list([0], [0], [torch.arange(count)]), keys, values, out)
     assert torch.allclose(out[0, 0], values[0, 0, top], atol=1e-6)
+
+
+# Under each build: every checked layer variant's compiled q/k/v (q/k norms, partial rotary) and MLP
+# (output norms, GELU-tanh) and its soft-capped attention, on layers packed once in the test.
+VARIANTS_SCRIPT = (
+    "import sys, torch; from specdec.models import fused_layer; from specdec.models.attention import query_list; "
+    "layers = torch.load(sys.argv[2].replace('inputs.pt', 'layers.pt'), weights_only=False); "
+    "w, x = torch.load(sys.argv[2]); rows = x[:, :64].contiguous(); "
+    "angles = torch.arange(3, 12)[:, None] * w[0, :8].abs()[None]; results = {}; "
+    "[results.update({name: (fused_layer.qkv_projection(layer, rows, "
+    "(a := angles[:, :layer.rotary // 2].repeat(1, 2)).cos(), a.sin()), "
+    "fused_layer.mlp_block(layer, rows, x[:, :64].flip(1).contiguous()))}) for name, layer in layers.items()]; "
+    "layer = layers['gemma2']; qkv = results['gemma2'][0]; q, k, v = qkv.transpose(0, 1).split([4, 2, 2]); "
+    "keys = w[:24, :64].reshape(1, 2, 48, 16).clone(); values = keys.flip(2).clone(); out = torch.zeros(9, 4, 16); "
+    "fused_layer.attend_queries(layer, q, k, v, query_list(list(range(9)), [0] * 9, [torch.arange(10 + i) for i in "
+    "range(9)]), keys, values, out); results['attention'] = out; torch.save(results, sys.argv[1])"
+)
+
+
+@pytest.mark.slow  # two more builds of the kernels (g++) and a subprocess each
+@pytest.mark.skipif(not ON_AVX2, reason="the AVX2 and plain x86-64 builds need an x86 CPU with AVX2")
+def test_each_layer_variant_gives_the_same_bits_on_every_instruction_set_path(tmp_path):
+    """The variants' new code (GELU-tanh's vector path beside its scalar one, q/k norms, norms on
+    the outputs, partial rotary, soft-capping) computes one formula: the same bits on every build.
+    w8a32 linears, whose float32 activations carry every bit into the output (int4's int8
+    activations would round a last-bit difference away). Mutation, checked: the scalar GELU-tanh
+    taking std::tanh instead of the shared exp formula fails it."""
+    from specdec.models.w8a32 import W8A32Linear
+
+    generator = torch.Generator().manual_seed(0)
+    layers = {name: fused_layer.random_layers(generator, W8A32Linear, **variant)[1]
+              for name, variant in fused_layer.CHECKED_VARIANTS.items()}
+    torch.save(layers, tmp_path / "layers.pt")
+    outputs = outputs_per_path(tmp_path, VARIANTS_SCRIPT)
+    native = outputs[""]
+    assert set(native) == {*fused_layer.CHECKED_VARIANTS, "attention"}
+    for results in outputs.values():
+        for name, value in results.items():
+            expected = native[name]
+            assert all(torch.equal(a, b) for a, b in zip(value, expected, strict=True)) if isinstance(value, tuple) \
+                else torch.equal(value, expected), name

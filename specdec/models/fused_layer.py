@@ -31,7 +31,7 @@ from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
 from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
 from specdec.models.paged_cache import OwnCache
-from specdec.models.primitives import AttendingLayer, RMSNorm
+from specdec.models.primitives import AttendingLayer, RMSNorm, scaled_dot_product
 from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
 
@@ -45,9 +45,9 @@ SIGNATURES = {
     "specdec_head_qkv": [INT64] + [POINTER] * 4 + [FLOAT] + [POINTER] * 4 + [INT64] * 5,
     "specdec_layer_mlp": [INT64] + [POINTER] * 6 + [FLOAT] + [POINTER] * 5 + [INT64] + [POINTER] + [INT64] * 6,
     "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
-    + [FLOAT, POINTER, INT64],
+    + [FLOAT, POINTER, INT64, FLOAT],
     "specdec_attend_chain": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] + [INT64] * 6
-    + [FLOAT, POINTER, INT64],
+    + [FLOAT, POINTER, INT64, FLOAT],
 }
 
 
@@ -74,8 +74,6 @@ class FusedDecoderLayer(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
         self.window, self.attention_scale, self.softcap = layer.window, layer.attention_scale, layer.softcap
-        if self.softcap is not None:
-            raise ValueError("the compiled attention has no soft-capping (gemma2): the torch layer runs it")
         self.hidden_act, self.rotary = layer.hidden_act, layer.rotary
         self.input_norm, self.post_attention_norm = layer.input_norm, layer.post_attention_norm
         self.attention_out_norm, self.mlp_out_norm = layer.attention_out_norm, layer.mlp_out_norm
@@ -149,7 +147,7 @@ def fuse(network: LlamaFamilyModel, format: int) -> str | None:
     if problem is not None:
         return problem
     for index, layer in enumerate(network.layers):
-        if isinstance(layer, DecoderLayer) and packed_format(layer) == format and layer.softcap is None:
+        if isinstance(layer, DecoderLayer) and packed_format(layer) == format:
             network.layers[index] = FusedDecoderLayer(layer)
     if isinstance(network.layers[0], FusedDecoderLayer) and isinstance(network.lm_head, PackedLinear) and \
             network.lm_head.format == format:
@@ -180,7 +178,7 @@ def attend_queries(
         keys.stride(0) if row_stride is None else row_stride,
         keys.stride(1), queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(),
         queries.counts.data_ptr(), queries.slots.stride(0), queries.tokens.shape[0], layer.num_heads,
-        layer.num_kv_heads, d, layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype],
+        layer.num_kv_heads, d, layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype], layer.softcap or 0.0,
     )
 
 
@@ -208,7 +206,7 @@ def attend_chain(
     library().specdec_attend_chain(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), row_base,
         keys.stride(1), slots.data_ptr(), committed, first, count, layer.num_heads, layer.num_kv_heads, d,
-        layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype],
+        layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype], layer.softcap or 0.0,
     )
 
 
@@ -340,12 +338,14 @@ def _cached_layer_problem(key: str, format: int) -> str | None:
 
 # The layer variants the load-time self-check runs: the Llama layer with qwen2's biases, gemma3's
 # (per-head q/k norms, norms on the outputs, GELU, a scale of its own), olmo2's (no input norms,
-# q/k norms over all heads) and phi3's partial rotary (RoPE on 12 of 16 dims).
+# q/k norms over all heads), phi3's partial rotary (RoPE on 12 of 16 dims) and gemma2's soft-capped
+# attention scores.
 CHECKED_VARIANTS: dict[str, dict] = {
     "qwen2": dict(attention_bias=True),
     "gemma3": dict(qk_norm="head", post_norms=True, hidden_act="gelu_pytorch_tanh", attention_scale=0.3),
     "olmo2": dict(qk_norm="projection", pre_norms=False, post_norms=True),
     "phi3-partial-rotary": dict(rotary_dim=12),
+    "gemma2": dict(post_norms=True, hidden_act="gelu_pytorch_tanh", attention_scale=0.3, attention_softcap=1.5),
 }
 
 
@@ -419,10 +419,8 @@ def check_variant(seed: int, format: int, variant: dict) -> str | None:
         single = query_list([row], [0], [lists.slots[row, : row + context + 1]])
         attend_queries(layer, queries, new_keys, new_values, single, keys, values, alone)
     mask = torch.ones(block, context + block, dtype=torch.bool).tril(context)
-    expected_attended = torch.nn.functional.scaled_dot_product_attention(
-        queries[None], keys[:, :, : context + block], values[:, :, : context + block], attn_mask=mask, enable_gqa=True,
-        scale=layer.attention_scale,
-    )[0].transpose(0, 1)  # [n, heads, d]
+    expected_attended = scaled_dot_product(layer, queries[None], keys[:, :, : context + block],
+                                           values[:, :, : context + block], mask)[0].transpose(0, 1)  # [n, heads, d]
     attended = attended.reshape(block, -1)
     problems = [
         None if torch.equal(written[0], new_keys) and torch.equal(written[1], new_values)

@@ -279,6 +279,13 @@ void gelu_tanh_times(const float* gate, const float* up, float* out, int64_t n) 
 // The MLP gate's activations (the activation argument of specdec_layer_mlp).
 constexpr int64_t kSilu = 0, kGeluTanh = 1;
 
+// Scores soft-capped before the softmax where cap > 0 (gemma2's attn_logit_softcapping), as the
+// reference: tanh(x / cap) * cap, one element at a time (std::tanh: the same bits on every path).
+void soft_cap(float* x, int64_t n, float cap) {
+  if (cap > 0.0f)
+    for (int64_t j = 0; j < n; ++j) x[j] = std::tanh(x[j] / cap) * cap;
+}
+
 // The largest of x[0..n): 8 lanes at a time (a running maximum, one compare per key, was a
 // latency-bound chain over a long context). The maximum of a set is the same whatever the order,
 // and exp(x - top) is the same for a top of -0 or +0: for scores that are numbers, the weights of
@@ -614,7 +621,7 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 }
 
 // Attention of each listed query over exactly its own key slots, in their order: softmax(q . k *
-// scale) @ v, after writing each query's new key and value into its last slot. Grouped-query: head
+// scale, soft-capped where softcap > 0) @ v, after writing each query's new key and value into its last slot. Grouped-query: head
 // h reads kv head h / (heads / kv_heads).
 //   q: token t's head h at q + t * q_stride + h * d; its new key and value of kv head g likewise at
 //   k and v + t * q_stride + g * d;  out [tokens, heads * d] (stride heads * d)
@@ -646,7 +653,7 @@ void specdec_layer_mlp(int64_t format, const float* x, const float* attended, co
 void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
                     int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
                     const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
-                    int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_format) {
+                    int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_format, float softcap) {
   const int64_t group = heads / kv_heads;
   // Each query's own key and value first (its last slot), so that block-mates see each other.
   for (int64_t i = 0; i < queries; ++i)
@@ -716,6 +723,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
   const auto softmax = [&](int64_t i, int64_t h) {
     const int64_t count = counts[i];
     float* row = weights + starts[i] + h * count;
+    soft_cap(row, count, softcap);
     totals[i * heads + h] = exp_minus_and_sum(row, largest(row, count), count);
   };
   // 3. Values of row r's members for query heads [h0, h1) of kv head g, elements [t0, t0 + slice)
@@ -790,7 +798,7 @@ void specdec_attend(const float* q, const float* k, const float* v, int64_t q_st
 void specdec_attend_chain(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
                           int64_t row_base, int64_t head_stride, const int64_t* list, int64_t committed, int64_t first,
                           int64_t count, int64_t heads, int64_t kv_heads, int64_t d, float scale, float* out,
-                          int64_t kv_format) {
+                          int64_t kv_format, float softcap) {
   for (int64_t i = 0; i < count; ++i)
     store_token(k + (first + i) * q_stride, v + (first + i) * q_stride, keys, values,
                 row_base + list[committed + i] * d, head_stride, kv_heads, d, kv_format);
@@ -827,6 +835,7 @@ void specdec_attend_chain(const float* q, const float* k, const float* v, int64_
       float* mine = weights.get() + starts[i - begin];
       for (int64_t h = 0; h < group; ++h) {
         float* row = mine + h * own;
+        soft_cap(row, own, softcap);
         totals[(i - begin) * group + h] = exp_minus_and_sum(row, largest(row, own), own);
       }
       for (int64_t t0 = 0; t0 < d; t0 += slice)
