@@ -47,7 +47,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--backend",
         default="auto",
         choices=["auto", "specdec", "transformers", "llama.cpp"],
-        help="own Llama-family forward, transformers adapter, llama.cpp (.gguf files), or auto",
+        help="own forward (llama, qwen2/3, mistral, gemma 1/2/3, phi3, olmo2, granite, smollm3), transformers "
+        "adapter, llama.cpp (.gguf files), or auto",
     )
     parser.add_argument("--trust-remote-code", action="store_true", help="allow checkpoints that ship their own code")
     parser.add_argument(

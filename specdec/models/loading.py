@@ -184,7 +184,7 @@ def load(
 ) -> LanguageModel:
     """Load a model folder.
 
-    backend: "specdec" (own Llama-family forward), "transformers" (AutoModelForCausalLM adapter,
+    backend: "specdec" (own forward: the families of architectures.py), "transformers" (AutoModelForCausalLM adapter,
     for any architecture) or "auto" (own forward where the architecture is supported).
     quantize: None, "int8" (int8 weights, per-row int8 activations; CPU only), "int4" (4-bit
     weight groups on a kernel compiled and checked on this CPU, int8 where it cannot run) or "w8a32"

@@ -1,9 +1,11 @@
 """specdec's own forward: one config-driven decoder for the families in architectures.py.
 
-RMSNorm, RoPE (with the rope_scaling kinds these checkpoints use), grouped-query attention,
-SwiGLU, tied or untied embeddings, optional qkv bias (qwen2) and sliding-window attention
-(mistral). The q/k/v and gate/up projections are fused into one matmul each at load time: on a
-CPU most of a small model's time is per-op overhead, so fewer, larger ops are faster.
+The Llama layer (RMSNorm, RoPE with the rope_scaling kinds checkpoints use, grouped-query
+attention, a gated MLP, tied or untied embeddings, biases, sliding windows) plus what a family and
+its config turn on (TransformerConfig: q/k norms, norms on the outputs, GELU, scales, soft-capping,
+per-layer windows and rope tables, layers without RoPE, partial rotary). The q/k/v and gate/up
+projections are fused into one matmul each at load time: on a CPU most of a small model's time is
+per-op overhead, so fewer, larger ops are faster.
 
 ``forward(tokens, positions, cache, attention)`` scores a ragged block (see models/base.py):
 one token when decoding, a chain or a tree of drafts when verifying, several requests at once.
