@@ -122,3 +122,34 @@ def test_outputs_equal_alone_when_a_long_prompt_comes_with_a_burst(tiny_pair, te
     assert results == expected
     # the budget, and the burst's one-piece prompts besides
     assert max(fed for fed, _ in scheduler.prefill_chunks) <= CHUNK + 6 * 2
+
+
+@pytest.mark.parametrize("long_prompts", [2, 4])
+def test_a_short_request_behind_several_long_prompts_waits_about_a_loop_per_prompt(tiny_pair, long_prompts):
+    """While 2 (4) long prompts are fed a piece a loop beside a running stream, a short request
+    gets its first token within long_prompts + 2 loops (one a prompt ahead of it, one to admit it
+    and one for its own piece and first step), not once they are all in; the long ones
+    still finish. Mutation, checked: the passed over in the order they came (the old rule) keeps
+    it waiting past the bound, behind long prompts that take turns."""
+    scheduler = make_scheduler(tiny_pair, budget=CHUNK)
+    vocab = scheduler.engine.target.vocab_size
+    scheduler.submit([1, 2, 3], SamplingParams(max_new_tokens=400), lambda item: None)
+    one_loop(scheduler)  # a stream runs from now on
+    longs = [scheduler.submit(long_prompt(vocab, 90 + index), SamplingParams(max_new_tokens=2), lambda item: None)
+             for index in range(long_prompts)]
+    for _ in range(3):  # the long prompts take turns
+        one_loop(scheduler)
+    assert all(ticket in scheduler.prefilling for ticket in longs)
+    first_token = []
+    short = scheduler.submit([5, 6, 7, 8], SamplingParams(max_new_tokens=3), lambda item: first_token.append(item))
+    loops = 0
+    while not first_token:
+        one_loop(scheduler)
+        loops += 1
+        assert loops <= long_prompts + 2, f"the short request waited {loops} loops behind {long_prompts} prompts"
+    assert short.request is None or short in scheduler.running or short.request.finish_reason is not None
+    for _ in range(200):
+        if not any(ticket in scheduler.prefilling for ticket in longs):
+            break
+        one_loop(scheduler)
+    assert not any(ticket in scheduler.prefilling for ticket in longs)

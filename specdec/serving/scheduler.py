@@ -154,6 +154,10 @@ class Scheduler:
         # (prompt tokens fed, streams running) of the last loops that fed (bounded: a server runs for days)
         self.prefill_chunks: collections.deque[tuple[int, int]] = collections.deque(maxlen=4096)
         self.passed_over: set[Request] = set()  # prefilling requests the last loop fed nothing of
+        # Each prefilling request's last loop that fed it (or, before any, the loop that first saw it):
+        # the passed over go least recently fed first, so none waits more loops than there are prompts.
+        self.last_fed: dict[Request, int] = {}
+        self.feed_loops = 0
         # (batch, mean draft length) -> steps
         self.steps: collections.Counter[tuple[int, float]] = collections.Counter()
         self.ids = itertools.count()
@@ -410,17 +414,24 @@ class Scheduler:
         """Feed the prefilling requests' prompts: the next PrefillBudget tokens (a prompt alone
         too, so that one arriving during it is admitted at the next loop), shortest prompt first
         (so a short one admitted beside a long one starts at once), the requests the last loop
-        passed over first of all, in the order they came (so a long one still moves while short
-        ones keep coming). With nothing running, the prompts that fit in one piece all go in at
-        once besides (a burst starts together, as it would alone). An engine without pieces
+        passed over first of all, least recently fed first (ties: in the order they came): so a long one
+        still moves while short ones keep coming, and a short one admitted while several long
+        ones are fed waits about one loop per prompt being fed, never for them to end (the
+        order they came in let long prompts that took turns pass over a newcomer until they
+        were done). With nothing running, the prompts that fit in one piece all go in at once
+        besides (a burst starts together, as it would alone). An engine without pieces
         (prefill_chunk None) feeds every prompt whole. The requests done start running."""
         forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
         forks = [(ticket.parent.request, ticket.admitted()) for ticket in forking
                  if ticket.parent is not None and ticket.parent.request is not None]
         requests = [ticket.admitted() for ticket in self.prefilling if ticket not in forking]
         left = {request: len(request.prompt_ids) - 1 - request.fed for request in requests}
-        # Stable: the passed over in the order they came (none waits for ever), then shortest first.
-        requests.sort(key=lambda r: (0, 0) if r in self.passed_over else (1, left[r]))
+        loop = self.feed_loops
+        self.feed_loops += 1
+        for request in requests:
+            self.last_fed.setdefault(request, loop)
+        # Stable: the passed over least recently fed first, ties in the order they came; then shortest first.
+        requests.sort(key=lambda r: (0, self.last_fed[r]) if r in self.passed_over else (1, left[r]))
         budget = None
         if self.engine.prefill_chunk is not None:  # in pieces: a loop's worth, and newcomers admitted between loops
             budget = self.prefill.next(streams_running=bool(self.running))
@@ -433,6 +444,11 @@ class Scheduler:
         fed = sum(request.fed for request in requests) - sum(fed_before)
         self.passed_over = {r for r, before in zip(requests, fed_before, strict=True)
                             if r.fed == before and r not in done}
+        for request, before in zip(requests, fed_before, strict=True):
+            if request in done:
+                self.last_fed.pop(request, None)
+            elif request.fed > before:
+                self.last_fed[request] = loop
         self.prefill.observe_prefill(fed, time.perf_counter() - started)
         if self.metrics is not None:
             self.metrics.observe_prefill(fed, sum(child.fed for _, child in forks if child in done))
@@ -467,4 +483,5 @@ class Scheduler:
             self.cache.rollback(ticket.request.row, 0)
             self.free_rows.append(ticket.request.row)
             self.passed_over.discard(ticket.request)
+            self.last_fed.pop(ticket.request, None)
             ticket.request = None  # the drafter's per-request state (a draft cache) goes with it
