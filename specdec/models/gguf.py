@@ -1,7 +1,7 @@
 """A GGUF file dequantized into specdec's own forward (gguf and accelerate are dependencies):
 transformers reads the GGUF's config, tokenizer and weights (dequantized to float32), and the
-own forward (its families: models/architectures.py) runs them in any dtype, int8 included. For llama.cpp's own kernels on
-the quantized weights, use the llama.cpp backend instead."""
+own forward (its families: models/architectures.py) runs them in any dtype, int8 included. For
+llama.cpp's own kernels on the quantized weights, use the llama.cpp backend instead."""
 
 from __future__ import annotations
 
