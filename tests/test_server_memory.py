@@ -91,16 +91,18 @@ def test_a_long_request_uses_the_pool_short_ones_leave_and_gives_its_blocks_back
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_requests_preempted_when_the_pool_runs_dry_get_the_text_they_get_alone(tiny_pair, temperature):
-    """Six requests whose contexts do not fit together in a pool of 8 blocks: the youngest are
-    preempted (blocks freed), admitted again later, their contexts computed again, and every
+    """Six requests whose contexts do not fit together in a pool of 7 blocks (8 ran dry only while
+    prompts' blocks could be taken back: PagedKVCache.hold): the youngest are preempted or, still
+    prefilling, deferred (blocks freed), admitted again later, their contexts computed again, and every
     request's tokens are what it gets alone (greedy and seeded). Mutation checked: resuming
     without feeding the generated tokens again (Engine.refill stopping at the prompt) fails it."""
-    scheduler, alone = scheduler_with_pool(tiny_pair, pool_tokens=8 * BLOCK_SIZE, max_batch=6, prefix_rows=0)
+    scheduler, alone = scheduler_with_pool(tiny_pair, pool_tokens=7 * BLOCK_SIZE, max_batch=6, prefix_rows=0)
     prompts = [[(7 * i + 3 * k) % 90 + 3 for i in range(20 + 9 * k)] for k in range(6)]
     samplings = [SamplingParams(max_new_tokens=50, temperature=temperature, seed=k) for k in range(6)]
-    preempted = []
-    original = scheduler.preempt
-    scheduler.preempt = lambda ticket: (preempted.append(ticket.id), original(ticket))
+    preempted = []  # running requests preempted, or prefilling ones deferred (the youngest goes, either way)
+    for verb in ("preempt", "defer"):
+        original = getattr(scheduler, verb)
+        setattr(scheduler, verb, lambda ticket, original=original: (preempted.append(ticket.id), original(ticket)))
     results = run(scheduler, prompts, samplings)
     assert preempted  # the pool ran dry: some request was taken out and came back
     assert scheduler.cache.free_block_count == scheduler.cache.num_blocks

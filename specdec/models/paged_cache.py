@@ -58,6 +58,8 @@ class PagedKVCache(SlotVerbs):
         # sized to what they can reach, where a tree's extra nodes must not fail it (a server's is fixed).
         self.growable = growable
         self.lengths = [0] * rows
+        # Per row: slots whose blocks stay with it through commits (hold), 0 for none.
+        self.held = [0] * rows
         self.tables: list[list[int]] = [[] for _ in range(rows)]
         self.references = [0] * num_blocks  # rows whose tables hold each block
         self.free_blocks = list(range(num_blocks))  # a heap: the lowest first
@@ -139,9 +141,9 @@ class PagedKVCache(SlotVerbs):
             heapq.heappush(self.free_blocks, block)
 
     def _trim(self, row: int) -> None:
-        """Give back the row's blocks past its committed length."""
+        """Give back the row's blocks past its committed length (and past what it holds)."""
         table = self.tables[row]
-        keep = self.blocks_for(self.lengths[row])
+        keep = self.blocks_for(max(self.lengths[row], self.held[row]))
         for block in table[keep:]:
             self._drop(block)
         del table[keep:]
@@ -165,6 +167,25 @@ class PagedKVCache(SlotVerbs):
                 table[index] = copy
         while len(table) < self.blocks_for(length):
             table.append(self._take())
+
+    def hold(self, row: int, length: int) -> None:
+        """ensure(row, length), and keep those blocks with the row through its commits until
+        release_hold (or the row is emptied): a prompt's blocks, taken when it is admitted, so
+        that its prefill in pieces never runs dry while other rows grow (a commit gives back the
+        blocks past the committed length, which a running request then took)."""
+        self.ensure(row, length)
+        self.held[row] = length
+
+    def release_hold(self, row: int) -> None:
+        """The row's blocks past its committed length go back to the pool (hold's end)."""
+        self.held[row] = 0
+        self._trim(row)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row's slots from ``length`` on; an emptied row holds nothing any more."""
+        if length == 0:
+            self.held[row] = 0
+        super().rollback(row, length)
 
     def reserve(self, capacity: int) -> None:
         """Nothing: blocks are taken per row as forwards need them (ensure)."""

@@ -271,9 +271,9 @@ class Scheduler:
                 reused = self.prefixes.reuse(ticket.request)
                 if self.metrics is not None:
                     self.metrics.observe_prefix_query(reused)
-            if self.pool is not None and not self.forks_later(ticket):  # its prompt's blocks, taken now
+            if self.pool is not None and not self.forks_later(ticket):  # its prompt's blocks, held from now on
                 try:
-                    self.pool.ensure(ticket.admitted().row, len(ticket.prompt_ids))
+                    self.pool.hold(ticket.admitted().row, len(ticket.prompt_ids))
                 except CacheFullError as error:  # has_room saw them: only a pool smaller than one prompt
                     self.fail(ticket, error)
         for ticket in [t for t in [*self.prefilling, *self.running] if t.cancelled]:
@@ -375,12 +375,31 @@ class Scheduler:
         while need() > pool.free_block_count:
             if self.prefixes is not None and self.prefixes.evict_oldest():
                 continue
+            # The youngest request goes: running, preempted (its context computed again later), or
+            # still prefilling (its prompt's held blocks), deferred: it starts again from its prompt.
+            feeding = [ticket for ticket in self.prefilling if not self.forks_later(ticket)]
+            youngest = max([*self.running, *feeding], key=lambda ticket: ticket.id)
+            if youngest in feeding:
+                self.defer(youngest)
+                continue
             if len(self.running) == 1:
                 break  # alone it fits (max_model_len <= the pool); a tree's extra nodes: see advance
-            youngest = max(range(len(self.running)), key=lambda index: self.running[index].id)
-            self.preempt(self.running[youngest])
-            draft_lengths = draft_lengths[:youngest] + draft_lengths[youngest + 1 :]
+            index = self.running.index(youngest)
+            self.preempt(youngest)
+            draft_lengths = draft_lengths[:index] + draft_lengths[index + 1 :]
         return draft_lengths
+
+    def defer(self, ticket: Ticket) -> None:
+        """A prefilling ``ticket`` back to the queue's front with nothing of it kept (it has emitted
+        nothing): its row and held blocks freed, its request built again when admitted, so its
+        text is what it gets alone."""
+        self.release(ticket)
+        ticket.preempted += 1
+        log.info("request %d deferred (KV pool dry while its prompt was fed)", ticket.id)
+        if self.metrics is not None:
+            self.metrics.preemptions.inc()
+        with self.wake:
+            self.waiting.appendleft(ticket)
 
     def preempt(self, ticket: Ticket) -> None:
         """Take ``ticket``'s cache row back (its blocks freed) and queue it first: admitted again,
@@ -458,6 +477,8 @@ class Scheduler:
             ticket.text = TextStream(self.engine.target.tokenizer, ticket.sampling.stop)
             self.prefilling.remove(ticket)
             self.running.append(ticket)
+            if self.pool is not None:  # running, its blocks come and go with its steps (make_room)
+                self.pool.release_hold(ticket.admitted().row)
 
     def forks_later(self, ticket: Ticket) -> bool:
         """Whether ``ticket`` waits for its parent's prefill to copy it (else it prefills itself:
