@@ -140,6 +140,34 @@ def test_a_refused_constraint_gets_a_400_and_harms_no_one(target, alone, case):
         assert settled(scheduler)
 
 
+# A schema's pattern and a grammar's repetitions, bounded at admission as a regex is (issue 79: they
+# passed admission and failed once tokens flowed: a 400 grammar_failed, or an error event after 200).
+REPEATS_PAST_THE_BOUND = {
+    "schema_pattern": body("x", response_format={"type": "json_schema", "json_schema": {
+        "name": "s", "schema": {"type": "string", "pattern": "^(b|c)a{1000000}$"}}}),
+    "grammar_regex_literal": body("x", guided_grammar="start: /(b|c)a{1000000}/"),
+    "grammar_lark_repeat": body("x", guided_grammar='start: ("b" | "c") "a"~1000000'),
+    "grammar_gbnf_repeat": body("x", guided_grammar='root ::= ("b" | "c") "a"{1000000}'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPEATS_PAST_THE_BOUND))
+def test_a_huge_repetition_in_a_schema_or_grammar_is_refused_at_admission(target, case):
+    """A 400 saying the bound (grammar_too_complex), streamed or not: never a stream that starts
+    and then fails. Mutation, checked: bounding regexes only (as before) lets all four through
+    admission (grammar_failed once tokens flow)."""
+    scheduler, running = serve(target)
+    with running as url:
+        for stream in (False, True):
+            response = httpx.post(f"{url}/v1/completions", json={**REPEATS_PAST_THE_BOUND[case], "stream": stream},
+                                  timeout=120)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "grammar_too_complex" and "1000000" in error["message"], error
+            assert_one_line(error)
+        assert settled(scheduler)
+
+
 def slow_compiles(monkeypatch, seconds: float) -> list[str]:
     """Every grammar compile first sleeps ``seconds``; returns the names of the threads that compiled."""
     threads, matcher = [], GrammarCompiler.matcher

@@ -12,6 +12,7 @@ before it takes a cache row, never an error in the middle of a batch.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +26,10 @@ from specdec.serving.protocol import ApiError
 log = logging.getLogger("specdec.serving")
 
 
-# The largest repetition a regex may ask for, nested bounds multiplied ("(a{100}){100}": 10,000).
-# The grammar engine expands a bounded repetition as it goes, so a{1000000} passes compilation and
-# the forced-token walk, then fails once tokens flow, in the middle of a batch.
+# The largest repetition a regex may ask for, nested bounds multiplied ("(a{100}){100}": 10,000),
+# and so a JSON schema's patterns and a grammar's bounds (constraint_repetition). The grammar engine
+# expands a bounded repetition as it goes, so a{1000000} passes compilation and the forced-token
+# walk, then fails once tokens flow, in the middle of a batch.
 MAX_REPETITION = 10_000
 
 
@@ -61,6 +63,52 @@ def largest_repetition(pattern: str) -> int | None:
     return largest(parsed)
 
 
+# A grammar's bounded repetitions: Lark's "item ~ n" and "item ~ m..n", GBNF's "item{m}",
+# "item{m,}" and "item{m,n}"; and its regex literals, /.../ (Lark) as a whole.
+GRAMMAR_BOUNDS = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+GRAMMAR_REGEX_LITERALS = re.compile(r"/((?:[^/\\\n]|\\.)+)/")
+
+
+def schema_patterns(schema: Any) -> list[str]:
+    """Every regex a JSON schema holds: "pattern" values and "patternProperties" keys, at any
+    depth (walked without recursion: a schema may nest deeper than Python's stack)."""
+    found, stack = [], [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("pattern"), str):
+                found.append(item["pattern"])
+            if isinstance(item.get("patternProperties"), dict):
+                found.extend(key for key in item["patternProperties"] if isinstance(key, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def constraint_repetition(constraint: Constraint) -> int | None:
+    """The largest repetition a constraint asks for, where it can be read here: a regex's
+    (largest_repetition), the largest of a JSON schema's patterns, or of a grammar's regex
+    literals and bounded repetitions (each bound alone: rules that repeat one another are the
+    grammar engine's to judge). None where nothing is readable."""
+    if constraint.kind == "regex":
+        return largest_repetition(constraint.source)
+    if constraint.kind == "json_schema":
+        try:
+            patterns = schema_patterns(json.loads(constraint.source))
+        except (ValueError, RecursionError):
+            return None  # the schema's own checks say what is wrong with it
+        found = [largest_repetition(pattern) for pattern in patterns]
+    elif constraint.kind == "grammar":
+        text = constraint.source
+        found = [largest_repetition(literal) for literal in GRAMMAR_REGEX_LITERALS.findall(text)]
+        found += [max(int(number) for number in match if number) for match in GRAMMAR_BOUNDS.findall(text)]
+    else:
+        return None
+    readable = [value for value in found if value is not None]
+    return max(readable) if readable else None
+
+
 class ConstraintCompiler:
     """Compiles requests' constraints for ``target`` on ``workers`` threads. A compile past
     ``seconds`` answers 400 at once; its thread runs on to the end (the engine cannot be stopped
@@ -79,7 +127,7 @@ class ConstraintCompiler:
         if size > self.max_bytes:
             raise ApiError(400, f"{param} is {size} bytes; this server compiles at most {self.max_bytes} "
                                 "(--max-grammar-bytes)", param, code="grammar_too_large")
-        repetition = largest_repetition(constraint.source) if constraint.kind == "regex" else None
+        repetition = constraint_repetition(constraint)
         if repetition is not None and repetition > MAX_REPETITION:
             raise ApiError(400, f"{param} repeats up to {repetition} times (nested bounds multiplied); this server "
                                 f"takes at most {MAX_REPETITION}", param, code="grammar_too_complex")
