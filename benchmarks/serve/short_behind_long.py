@@ -24,12 +24,14 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8000, help="tokens in each long prompt")
     parser.add_argument("--delay", type=float, default=3.0, help="seconds before the short stream is sent")
     parser.add_argument("--out", type=Path, default=None, help="a JSON-lines file to append the result to")
+    parser.add_argument("--salt", type=int, default=0, help="varies the long prompts' tokens (a server's prefix "
+                        "cache must not hold them from a run before)")
     args = parser.parse_args()
     model = httpx.get(f"{args.url}/v1/models", timeout=60).json()["data"][0]["id"]
     long_seconds: dict[str, float] = {}
 
     def long_request(index: int) -> None:
-        prompt = [(7 * position + 13 * index) % 30000 + 100 for position in range(args.length)]
+        prompt = [(7 * position + 13 * index + 101 * args.salt) % 30000 + 100 for position in range(args.length)]
         started = time.perf_counter()
         reply = httpx.post(f"{args.url}/v1/completions", timeout=3600, json={
             "model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0})
