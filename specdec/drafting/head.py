@@ -17,6 +17,7 @@ The checkpoint layout is the one SpecForge and the EAGLE repository write (confi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ class HeadLayer(nn.Module):
     def __init__(self, c: HeadConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.attention_scale = c.head_dim ** -0.5
+        self.attention_scale = 1.0 / math.sqrt(c.head_dim)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # on the token embedding
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # on the features
         self.qkv_proj = nn.Linear(2 * c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)

@@ -53,7 +53,11 @@ def gguf_four_bit_share(path: Path) -> float:
     import gguf
 
     counts = {"low": 0, "high": 0}
-    for tensor in gguf.GGUFReader(str(path)).tensors:
+    try:
+        tensors = gguf.GGUFReader(str(path)).tensors
+    except (ValueError, OSError):
+        return 1.0  # unreadable here: the candidates are measured, and loading says what is wrong
+    for tensor in tensors:
         if len(tensor.shape) >= 2:
             bits = GGUF_TYPE_BITS.get(tensor.tensor_type.name, 8)
             counts["low" if bits <= 4 else "high"] += int(tensor.n_elements)

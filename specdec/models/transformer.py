@@ -15,6 +15,7 @@ segment's cache row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ class TransformerConfig:
     post_norms: bool = False  # RMSNorm on attention's and the MLP's outputs (gemma2/3, olmo2)
     hidden_act: str = "silu"  # the MLP gate's activation (primitives.ACTIVATIONS)
     embedding_scale: float | None = None  # embeddings times this (gemma: sqrt(hidden); granite's multiplier)
-    attention_scale: float | None = None  # q . k times this; None: head_dim ** -0.5
+    attention_scale: float | None = None  # q . k times this; None: 1 / sqrt(head_dim)
     attention_softcap: float | None = None  # gemma2's attn_logit_softcapping
     final_softcap: float | None = None  # gemma2's final_logit_softcapping
     logits_divisor: float | None = None  # granite's logits_scaling
@@ -83,8 +84,8 @@ class TransformerConfig:
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     @property
-    def scale(self) -> float:
-        return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
+    def scale(self) -> float:  # 1 / sqrt(d) as before this field existed: the same bits for llama, qwen2, mistral
+        return 1.0 / math.sqrt(self.head_dim) if self.attention_scale is None else self.attention_scale
 
     @property
     def layer_ropes(self) -> tuple[str | None, ...]:
