@@ -44,6 +44,7 @@ class FusedHeadLayer(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
         self.attention_scale = layer.attention_scale
+        self.eps = layer.post_attention_layernorm.eps
         self.input_layernorm, self.hidden_norm = layer.input_layernorm, layer.hidden_norm
         self.post_attention_norm = layer.post_attention_layernorm  # the name mlp_block reads
         linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)

@@ -61,7 +61,7 @@ def library() -> ctypes.CDLL:
 
 
 # The MLP activations the compiled layer runs, as specdec_layer_mlp's activation argument.
-ACTIVATION_CODES = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}
 
 
 class FusedDecoderLayer(nn.Module):
@@ -74,7 +74,7 @@ class FusedDecoderLayer(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
         self.window, self.attention_scale, self.softcap = layer.window, layer.attention_scale, layer.softcap
-        self.hidden_act, self.rotary = layer.hidden_act, layer.rotary
+        self.hidden_act, self.rotary, self.eps = layer.hidden_act, layer.rotary, layer.eps
         self.input_norm, self.post_attention_norm = layer.input_norm, layer.post_attention_norm
         self.attention_out_norm, self.mlp_out_norm = layer.attention_out_norm, layer.mlp_out_norm
         self.q_norm: RMSNorm | None = getattr(layer, "q_norm", None)
@@ -241,7 +241,7 @@ def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor 
     cos, sin = (None, None) if cos is None or sin is None else (cos.contiguous(), sin.contiguous())
     out = torch.empty(x.shape[0], linear.out_padded)
     library().specdec_layer_qkv(
-        linear.format, x.data_ptr(), _pointer(None if norm is None else norm.weight), layer_eps(layer),
+        linear.format, x.data_ptr(), _pointer(None if norm is None else norm.weight), layer.eps,
         linear.records.data_ptr(), _pointer(linear.bias), _pointer(None if q_norm is None else q_norm.weight),
         _pointer(None if k_norm is None else k_norm.weight), 0 if q_norm is None else q_norm.weight.shape[0],
         0 if k_norm is None else k_norm.weight.shape[0], _pointer(cos), _pointer(sin), out.data_ptr(), x.shape[0],
@@ -249,13 +249,6 @@ def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor 
         layer.head_dim, layer.rotary,
     )
     return out[:, : linear.out_features].view(x.shape[0], -1, layer.head_dim)
-
-
-def layer_eps(layer: FusedDecoderLayer | PackedMLP) -> float:
-    """The layer's RMSNorm epsilon (one for all its norms), from whichever norms it has."""
-    norms = (getattr(layer, name, None) for name in ("input_norm", "post_attention_norm", "attention_out_norm",
-                                                      "mlp_out_norm"))
-    return next(norm.eps for norm in norms if norm is not None)
 
 
 def head_qkv_projection(linear: PackedLinear, embed_norm: RMSNorm, feature_norm: RMSNorm, embeds: torch.Tensor,
@@ -288,6 +281,8 @@ class PackedMLP(Protocol):
     def mlp_out_norm(self) -> RMSNorm | None: ...
     @property
     def hidden_act(self) -> str: ...
+    @property
+    def eps(self) -> float: ...  # the epsilon of all its norms
 
 
 def mlp_block(layer: PackedMLP, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -299,7 +294,7 @@ def mlp_block(layer: PackedMLP, x: torch.Tensor, attended: torch.Tensor) -> torc
     out = torch.empty_like(x)
     library().specdec_layer_mlp(
         o.format, x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), _pointer(o_norm),
-        _pointer(norm), layer_eps(layer), gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(),
+        _pointer(norm), layer.eps, gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(),
         _pointer(down.bias), _pointer(down_norm), ACTIVATION_CODES[layer.hidden_act], out.data_ptr(), x.shape[0],
         x.shape[1], attended.shape[1], down.in_features, o.out_padded, gate_up.out_padded,
     )
@@ -342,10 +337,10 @@ def _cached_layer_problem(key: str, format: int) -> str | None:
 # attention scores.
 CHECKED_VARIANTS: dict[str, dict] = {
     "qwen2": dict(attention_bias=True),
-    "gemma3": dict(qk_norm="head", post_norms=True, hidden_act="gelu_pytorch_tanh", attention_scale=0.3),
+    "gemma3": dict(qk_norm="head", post_norms=True, hidden_act="gelu_tanh", attention_scale=0.3),
     "olmo2": dict(qk_norm="projection", pre_norms=False, post_norms=True),
     "phi3-partial-rotary": dict(rotary_dim=12),
-    "gemma2": dict(post_norms=True, hidden_act="gelu_pytorch_tanh", attention_scale=0.3, attention_softcap=1.5),
+    "gemma2": dict(post_norms=True, hidden_act="gelu_tanh", attention_scale=0.3, attention_softcap=1.5),
 }
 
 

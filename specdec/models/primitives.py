@@ -85,6 +85,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# The MLP's gate activations the own forward runs (config names as transformers writes them).
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu, "swish": F.silu, "gelu_pytorch_tanh": gelu_tanh, "gelu_tanh": gelu_tanh}
+# The MLP's gate activations the own forward runs, by the name a config gives (as transformers
+# writes them) -> the one name the forward knows it by (TransformerConfig.hidden_act).
+ACTIVATION_NAMES = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu_tanh": gelu_tanh}

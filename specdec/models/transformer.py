@@ -28,7 +28,7 @@ from specdec.models.attention import AttentionPlan, attend_planned, plan_attenti
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 from specdec.models.cache import KVCache
 from specdec.models.paged_cache import BLOCK_SIZE, OwnCache, PagedKVCache
-from specdec.models.primitives import ACTIVATIONS, RMSNorm, rotate_half
+from specdec.models.primitives import ACTIVATION_NAMES, ACTIVATIONS, RMSNorm, rotate_half
 
 LEAN_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 # Rope kinds a position-indexed cache can follow. "longrope" (Phi-3.5, Phi-4-mini) changes its
@@ -67,7 +67,7 @@ class TransformerConfig:
     qk_norm: str | None = None  # "head" (per head: qwen3, gemma3), "projection" (over all heads: olmo2)
     pre_norms: bool = True  # RMSNorm on attention's and the MLP's inputs
     post_norms: bool = False  # RMSNorm on attention's and the MLP's outputs (gemma2/3, olmo2)
-    hidden_act: str = "silu"  # the MLP gate's activation (primitives.ACTIVATIONS)
+    hidden_act: str = "silu"  # the MLP gate's activation: a key of primitives.ACTIVATIONS
     embedding_scale: float | None = None  # embeddings times this (gemma: sqrt(hidden); granite's multiplier)
     attention_scale: float | None = None  # q . k times this; None: 1 / sqrt(head_dim)
     attention_softcap: float | None = None  # gemma2's attn_logit_softcapping
@@ -100,8 +100,8 @@ class TransformerConfig:
             raise UnsupportedByLeanModel(f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}")
         family = FAMILIES[model_type]
         activation = getattr(hf_config, "hidden_activation", None) or getattr(hf_config, "hidden_act", "silu")
-        if activation not in ACTIVATIONS:
-            raise UnsupportedByLeanModel(f"activation {activation!r} (implemented: {', '.join(ACTIVATIONS)})")
+        if activation not in ACTIVATION_NAMES:
+            raise UnsupportedByLeanModel(f"activation {activation!r} (implemented: {', '.join(ACTIVATION_NAMES)})")
         num_heads = hf_config.num_attention_heads
         num_layers = hf_config.num_hidden_layers
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
@@ -126,7 +126,7 @@ class TransformerConfig:
             qk_norm=family.qk_norm,
             pre_norms=family.pre_norms,
             post_norms=family.post_norms,
-            hidden_act=activation,
+            hidden_act=ACTIVATION_NAMES[activation],
             embedding_scale=hf_config.hidden_size ** 0.5 if family.embedding_scale_sqrt_hidden
             else getattr(hf_config, "embedding_multiplier", None),
             attention_scale=attention_scale(hf_config),
@@ -272,6 +272,7 @@ class DecoderLayer(nn.Module):
         self.window = window
         self.attention_scale, self.softcap = c.scale, c.attention_softcap
         self.qk_norm, self.hidden_act, self.rotary = c.qk_norm, c.hidden_act, c.rotary
+        self.eps = c.rms_norm_eps
         self.input_norm = optional_norm(c.pre_norms, c.hidden_size, c.rms_norm_eps)
         self.qkv_proj = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=c.attention_bias)
         if c.qk_norm is not None:
