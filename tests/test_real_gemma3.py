@@ -35,11 +35,12 @@ def test_its_precision_is_its_own_weights(gemma_file):
 
 
 def test_greedy_tokens_agree_with_transformers_on_the_same_weights(gemma_file):
-    """8 prompts x 128 greedy tokens of the own forward (as --target FILE runs it), each
+    """8 prompts x 128 greedy tokens of the own forward (as --target FILE runs it without
+    llama-cpp-python; with it, the file goes to llama.cpp unless backend="specdec"), each
     sequence then scored in one forward by both: the same top-1 at >= 99% of the positions."""
     from transformers import AutoModelForCausalLM
 
-    model = load(gemma_file, quantize="w8a32")
+    model = load(gemma_file, quantize="w8a32", backend="specdec")
     assert model.backend == "specdec" and model.network.config.model_type == "gemma3_text"
     reference = AutoModelForCausalLM.from_pretrained(str(gemma_file.parent), gguf_file=gemma_file.name,
                                                      dtype=torch.float32).eval()
@@ -58,7 +59,7 @@ def test_greedy_tokens_agree_with_transformers_on_the_same_weights(gemma_file):
 
 
 def test_speculative_output_equals_its_target_alone(gemma_file):
-    model = load(gemma_file, quantize="w8a32")
+    model = load(gemma_file, quantize="w8a32", backend="specdec")
     baseline, auto = SpeculativeDecoder(model), SpeculativeDecoder(model, make_drafter("auto", target=model))
     for prompt in PROMPTS[:4]:
         ids = model.tokenizer(prompt).input_ids
