@@ -7,6 +7,7 @@ from isa_paths import ON_AVX2, outputs_per_path
 from torch import nn
 
 from specdec.models import int4
+from specdec.models.precisions import quantize_linears
 from specdec.models.int4 import GROUP, Int4Linear, check_kernel, kernel_linear, pack_weight, quantize_rows
 
 
@@ -82,7 +83,7 @@ def test_packing_round_trips_the_weights_within_half_a_step():
 
 def test_int4_linear_matches_the_float_linear_closely():
     linear = nn.Linear(96, 40)
-    quantized = Int4Linear(linear)
+    quantized = Int4Linear.of(linear)
     x = torch.randn(2, 3, 96)
     expected = linear(x)
     got = quantized(x)
@@ -140,7 +141,7 @@ def test_the_self_check_refuses_a_wrong_kernel(wrong, says):
 def test_a_wrong_kernel_falls_back_to_int8_with_a_one_line_notice(monkeypatch):
     monkeypatch.setattr(int4, "kernel_linear", _row_dependent_kernel)
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
-    int4.quantize_int4(model)
+    quantize_linears(model, "int4")
     assert model.quantized == "int8"
     assert "int4 kernel not used" in model.quantize_notice and "\n" not in model.quantize_notice
     assert all(type(layer).__name__ == "Int8Linear" for layer in model)
@@ -151,7 +152,7 @@ def test_without_a_compiler_int4_falls_back_to_int8_and_says_why(monkeypatch):
     int4.compiled_kernel.cache_clear()
     try:
         model = nn.Sequential(nn.Linear(64, 32))
-        int4.quantize_int4(model)
+        quantize_linears(model, "int4")
     finally:
         int4.compiled_kernel.cache_clear()
     assert model.quantized == "int8" and "no C++ compiler" in model.quantize_notice
@@ -159,6 +160,6 @@ def test_without_a_compiler_int4_falls_back_to_int8_and_says_why(monkeypatch):
 
 def test_inputs_not_a_multiple_of_32_stay_int8():
     model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 16))
-    int4.quantize_int4(model)
+    quantize_linears(model, "int4")
     assert [type(layer).__name__ for layer in model] == ["Int4Linear", "Int8Linear"]
     assert model.quantized == "int4" and "1 linears with inputs not a multiple of 32 stay int8" in model.quantize_notice

@@ -44,7 +44,7 @@ def test_the_chosen_kernel_is_exact_on_saturation_prone_inputs(monkeypatch, shap
     {}, {}))`), this fails by ~1e6 in the integer products (seen on an AVX2-only AMD EPYC)."""
     monkeypatch.setattr(quantize, "KERNELS", KernelCache(None))
     linear, x = _saturating_case(*shape, rows=9, seed=sum(shape))
-    layer = quantize.Int8Linear(linear)
+    layer = quantize.Int8Linear.of(linear)
     out = layer(x)
     assert torch.equal(out, _exact_reference(linear, x, layer.kernel.activation_max))
     assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(9)]), out)
@@ -59,7 +59,7 @@ def test_every_kernel_the_check_passes_is_exact_and_every_one_it_refuses_is_wron
     linear, x = _saturating_case(256, 1536, rows=8, seed=3)
     if verdict is not None and verdict.startswith("unavailable"):
         pytest.skip(f"{kernel.name}: {verdict}")
-    layer = quantize.Int8Linear(linear, kernel=kernel)
+    layer = quantize.Int8Linear.of(linear, kernel=kernel)
     exact = torch.equal(layer(x), _exact_reference(linear, x, kernel.activation_max))
     assert exact == (verdict is None), f"{kernel.name}: check says {verdict!r}, exact here: {exact}"
 
@@ -95,7 +95,7 @@ def test_the_self_check_refuses_a_wrong_kernel_and_says_so_in_one_line(monkeypat
     timings = {wrong.name: 1.0, REFERENCE.name: 2.0}
     monkeypatch.setattr(int8_kernels, "time_kernel", lambda kernel, *shape: timings[kernel.name])
     linear, x = _saturating_case(32, 48, rows=6, seed=1)
-    layer = quantize.Int8Linear(linear)
+    layer = quantize.Int8Linear.of(linear)
     assert layer.kernel is REFERENCE
     assert torch.equal(layer(x), _exact_reference(linear, x, 127))
     notice = quantize.kernel_notice()
@@ -107,7 +107,7 @@ def test_with_no_exact_kernel_loading_int8_is_an_error(monkeypatch):
     monkeypatch.setattr(quantize, "KERNELS", KernelCache(None))
     monkeypatch.setattr(int8_kernels, "CANDIDATES", [SATURATING])
     with pytest.raises(RuntimeError, match="no int8 kernel is exact"):
-        quantize.Int8Linear(torch.nn.Linear(48, 32))
+        quantize.Int8Linear.of(torch.nn.Linear(48, 32))
 
 
 def test_choices_are_cached_per_machine_and_shape(monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ from tiny import save_random_model
 from torch import nn
 
 from specdec.models import w8a32
+from specdec.models.precisions import quantize_linears
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput
 from specdec.models.loading import load
 from specdec.models.w8a32 import W8A32Linear, check_kernel, dequantized, kernel_linear, pack_weight
@@ -102,7 +103,7 @@ def test_the_self_check_refuses_a_wrong_kernel(wrong, says):
 def test_a_wrong_kernel_falls_back_to_int8_with_a_one_line_notice(monkeypatch):
     monkeypatch.setattr(w8a32, "kernel_linear", _float16_activations)
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
-    w8a32.quantize_w8a32(model)
+    quantize_linears(model, "w8a32")
     assert model.quantized == "int8"
     assert "w8a32 kernel not used" in model.quantize_notice and "\n" not in model.quantize_notice
     assert all(type(layer).__name__ == "Int8Linear" for layer in model)
@@ -111,7 +112,7 @@ def test_a_wrong_kernel_falls_back_to_int8_with_a_one_line_notice(monkeypatch):
 def test_the_notice_counts_the_groups_held_exactly():
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16))
     model[0].weight.data = _gguf_weights(GGMLQuantizationType.Q8_0, (32, 64))
-    w8a32.quantize_w8a32(model)
+    quantize_linears(model, "w8a32")
     assert [type(layer) for layer in model] == [W8A32Linear, W8A32Linear] and model.quantized == "w8a32"
     assert "80.0% of weight groups held exactly" in model.quantize_notice  # 64 of 80 groups: Q8_0's
 

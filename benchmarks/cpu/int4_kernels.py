@@ -54,8 +54,8 @@ def main() -> None:
     for name, (out_features, in_features) in SHAPES.items():
         linear = nn.Linear(in_features, out_features, bias=False)
         nn.init.normal_(linear.weight, std=0.02)
-        kernels = {"int8 (oneDNN)": Int8Linear(linear), "torch int4": torch_int4(linear),
-                   "specdec int4": Int4Linear(linear)}
+        kernels = {"int8 (oneDNN)": Int8Linear.of(linear), "torch int4": torch_int4(linear),
+                   "specdec int4": Int4Linear.of(linear)}
         for rows in ROWS:
             x = torch.randn(rows, in_features)
             for kernel, function in kernels.items():

@@ -32,7 +32,7 @@ from specdec.models.attention import AttentionPlan, QueryList, attend_planned, a
 from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
 from specdec.models.paged_cache import OwnCache
 from specdec.models.primitives import AttendingLayer, RMSNorm, scaled_dot_product
-from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, TransformerConfig
+from specdec.models.transformer import DecoderLayer, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
 
 POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -137,22 +137,6 @@ class FusedOutput:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return norm_then_linear(self.norm, self.head, x)
-
-
-def fuse(network: LlamaFamilyModel, format: int) -> str | None:
-    """Swap in a FusedDecoderLayer for each layer whose linears all have the packed ``format`` (4:
-    int4, 8: w8a32), and FusedOutput for the final norm and head, if the compiled layer passes its
-    self-check here (layer_problem); else leave the torch layers and return why."""
-    problem = layer_problem(format)
-    if problem is not None:
-        return problem
-    for index, layer in enumerate(network.layers):
-        if isinstance(layer, DecoderLayer) and packed_format(layer) == format:
-            network.layers[index] = FusedDecoderLayer(layer)
-    if isinstance(network.layers[0], FusedDecoderLayer) and isinstance(network.lm_head, PackedLinear) and \
-            network.lm_head.format == format:
-        network.norm_then_head = FusedOutput(network.norm, network.lm_head)
-    return None
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -358,7 +342,7 @@ def random_layers(generator: torch.Generator, packed: type[Int4Linear] | type[W8
         dense = getattr(layer, name)
         for parameter in dense.parameters():
             parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
-        setattr(layer, name, packed(dense))
+        setattr(layer, name, packed.of(dense))
     for module in layer.modules():
         if isinstance(module, RMSNorm):
             module.weight.data = 1 + 0.3 * torch.randn(module.weight.shape, generator=generator)

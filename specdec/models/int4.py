@@ -38,6 +38,7 @@ from specdec.machine import cache_root, cached_measurement, machine_key
 
 GROUP = 32  # inputs per scale
 COLS = 16  # outputs per block of the packed layout
+PACK_ROWS = 4096  # outputs packed at a time (a multiple of COLS)
 SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
 # Compiled into the same library: the float-activation kernel of --quantize w8a32 (specdec/models/w8a32.py)
 # and the layer's work around the matmuls (specdec/models/fused_layer.py).
@@ -169,12 +170,19 @@ class PackedLinear(nn.Module):
     records: torch.Tensor  # [blocks, groups, record bytes] uint8, the kernel's layout
     format: int  # which packed layout the compiled layer calls read (layer_ops.cpp): 4 or 8
 
-    def __init__(self, linear: nn.Linear, records: torch.Tensor, out_padded: int) -> None:
+    def __init__(self, records: torch.Tensor, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.register_buffer("records", records)
-        self.out_padded = out_padded
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_padded = records.shape[0] * COLS
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.in_features, self.out_features = in_features, out_features
+        self.exact_groups: int | None = None  # groups held exactly, where packing counted them (w8a32)
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> PackedLinear:
+        """``linear`` packed (its weight read once; the packed module shares nothing with it)."""
+        raise NotImplementedError
 
     @staticmethod
     def fits(linear: nn.Linear) -> bool:
@@ -197,9 +205,12 @@ class Int4Linear(PackedLinear):
 
     format = 4
 
-    def __init__(self, linear: nn.Linear) -> None:
-        records, q, _, _ = pack_weight(linear.weight)
-        super().__init__(linear, records, q.shape[0])
+    @classmethod
+    def of(cls, linear: nn.Linear) -> Int4Linear:
+        # Rows in chunks: the packing's float32 temporaries stay small beside a vocabulary-sized head.
+        records = torch.cat([pack_weight(linear.weight[start:start + PACK_ROWS])[0]
+                             for start in range(0, linear.out_features, PACK_ROWS)])
+        return cls(records, linear.in_features, linear.out_features, linear.bias)
 
     def multiply(self, rows: torch.Tensor) -> torch.Tensor:
         return kernel_linear(rows, self.records, self.out_padded)
@@ -273,42 +284,3 @@ def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None]
 
 def kernel_isa() -> str:
     return compiled_kernel().specdec_int4_isa().decode()
-
-
-def replace_linears(
-    module: nn.Module, packed: Callable[[nn.Linear], PackedLinear], precision: str,
-    check: Callable[[int, int], str | None] | None = None,
-) -> tuple[list[PackedLinear], int, str | None, int]:
-    """In place, on a float32 CPU module: every nn.Linear whose input size fits becomes ``packed``
-    where its kernel builds and passes ``check`` on every such shape here (checked_shapes), the rest
-    an Int8Linear. Returns (the packed linears, the weight shapes checked, the problem or None, the
-    linears left int8)."""
-    from specdec.models.quantize import KERNELS, Int8Linear
-
-    if next(module.parameters()).device.type != "cpu":
-        raise ValueError(f"{precision} runs on CPU only; use --device cpu or drop --quantize")
-    module.float()
-    linears = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
-               if isinstance(child, nn.Linear)]
-    shapes = {(child.out_features, child.in_features) for _, _, child in linears if PackedLinear.fits(child)}
-    problem = checked_shapes(shapes, KERNELS.on_check, check, precision)
-    replaced: list[PackedLinear] = []
-    for parent, name, child in linears:
-        replacement = packed(child) if problem is None and PackedLinear.fits(child) else Int8Linear(child)
-        setattr(parent, name, replacement)
-        replaced += [replacement] if isinstance(replacement, PackedLinear) else []
-    return replaced, len(shapes), problem, len(linears) - len(replaced)
-
-
-def quantize_int4(module: nn.Module) -> nn.Module:
-    """Replace every nn.Linear whose input size fits with an Int4Linear (the rest, and every one
-    if the kernel cannot run here, with an Int8Linear), in place. `module.quantized` says which
-    ran and `module.quantize_notice` is the one line the CLI prints about it."""
-    _, shapes, problem, eight_bit = replace_linears(module, Int4Linear, "int4")
-    notice = (f"int4 kernel not used ({problem}): int8 weights instead" if problem else
-              f"int4 kernel on this CPU: {kernel_isa()}, checked bit for bit on {shapes} weight shapes"
-              + (f"; {eight_bit} linears with inputs not a multiple of {GROUP} stay int8" if eight_bit else ""))
-    # setattr (B010 is wrong here): nn.Module's __setattr__ types its values as Tensor | Module, these are str.
-    setattr(module, "quantized", "int8" if problem else "int4")  # noqa: B010 - what LanguageModel.precision reports
-    setattr(module, "quantize_notice", notice)  # noqa: B010 - the one line the CLI prints
-    return module

@@ -39,16 +39,19 @@ class Int8Linear(nn.Module):
     weight_int8: torch.Tensor  # the int8 weight in the kernel's layout (Int8Kernel.prepare; a buffer)
     weight_scale: torch.Tensor  # [out] (a buffer)
 
-    def __init__(self, linear: nn.Linear, kernel: Int8Kernel | None = None) -> None:
+    def __init__(self, weight_int8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                 kernel: Int8Kernel | None = None) -> None:
+        """weight_int8 [out, in] int8 in the plain layout, weight_scale [out] float32 (int8_parts)."""
         super().__init__()
-        weight = linear.weight.detach().float()  # [out, in]
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        weight_int8 = torch.round(weight / scale[:, None]).to(torch.int8)  # [out, in]
-        self.kernel = kernel or KERNELS.get(*weight.shape).kernel  # (tests pass one)
+        self.out_features, self.in_features = weight_int8.shape
+        self.kernel = kernel or KERNELS.get(self.out_features, self.in_features).kernel  # (tests pass one)
         self.register_buffer("weight_int8", self.kernel.prepare(weight_int8))  # one copy, in the kernel's layout
-        self.register_buffer("weight_scale", scale)  # [out]
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight_scale", weight_scale)  # [out]
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @classmethod
+    def of(cls, linear: nn.Linear, kernel: Int8Kernel | None = None) -> Int8Linear:
+        return cls(*int8_parts(linear.weight), linear.bias, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] float32 -> [..., out]
         rows = x.reshape(-1, self.in_features)
@@ -61,15 +64,11 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def quantize_int8(module: nn.Module) -> nn.Module:
-    """Replace every nn.Linear with an Int8Linear, in place (weights that nn.Linear shares, such
-    as a tied LM head, get their own int8 copy)."""
-    if next(module.parameters()).device.type != "cpu":
-        raise ValueError("int8 quantization runs on CPU only (torch._int_mm); use --device cpu or drop --quantize")
-    module.float()
-    _replace_linears(module)
-    setattr(module, "quantized", "int8")  # noqa: B010 - what LanguageModel.precision reports; nn.Module has no such field
-    return module
+def int8_parts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> (int8 [out, in], scale [out] float32): round(W / sw), sw to 127 per row."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(weight / scale[:, None]).to(torch.int8), scale
 
 
 def kernel_notice() -> str | None:
@@ -93,11 +92,3 @@ def kernel_notice() -> str | None:
 
 
 KERNELS = KernelCache()
-
-
-def _replace_linears(module: nn.Module) -> None:
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear(child))
-        else:
-            _replace_linears(child)

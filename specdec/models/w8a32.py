@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 from torch import nn
 
-from specdec.models.int4 import COLS, GROUP, KernelUnavailable, PackedLinear, compiled_kernel, replace_linears
+from specdec.models.int4 import COLS, GROUP, KernelUnavailable, PackedLinear, compiled_kernel
 
 RECORD = 640  # bytes per (16 outputs, 32 inputs): 512 int8 q, 16 float32 scales, 16 float32 mins
 CHUNK = 2048  # output rows packed at a time: the candidate forms of a 150k-row head would not fit memory
@@ -152,10 +151,12 @@ class W8A32Linear(PackedLinear):
 
     format = 8
 
-    def __init__(self, linear: nn.Linear) -> None:
+    @classmethod
+    def of(cls, linear: nn.Linear) -> W8A32Linear:
         packed = pack_weight(linear.weight)
-        super().__init__(linear, packed.records, packed.q.shape[0])
-        self.exact_groups = int(packed.exact[: linear.out_features].sum())  # groups held exactly (the notice says)
+        module = cls(packed.records, linear.in_features, linear.out_features, linear.bias)
+        module.exact_groups = int(packed.exact[: linear.out_features].sum())  # the notice says how many
+        return module
 
     def multiply(self, rows: torch.Tensor) -> torch.Tensor:
         return records_linear(rows, self.records, self.out_padded)
@@ -211,20 +212,3 @@ def check_kernel(out_features: int, in_features: int, seed: int = 0,
 
 def kernel_isa() -> str:
     return compiled_kernel().specdec_w8a32_isa().decode()
-
-
-def quantize_w8a32(module: nn.Module) -> nn.Module:
-    """Replace every nn.Linear whose input size fits with a W8A32Linear (the rest, and every one if
-    the kernel cannot run here, with an Int8Linear), in place. `module.quantized` says which ran
-    and `module.quantize_notice` is the one line the CLI prints about it."""
-    packed, shapes, problem, others = replace_linears(module, W8A32Linear, "w8a32", check_kernel)
-    groups = sum(linear.out_features * linear.in_features // GROUP for linear in packed)
-    exact = sum(cast(W8A32Linear, linear).exact_groups for linear in packed)
-    notice = (f"w8a32 kernel not used ({problem}): int8 weights instead" if problem else
-              f"w8a32 kernel on this CPU: {kernel_isa()}, float32 activations, checked on {shapes} weight "
-              f"shapes; {exact / max(groups, 1):.1%} of weight groups held exactly (4- or 8-bit groups)"
-              + (f"; {others} linears with inputs not a multiple of {GROUP} are int8" if others else ""))
-    # setattr (B010 is wrong here): nn.Module's __setattr__ types its values as Tensor | Module, these are str.
-    setattr(module, "quantized", "int8" if problem else "w8a32")  # noqa: B010 - what LanguageModel.precision reports
-    setattr(module, "quantize_notice", notice)  # noqa: B010 - the one line the CLI prints
-    return module
