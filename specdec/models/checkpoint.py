@@ -31,31 +31,45 @@ class Checkpoint(Mapping[str, torch.Tensor]):
     def nbytes(self) -> int:
         return sum(path.stat().st_size for path in self.files)
 
+    def release(self) -> None:
+        """Let go of what was read so far (a file mapping's pages): called between parts."""
+
 
 class SafetensorsCheckpoint(Checkpoint):
     """A folder's *.safetensors shards, memory-mapped: a tensor costs memory only once copied."""
 
     def __init__(self, files: list[Path]) -> None:
+        self.files = files
+        self._shard: dict[str, Path] = {}
+        for path in files:
+            self._shard.update((name, path) for name in self._open(path).keys())
+        self._handles: dict[Path, Any] = {}
+
+    @staticmethod
+    def _open(path: Path) -> Any:
         from safetensors import SafetensorError, safe_open
 
-        self.files = files
-        self._handles: dict[str, Any] = {}
-        for path in files:
-            try:
-                handle = safe_open(str(path), framework="pt")
-            except (SafetensorError, OSError) as error:
-                raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
-                                 f"{error}") from None
-            self._handles.update((name, handle) for name in handle.keys())
+        try:
+            return safe_open(str(path), framework="pt")
+        except (SafetensorError, OSError) as error:
+            raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from None
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._handles[name].get_tensor(name)
+        path = self._shard[name]
+        if path not in self._handles:
+            self._handles[path] = self._open(path)
+        return self._handles[path].get_tensor(name)
+
+    def release(self) -> None:
+        """Close the mappings: the pages read so far leave this process's memory (a whole
+        checkpoint's would otherwise stay resident until the end of the build)."""
+        self._handles.clear()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._handles)
+        return iter(self._shard)
 
     def __len__(self) -> int:
-        return len(self._handles)
+        return len(self._shard)
 
 
 class GGUFCheckpoint(Checkpoint):

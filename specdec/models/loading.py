@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from specdec.models.base import LanguageModel
-from specdec.models.building import DTYPES, OUTPUT_TOKENS_FILE, build_lean, end_token_ids
+from specdec.models.building import DTYPES, OUTPUT_TOKENS_FILE, end_token_ids
+from specdec.models.checkpoint import SafetensorsCheckpoint
+from specdec.models.packed_store import own_forward
 from specdec.models.transformer import (
     LEAN_MODEL_TYPES,
     LlamaFamilyModel,
-    TransformerConfig,
     UnsupportedByLeanModel,
 )
 from specdec.names import BACKENDS, QUANTIZATIONS
@@ -60,16 +61,6 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
 
 
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except SafetensorError as error:
-        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from None
-
-
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -81,15 +72,13 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str) -> LlamaFamilyModel:
-    TransformerConfig.from_hf(hf_config)  # an unsupported architecture fails before reading weights
-    raw: dict[str, torch.Tensor] = {}
-    for path in _safetensors_files(folder):
-        # Copy out of the file mapping: anonymous memory streams measurably faster in decoding.
-        raw.update((name, tensor.clone()) for name, tensor in _load_safetensors(path).items())
-    return build_lean(raw, hf_config, dtype, device, f"{folder}: the safetensors files")
-
-
+def _load_lean(folder: Path, hf_config, dtype: torch.dtype, device: str, quantize: str | None) -> LlamaFamilyModel:
+    output_file = folder / OUTPUT_TOKENS_FILE
+    output_tokens = torch.tensor(read_json(output_file)["token_ids"], dtype=torch.long) \
+        if output_file.is_file() else None
+    weights = SafetensorsCheckpoint(_safetensors_files(folder))
+    return own_forward(weights, hf_config, dtype, device, model_name(folder), f"{folder}: the safetensors files",
+                       quantize, output_tokens)
 
 
 def _load_tokenizer(folder: Path):
@@ -206,7 +195,8 @@ def load(
         return with_kv_dtype(_load_gguf(folder, backend, dtype, quantize, device, max_context, exact), kv_dtype)
     raw_config = _check_folder_config(folder, trust_remote_code)
     hf_config = read_hf_config(folder, trust_remote_code)
-    network, used_backend = _build_network(folder, hf_config, backend, DTYPES[dtype], device, trust_remote_code)
+    network, used_backend = _build_network(folder, hf_config, backend, DTYPES[dtype], device, trust_remote_code,
+                                           quantize)
     _set_precision(network, used_backend, folder, exact, quantize)
     tokenizer = _load_tokenizer(folder)
     context = own_context(network, hf_config)
@@ -282,19 +272,28 @@ def _check_folder_config(folder: Path, trust_remote_code: bool) -> dict:
 
 
 def _build_network(folder: Path, hf_config, backend: str, torch_dtype: torch.dtype, device: str,
-                   trust_remote_code: bool) -> tuple[Any, str]:
+                   trust_remote_code: bool, quantize: str | None) -> tuple[Any, str]:
     """The network and the backend it runs on: the own forward where it supports the model (and
-    backend allows), else transformers' AutoModelForCausalLM behind an adapter."""
+    backend allows; packed in ``quantize`` as it is read), else transformers'
+    AutoModelForCausalLM behind an adapter."""
     if backend in ("auto", "specdec"):
         try:
-            return _load_lean(folder, hf_config, torch_dtype, device), "specdec"
+            return _load_lean(folder, hf_config, torch_dtype, device, quantize), "specdec"
         except UnsupportedByLeanModel as reason:
             if backend == "specdec":
                 raise ValueError(f"{folder}: specdec's own forward cannot run this model: {reason}") from None
     from transformers import AutoModelForCausalLM
 
     from specdec.models.hf_adapter import HFNetwork
+    from specdec.models.memory import ModelSize, check_fits
 
+    if device == "cpu":
+        try:
+            size = ModelSize.of(hf_config)
+        except (AttributeError, TypeError):  # a config without the usual fields: nothing to check against
+            size = None
+        if size is not None:
+            check_fits(f"{model_name(folder)} on the transformers adapter", size, None, torch_dtype.itemsize)
     hf_model = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch_dtype, trust_remote_code=trust_remote_code
     ).to(device)
@@ -302,19 +301,17 @@ def _build_network(folder: Path, hf_config, backend: str, torch_dtype: torch.dty
 
 
 def _set_precision(network, used_backend: str, folder: Path, exact: bool, quantize: str | None) -> None:
-    """Exact blocks, a draft's restricted output head, and int8 weights, as asked."""
-    if used_backend == "specdec" and exact:
-        network.make_batch_invariant()
-    if used_backend == "specdec" and (folder / OUTPUT_TOKENS_FILE).is_file():
-        network.restrict_output(torch.tensor(read_json(folder / OUTPUT_TOKENS_FILE)["token_ids"], dtype=torch.long))
+    """Exact blocks on the own forward (its output head and precision were set as it was built);
+    on the adapter, the linears in ``quantize``."""
+    if used_backend == "specdec":
+        if exact:
+            network.make_batch_invariant()
+        return
     if quantize is None:
         return
-    from specdec.models.precisions import quantize_linears, quantize_model
-
-    if used_backend == "specdec":
-        quantize_model(network, quantize)
-        return
     import warnings
+
+    from specdec.models.precisions import quantize_linears
 
     warnings.warn(f"{folder.name}: {quantize} through the transformers adapter is not batch-invariant (its "
                   "attention scores a verify block together), so greedy speculative output may differ "

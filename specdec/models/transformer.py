@@ -364,7 +364,8 @@ class LlamaFamilyModel(nn.Module):
     def __init__(self, config: TransformerConfig, ropes: dict[str, tuple[torch.Tensor, float]]) -> None:
         super().__init__()
         c = self.config = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        # Given its weight (uninitialized): the checkpoint sets it, and an init would cost a vocabulary's randoms.
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, _weight=torch.empty(c.vocab_size, c.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(c, window) for window in c.sliding_windows)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head: nn.Linear | SubsetHead = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
