@@ -13,6 +13,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny import save_random_model  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def packed_store_in_a_temporary_folder(tmp_path_factory):
+    """Packed models written by the tests go to a folder of the session, not the user's cache (the
+    kernel checks still come from the user's cache: compiling and checking is what takes long)."""
+    from specdec.models import packed_store
+
+    root = tmp_path_factory.mktemp("packed")
+    original = packed_store.store_root
+    packed_store.store_root = lambda: root
+    yield root
+    packed_store.store_root = original
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")

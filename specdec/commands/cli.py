@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.commands import index as index_command
 
     index_command.add_parser(commands)
+    from specdec.commands import cache as cache_command
+
+    cache_command.add_parser(commands)
     return parser
 
 
@@ -386,6 +389,10 @@ def run_command(args: argparse.Namespace, console: Console, errors: Console) -> 
             from specdec.commands import index as index_command
 
             return index_command.run(args, console, errors)
+        if args.command == "cache":
+            from specdec.commands import cache as cache_command
+
+            return cache_command.run(args, console, errors)
         if args.command == "bench-batch":
             from specdec.commands import bench_batch as batch
 

@@ -24,7 +24,6 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,15 +31,13 @@ from torch import nn
 from specdec.machine import cache_root
 from specdec.models.building import build_lean, lean_linear_shapes
 from specdec.models.checkpoint import Checkpoint
-from specdec.models.fused_layer import FusedDecoderLayer
+from specdec.models.fused_layer import FusedDecoderLayer, packed_format
 from specdec.models.int4 import Int4Linear, PackedLinear, library_key
 from specdec.models.memory import ModelSize, check_fits
+from specdec.models.precisions import Packer, finish_network
 from specdec.models.quantize import Int8Linear
 from specdec.models.transformer import LlamaFamilyModel, SubsetHead, TransformerConfig, rope_frequencies
 from specdec.models.w8a32 import W8A32Linear
-
-if TYPE_CHECKING:
-    from specdec.models.precisions import Packer
 
 MANIFEST = "manifest.json"
 LINEAR_TYPES: dict[str, type[nn.Module]] = {"int4": Int4Linear, "w8a32": W8A32Linear, "int8": Int8Linear}
@@ -106,22 +103,25 @@ def packed_model(weights: Checkpoint, hf_config, name: str, source: str, quantiz
     say = say or (_stderr_line if weights.nbytes >= SAY_FROM_BYTES else lambda text: None)
     folder = store_root() / f"{_safe(name)}-{quantize}-{entry_key(weights, hf_config, quantize, output_tokens)}"
     check_fits(name, ModelSize.of(hf_config), quantize, packing=not (folder / MANIFEST).is_file())
+    # The kernel and layer checks (cached per machine) decide again what runs: an entry stays true to them.
+    packer = Packer(quantize, lean_linear_shapes(hf_config, None if output_tokens is None else len(output_tokens)))
     if (folder / MANIFEST).is_file():
         try:
-            return read_entry(folder, hf_config)
+            return read_entry(folder, hf_config, packer)
         except (DamagedEntry, OSError, ValueError, KeyError) as error:
             say(f"the packed copy at {folder} cannot be used ({error}); packing {name} again")
             shutil.rmtree(folder, ignore_errors=True)
-    return _pack_and_write(weights, hf_config, name, source, quantize, output_tokens, folder, say)
+    return _pack_and_write(weights, hf_config, name, source, packer, output_tokens, folder, say)
 
 
-def read_entry(folder: Path, hf_config) -> LlamaFamilyModel:
-    """The model an entry holds, its tensors memory-mapped from its files (checked first)."""
+def read_entry(folder: Path, hf_config, packer: Packer) -> LlamaFamilyModel:
+    """The model an entry holds, its tensors memory-mapped from its files (checked first); its
+    layers compiled where ``packer`` (this machine's checks) says the compiled layer runs."""
     from safetensors import safe_open
 
-    from specdec.models.precisions import finish_network
-
     manifest = json.loads((folder / MANIFEST).read_text())
+    if manifest["quantized"] != packer.runs:
+        raise DamagedEntry(f"it holds {manifest['quantized']} linears, and {packer.runs} runs here now")
     tensors: dict[str, torch.Tensor] = {}
     for file_name, expected in manifest["files"].items():
         path = folder / file_name
@@ -140,7 +140,7 @@ def read_entry(folder: Path, hf_config) -> LlamaFamilyModel:
                                        config.vocab_size)
     for path, spec in manifest["linears"].items():
         model.set_submodule(path, _linear(spec, path, tensors))
-    for index in manifest["fused_layers"]:
+    for index in manifest["fused_layers"] if packer.layer_problem is None else ():
         model.layers[index] = FusedDecoderLayer(model.layers[index])
     rest = {name: tensor for name, tensor in tensors.items()
             if not any(name.startswith(path + ".") for path in manifest["linears"])}
@@ -151,7 +151,7 @@ def read_entry(folder: Path, hf_config) -> LlamaFamilyModel:
     model.eval()
     model.set_rope_tables(ropes)
     model.quantized, model.quantize_notice = manifest["quantized"], manifest["notice"]
-    finish_network(model, manifest["layer_problem"])
+    finish_network(model, packer.layer_problem)
     return model
 
 
@@ -164,11 +164,9 @@ def _linear(spec: dict, path: str, tensors: dict[str, torch.Tensor]) -> nn.Modul
     return packed(tensors[f"{path}.records"], spec["in"], spec["out"], bias)
 
 
-def _pack_and_write(weights: Checkpoint, hf_config, name: str, source: str, quantize: str,
+def _pack_and_write(weights: Checkpoint, hf_config, name: str, source: str, packer: Packer,
                     output_tokens: torch.Tensor | None, folder: Path, say: Callable[[str], None]) -> LlamaFamilyModel:
-    from specdec.models.precisions import Packer
-
-    packer = Packer(quantize, lean_linear_shapes(hf_config, None if output_tokens is None else len(output_tokens)))
+    quantize = packer.asked
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     writer = _Writer(partial, packer.plain_int8)
     say(f"packing {name} in {quantize} once, layer by layer ({weights.nbytes / 2**30:.2f} GiB of weights read); "
@@ -184,7 +182,8 @@ def _pack_and_write(weights: Checkpoint, hf_config, name: str, source: str, quan
                          output_tokens=output_tokens, on_part=writer.part, progress=progress)
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    writer.finish(folder, _manifest(network, packer, writer))
+    writer.finish(folder, {"source": source, **_manifest(network, packer, writer)})
+    _remove_older(folder, source)
     say(f"packed {name} in {quantize} in {time.perf_counter() - started:.1f} s: "
         f"{writer.written / 2**30:.2f} GiB on disk" + ("" if writer.failed is None else
                                                         f" (not stored: {writer.failed})"))
@@ -196,9 +195,11 @@ def _manifest(network: LlamaFamilyModel, packer: Packer, writer: _Writer) -> dic
                for path, module in network.named_modules() if isinstance(module, (PackedLinear, Int8Linear))}
     head = network.lm_head
     return {
-        "version": 1, "quantized": network.quantized, "notice": packer.notice(), "layer_problem": packer.layer_problem,
+        "version": 1, "quantized": network.quantized, "notice": packer.notice(),
         "linears": linears, "subset_head": head.token_ids.shape[0] if isinstance(head, SubsetHead) else 0,
-        "fused_layers": [index for index, layer in enumerate(network.layers) if isinstance(layer, FusedDecoderLayer)],
+        # The layers whose linears share the packed format: compiled where the layer check passes.
+        "fused_layers": [index for index, layer in enumerate(network.layers)
+                         if packer.format is not None and packed_format(layer) == packer.format],
         "files": writer.files,
     }
 
@@ -261,6 +262,16 @@ def _crc32(path: Path) -> int:
             return 0
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             return zlib.crc32(mapped)
+
+
+def _remove_older(folder: Path, source: str) -> None:
+    """Entries of the same checkpoint in the same precision written before this one (by an older
+    specdec, or before a weight file changed): no load reads them again."""
+    name_and_precision = folder.name.rsplit("-", 1)[0]
+    for entry in entries():
+        if entry.folder != folder and entry.manifest.get("source") == source and \
+                entry.folder.name.rsplit("-", 1)[0] == name_and_precision:
+            shutil.rmtree(entry.folder, ignore_errors=True)
 
 
 def _safe(name: str) -> str:

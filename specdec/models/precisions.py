@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec.models import fused_layer, int4, w8a32
+import specdec.models.fused_layer as fused_layer
+import specdec.models.int4 as int4
+import specdec.models.w8a32 as w8a32
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput, packed_format
 from specdec.models.int4 import GROUP, Int4Linear, PackedLinear, checked_shapes
 from specdec.models.quantize import KERNELS, Int8Linear, int8_parts
@@ -50,6 +52,11 @@ class Packer:
         # The plain int8 weight of each Int8Linear packed here (its buffer is in the kernel's layout,
         # which may not be a plain tensor): what packed_store writes in its place.
         self.plain_int8: dict[Int8Linear, torch.Tensor] = {}
+
+    @property
+    def format(self) -> int | None:
+        """The packed layout the linears take (4: int4, 8: w8a32), None where they are int8."""
+        return None if self.packed is None else self.packed.format
 
     @classmethod
     def for_module(cls, module: nn.Module, asked: str) -> Packer:
