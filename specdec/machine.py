@@ -24,6 +24,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
 
 
+def seconds_since_start() -> float | None:
+    """Seconds since this process started (Linux: /proc), None where that cannot be read."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def read_json_cache(path: Path) -> dict:
     """A cache file's contents, or {} if it is missing or unreadable (then it is measured again)."""
     try:

@@ -88,7 +88,11 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                                             grammar_seconds=args.grammar_timeout), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows,
                         max_model_len=args.max_model_len, default_acceptance=args.acceptance, budget=budget)
-    errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (speculation: {args.speculation}"
+    from specdec.machine import seconds_since_start
+
+    started = seconds_since_start()
+    ready = f"ready {started:.1f} s after start; " if started is not None else ""
+    errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({ready}speculation: {args.speculation}"
                  f"{', API key required' if args.api_key else ''}"
                  f"{f', LOSSY acceptance {args.acceptance} by default' if args.acceptance != 'exact' else ''})")
     if not args.api_key and not is_loopback(args.host):
