@@ -22,6 +22,7 @@ import hashlib
 import json
 import mmap
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +37,22 @@ FORMAT = 1  # meta.json's "format": a datastore of another layout is refused
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A digest of the tokenizer's vocabulary (token text -> id, added tokens included): two
-    tokenizers with the same fingerprint map every id to the same text."""
+    tokenizers with the same fingerprint map every id to the same text. Kept per tokenizer object
+    for this process (a 150k-token vocabulary takes ~0.25 s to digest, and start-up asks twice)."""
+    try:
+        return _FINGERPRINTS[tokenizer]
+    except (KeyError, TypeError):  # TypeError: an object without weak references is digested each time
+        pass
     vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(vocabulary, ensure_ascii=False).encode()).hexdigest()[:16]
+    fingerprint = hashlib.sha256(json.dumps(vocabulary, ensure_ascii=False).encode()).hexdigest()[:16]
+    try:
+        _FINGERPRINTS[tokenizer] = fingerprint
+    except TypeError:
+        pass
+    return fingerprint
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
