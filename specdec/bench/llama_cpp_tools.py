@@ -140,8 +140,9 @@ def llama_cpp_method(name: str, tools: LlamaCppTools, tokenizer) -> Method:
         prompt = tokenizer.decode(prompt_ids)
         if name.startswith("llama-server"):
             return output(tokenizer, prompt_ids, settings, *ask_server(tools, prompt, settings, len(prompt_ids)))
+        # errors="replace": a continuation cut inside a character (or a random model's bytes) is not UTF-8
         done = subprocess.run(command_line(name, tools, prompt, settings, len(prompt_ids)), capture_output=True,
-                              text=True)
+                              text=True, encoding="utf-8", errors="replace")
         if done.returncode != 0:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
             raise ToolError(f"{name} exited with {done.returncode}: {tail}")
