@@ -147,3 +147,16 @@ def test_packing_streams_layer_by_layer(model_dir, tmp_path):
     layer_bytes = float32_bytes // 24
     # (64 MiB: the allocator's and the runtime's own, measured ~50 MiB; the float32 model is 349 MiB)
     assert peak < packed_bytes + 4 * layer_bytes + (64 << 20) < float32_bytes, (peak, packed_bytes, float32_bytes)
+
+
+def test_the_cache_command_lists_and_clears_entries(model_dir, capsys):
+    from specdec.commands.cli import main
+
+    folder = save_random_model(model_dir / "listed", "llama", seed=8)
+    load(folder, quantize="int4")
+    assert main(["cache", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "listed-int4-" in listed and "int4" in listed
+    assert main(["cache", "clear", "listed"]) == 0
+    assert "removed 1 packed models" in capsys.readouterr().out
+    assert not [entry for entry in packed_store.entries() if "listed" in entry.folder.name]
