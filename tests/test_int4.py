@@ -7,8 +7,8 @@ from isa_paths import ON_AVX2, outputs_per_path
 from torch import nn
 
 from specdec.models import int4
-from specdec.models.precisions import quantize_linears
 from specdec.models.int4 import GROUP, Int4Linear, check_kernel, kernel_linear, pack_weight, quantize_rows
+from specdec.models.precisions import quantize_linears
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,9 @@ from tiny import save_random_model
 from torch import nn
 
 from specdec.models import w8a32
-from specdec.models.precisions import quantize_linears
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput
 from specdec.models.loading import load
+from specdec.models.precisions import quantize_linears
 from specdec.models.w8a32 import W8A32Linear, check_kernel, dequantized, kernel_linear, pack_weight
 
 

@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ from specdec.models.int4 import Int4Linear, PackedLinear, library_key
 from specdec.models.memory import ModelSize, check_fits
 from specdec.models.precisions import Packer, finish_network
 from specdec.models.quantize import Int8Linear
-from specdec.models.transformer import LlamaFamilyModel, SubsetHead, TransformerConfig, rope_frequencies
+from specdec.models.transformer import DecoderLayer, LlamaFamilyModel, SubsetHead, TransformerConfig, rope_frequencies
 from specdec.models.w8a32 import W8A32Linear
 
 MANIFEST = "manifest.json"
@@ -136,8 +137,8 @@ def read_entry(folder: Path, hf_config, packer: Packer) -> LlamaFamilyModel:
     with torch.device("meta"):
         model = LlamaFamilyModel(config, ropes)
         if manifest["subset_head"]:
-            model.lm_head = SubsetHead(model.lm_head.weight, torch.zeros(manifest["subset_head"], dtype=torch.long),
-                                       config.vocab_size)
+            model.lm_head = SubsetHead(cast(nn.Linear, model.lm_head).weight,
+                                       torch.zeros(manifest["subset_head"], dtype=torch.long), config.vocab_size)
     for path, spec in manifest["linears"].items():
         model.set_submodule(path, _linear(spec, path, tensors))
     for index in manifest["fused_layers"] if packer.layer_problem is None else ():
@@ -199,7 +200,7 @@ def _manifest(network: LlamaFamilyModel, packer: Packer, writer: _Writer) -> dic
         "linears": linears, "subset_head": head.token_ids.shape[0] if isinstance(head, SubsetHead) else 0,
         # The layers whose linears share the packed format: compiled where the layer check passes.
         "fused_layers": [index for index, layer in enumerate(network.layers)
-                         if packer.format is not None and packed_format(layer) == packer.format],
+                         if packer.format is not None and packed_format(cast(DecoderLayer, layer)) == packer.format],
         "files": writer.files,
     }
 

@@ -341,6 +341,8 @@ class SubsetHead(nn.Module):
     never drafted; rejection sampling stays exact for any q). Cheaper: a 135M model's 49152-row
     head was a third of a 3-layer draft's step."""
 
+    token_ids: torch.Tensor  # [subset] (a buffer)
+
     def __init__(self, head_weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> None:
         super().__init__()
         self.linear = nn.Linear(head_weight.shape[1], token_ids.shape[0], bias=False)
@@ -368,7 +370,8 @@ class LlamaFamilyModel(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, _weight=torch.empty(c.vocab_size, c.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(c, window) for window in c.sliding_windows)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head: nn.Linear | SubsetHead = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        # nn.Linear, SubsetHead (restrict_output) or a packed linear (precisions.Packer)
+        self.lm_head: nn.Module = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         names = list(ropes)
