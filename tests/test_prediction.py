@@ -323,3 +323,42 @@ def test_bench_methods_without_or_with_an_unrelated_prediction(target):
     assert all(output.token_ids == expected for output in outputs.values())
     assert outputs[""].stats.prediction_tokens[0] > 0 and outputs["@noprediction"].stats.drafted == 0
     assert outputs["@unrelated"].stats.prediction_tokens[0] < outputs[""].stats.prediction_tokens[0]
+
+
+def test_the_usage_counts_the_predictions_tokens_as_openai_defines_them():
+    """accepted_prediction_tokens: the prediction's tokens that appear in the completion (in
+    order); rejected_prediction_tokens: the rest of the prediction, whatever was drafted. A
+    prediction equal to the answer: all accepted; with a line inserted and one deleted: the
+    inserted line's tokens rejected, the deleted line's missing from the accepted."""
+    import openai
+
+    from specdec.defaults import default_model
+    from specdec.serving.server import build_app, serve_in_thread
+
+    toy = load(default_model("target"), dtype="float64")
+    app = build_app(toy, make_drafter(PREDICTION), "toy", gamma=8, speculation="on", max_batch=2)
+    with serve_in_thread(app) as url:
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        plain = api.completions.create(model="toy", prompt="def add(a, b):", max_tokens=40, temperature=0)
+        expected = plain.choices[0].text
+        lines = expected.split("\n")
+        assert len(lines) >= 3, expected
+        answer_tokens = toy.tokenizer.encode(expected, add_special_tokens=False)
+
+        def details(prediction: str):
+            answer = api.completions.create(model="toy", prompt="def add(a, b):", max_tokens=40, temperature=0,
+                                            extra_body={"prediction": {"type": "content", "content": prediction}})
+            assert answer.choices[0].text == expected
+            return answer.usage.completion_tokens_details
+
+        same = details(expected)
+        assert (same.accepted_prediction_tokens, same.rejected_prediction_tokens) == (len(answer_tokens), 0)
+        deleted, inserted = lines[1], "    zebra_quokka = 12345"
+        edited = "\n".join([lines[0], inserted, *lines[2:]])
+        counts = details(edited)
+        predicted_tokens = len(toy.tokenizer.encode(edited, add_special_tokens=False))
+        assert counts.accepted_prediction_tokens + counts.rejected_prediction_tokens == predicted_tokens
+        assert counts.rejected_prediction_tokens >= len(toy.tokenizer.encode("zebra_quokka = 12345",
+                                                                             add_special_tokens=False)) - 2
+        missing = len(answer_tokens) - counts.accepted_prediction_tokens
+        assert 1 <= missing <= len(toy.tokenizer.encode(deleted, add_special_tokens=False)) + 2

@@ -16,7 +16,7 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -141,10 +141,22 @@ class Session:
                 self.scheduler.cancel(self.ticket)
 
 
-def prediction_counts(results: list[GenerationResult]) -> tuple[int, int]:
-    """(accepted, rejected) tokens drafted from the request's prediction, over its choices."""
-    counts = [result.stats.prediction_tokens for result in results]
-    return sum(accepted for accepted, _ in counts), sum(rejected for _, rejected in counts)
+def predicted_ids(sampling: SamplingParams) -> tuple[int, ...]:
+    """The request's prediction in token ids (with_prediction_ids encoded a text one), or ()."""
+    return sampling.prediction if isinstance(sampling.prediction, tuple) else ()
+
+
+def prediction_counts(results: list[GenerationResult], prediction: Sequence[int]) -> tuple[int, int]:
+    """OpenAI's (accepted_prediction_tokens, rejected_prediction_tokens) over the choices: the
+    prediction's tokens that appear in each choice's completion, matched in order (difflib's
+    matching blocks: an edit's inserted tokens match nothing, its deleted ones count as rejected),
+    and the rest of the prediction. (What the drafter proposed from it and the target refused is
+    specdec's own measure: the specdec:prediction_tokens metric.)"""
+    from difflib import SequenceMatcher
+
+    accepted = sum(block.size for result in results for block in
+                   SequenceMatcher(None, list(prediction), result.token_ids, autojunk=False).get_matching_blocks())
+    return accepted, len(prediction) * len(results) - accepted
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -227,9 +239,9 @@ async def merged(sessions: list[Session]) -> AsyncIterator[tuple[int, StreamChun
 
 
 async def respond(sessions: list[Session], kind: ResponseKind, body: Any, model_name: str, http: Request,
-                  disconnect_poll_seconds: float, tokenizer: Any) -> Any:
+                  disconnect_poll_seconds: float, tokenizer: Any, prediction: Sequence[int] = ()) -> Any:
     """A completion's response, one choice per session: one object when the body does not stream,
-    else server-sent events."""
+    else server-sent events. ``prediction``: the request's predicted output in token ids."""
     def logprobs(entries: list[TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
         return None if entries is None else logprobs_object(kind, entries, tokenizer, offset)
 
@@ -258,7 +270,7 @@ async def respond(sessions: list[Session], kind: ResponseKind, body: Any, model_
         response = completion_object(kind, request_id, model_name, "", None, created)
         response["choices"] = choices
         response["usage"] = usage(len(done[0].prompt_ids), sum(len(result.token_ids) for result in done),
-                                  prediction_counts(done))
+                                  prediction_counts(done, prediction))
         response["specdec"] = speculation_summary(done)
         return response
 
@@ -289,7 +301,7 @@ async def respond(sessions: list[Session], kind: ResponseKind, body: Any, model_
             final = completion_object(kind, request_id, model_name, "", None, created, chunk=True)
             final["choices"] = []
             final["usage"] = usage(len(results[0].prompt_ids), sum(len(result.token_ids) for result in results),
-                                   prediction_counts(results))
+                                   prediction_counts(results, prediction))
             yield sse(final)
         yield sse("[DONE]")
 
@@ -358,7 +370,6 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             scheduler.engine.check_prompt(prompt_ids)
         except ValueError as error:
             raise ApiError(400, str(error), param) from error
-        sampling = with_prediction_ids(sampling, tokenizer, model_name)  # (the engine reads token ids)
         asked = body.asked_constraint()
         matchers = await grammars.matchers(sampling.constraint, asked[0] if asked else None, body.n)
         return open_sessions(scheduler, prompt_ids, sampling, body.n, matchers)
@@ -374,9 +385,10 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = encode_prompt(tokenizer, prompt, model_name)
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from error
+        sampling = with_prediction_ids(sampling, tokenizer, model_name)  # (the engine reads token ids)
         sessions = await admit(body, sampling, prompt_ids, "prompt")
         return await respond(sessions, "completion", body, model_name, http, limits.disconnect_poll_seconds,
-                             tokenizer)
+                             tokenizer, predicted_ids(sampling))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, http: Request):
@@ -389,8 +401,10 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
             prompt_ids = chat_prompt_ids(tokenizer, messages)
         except ValueError as error:
             raise ApiError(400, str(error), "messages") from error
+        sampling = with_prediction_ids(sampling, tokenizer, model_name)  # (the engine reads token ids)
         sessions = await admit(body, sampling, prompt_ids, "messages")
-        return await respond(sessions, "chat", body, model_name, http, limits.disconnect_poll_seconds, tokenizer)
+        return await respond(sessions, "chat", body, model_name, http, limits.disconnect_poll_seconds, tokenizer,
+                             predicted_ids(sampling))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
