@@ -317,3 +317,37 @@ def test_an_error_while_generating_ends_that_request_only(target, alone, monkeyp
         assert seen and max(seen) > 1  # it failed inside a batch it shared with innocent streams
         assert stream_text(url, INNOCENT[2]) == alone[2]  # then the next request is served
         assert settled(scheduler)
+
+
+def test_a_slow_client_is_cut_after_the_read_timeout_while_others_are_served(target):
+    """One client sends half its body and stalls, another dribbles its headers: after the read
+    timeout the first gets a 408 and both connections are closed; a request sent meanwhile is
+    answered at once. Mutation, checked: without the deadlines both stay open past the timeout."""
+    import socket
+    import urllib.parse
+
+    _, server = serve(target, read_timeout=1.0)
+    with server as url:
+        address = urllib.parse.urlsplit(url)
+        slow_body, slow_headers = (socket.create_connection((address.hostname, address.port)) for _ in range(2))
+        started = time.monotonic()
+        payload = json.dumps(body("def f(x):")).encode()
+        slow_body.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n" % len(payload) + payload[:10])
+        slow_headers.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+        answered = httpx.post(f"{url}/v1/completions", json=body("import os\n"), timeout=60)
+        assert answered.status_code == 200 and time.monotonic() - started < 30
+
+        def read_until_closed(connection: socket.socket) -> bytes:
+            connection.settimeout(10)
+            received = b""
+            while chunk := connection.recv(65536):
+                received += chunk
+            return received
+
+        refused = read_until_closed(slow_body)
+        assert refused.startswith(b"HTTP/1.1 408") and b"request_timeout" in refused, refused
+        assert read_until_closed(slow_headers) == b""
+        assert time.monotonic() - started < 10
+        slow_body.close()
+        slow_headers.close()

@@ -7,6 +7,7 @@ import os
 
 from specdec.names import SPECULATION_MODES, help_formatter
 from specdec.progress import waiting
+from specdec.serving.connections import DEFAULT_READ_TIMEOUT
 from specdec.serving.server import (
     DEFAULT_PREFILL_CHUNK,
     DEFAULT_PREFIX_CACHE_ROWS,
@@ -60,6 +61,9 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--grammar-timeout", type=float, default=20.0,
                        help="seconds a request's schema, regex or grammar may take to compile (on a worker thread, "
                             "not the serving loop); longer gets a 400")
+    serve.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT, metavar="SECONDS",
+                       help="seconds a client has to send a request's headers, and then its body (a 408): a slow or "
+                            "stalled client holds a connection no longer")
     serve.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
                        help="on SIGTERM or Ctrl-C, seconds running requests get to finish; those still running then "
                             "end with an error (a stream's last event, else a 503) and the server exits")
@@ -85,7 +89,8 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                         limits=ServerLimits(max_tokens=args.max_tokens, api_key=args.api_key,
                                             max_body_bytes=args.max_body_bytes,
                                             max_grammar_bytes=args.max_grammar_bytes,
-                                            grammar_seconds=args.grammar_timeout), progress=update,
+                                            grammar_seconds=args.grammar_timeout,
+                                            read_timeout=args.read_timeout), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows,
                         max_model_len=args.max_model_len, default_acceptance=args.acceptance, budget=budget)
     from specdec.machine import seconds_since_start

@@ -31,6 +31,7 @@ from specdec.core.sampling import SamplingParams, TokenLogprob
 from specdec.decoder import GenerationResult, StreamChunk
 from specdec.grammar import TokenMatcher
 from specdec.serving.admission import ConstraintCompiler, ended_by
+from specdec.serving.connections import DEFAULT_READ_TIMEOUT
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.protocol import (
     FINISH_REASONS,
@@ -62,39 +63,53 @@ class ServerLimits:
     # many seconds, it gets a 400 (a 1.3 MB grammar took 32 s to compile, then panicked the engine).
     max_grammar_bytes: int = 256 * 1024
     grammar_seconds: float = 20.0
+    # Seconds a client has to send a request's headers, and then its body (serving/connections.py,
+    # RequestBody): a slow or stalled client holds a connection no longer than that.
+    read_timeout: float = DEFAULT_READ_TIMEOUT
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes gets a 413 before anything parses it:
-    at once from its Content-Length, else read (at most ``limit`` bytes are held) before the app
-    runs. (Raising from the app's own body read would not do: FastAPI turns any error there into
-    a 400 "error parsing the body".)"""
+class RequestBody:
+    """ASGI middleware: a request's body read whole before the app runs, within ``timeout``
+    seconds of its headers (else a 408 and the connection closed: a client sending its body slowly
+    holds no more than that) and at most ``limit`` bytes (else a 413, at once from its
+    Content-Length, else as soon as it passes the limit). (Raising from the app's own body read
+    would not do: FastAPI turns any error there into a 400 "error parsing the body".)"""
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: Any, limit: int, timeout: float) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", ())).get(b"content-length", b"")
-        if declared.isdigit():
-            if int(declared) > self.limit:
-                return await error_response(too_large(self.limit))(scope, receive, send)
-            return await self.app(scope, receive, send)
+        if declared.isdigit() and int(declared) > self.limit:
+            return await error_response(too_large(self.limit))(scope, receive, send)
+        try:
+            held = await asyncio.wait_for(self._read(receive), self.timeout)
+        except asyncio.TimeoutError:
+            response = error_response(ApiError(408, f"the request body did not arrive within this server's read "
+                                                    f"timeout of {self.timeout:g} s", code="request_timeout"))
+            response.headers["connection"] = "close"
+            return await response(scope, receive, send)
+        if held is None:
+            return await error_response(too_large(self.limit))(scope, receive, send)
+
+        async def replay() -> dict:
+            return held.pop(0) if held else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Any) -> list[dict] | None:
+        """The body's messages, or None past the limit (at most ``limit`` bytes are held)."""
         held, size = [], 0
         while True:
             message = await receive()
             held.append(message)
             size += len(message.get("body", b""))
             if size > self.limit:
-                return await error_response(too_large(self.limit))(scope, receive, send)
+                return None
             if message["type"] != "http.request" or not message.get("more_body"):
-                break
-
-        async def replay() -> dict:
-            return held.pop(0) if held else await receive()
-
-        await self.app(scope, replay, send)
+                return held
 
 
 def too_large(limit: int) -> ApiError:
@@ -332,7 +347,8 @@ def create_app(scheduler: Scheduler, model_name: str, limits: ServerLimits | Non
     app.state.scheduler = scheduler  # for tests and embedding programs
     app.state.max_body_bytes = limits.max_body_bytes or max(1 << 20, 32 * max_context)
     add_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=app.state.max_body_bytes)
+    app.state.read_timeout = limits.read_timeout
+    app.add_middleware(RequestBody, limit=app.state.max_body_bytes, timeout=limits.read_timeout)
     if limits.api_key:
         expected = f"Bearer {limits.api_key}".encode()
 

@@ -42,6 +42,9 @@ class GracefulServer(uvicorn.Server):
 def graceful_server(app: FastAPI, host: str, port: int, grace: float) -> GracefulServer:
     """A uvicorn server for ``app`` (built by build_app: its scheduler is app.state.scheduler)
     that shuts down within about ``grace`` seconds."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+    from specdec.serving.connections import DEFAULT_READ_TIMEOUT, timed_protocol
+
+    read_timeout = getattr(app.state, "read_timeout", DEFAULT_READ_TIMEOUT)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=timed_protocol(read_timeout),
                             timeout_graceful_shutdown=math.ceil(grace + BACKSTOP_SECONDS))
     return GracefulServer(config, app.state.scheduler, grace)
