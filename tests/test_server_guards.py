@@ -171,7 +171,7 @@ def test_stop_strings_past_the_limit_get_a_400_naming_it(target):
             assert f"at most {MAX_STOP_STRINGS} strings of {MAX_STOP_CHARACTERS}" in refused.json()["error"]["message"]
 
 
-def test_a_shutdown_ends_what_still_runs_after_the_grace_period_and_the_server_exits(target):
+def test_a_shutdown_ends_what_still_runs_after_the_grace_period_and_the_server_exits(target, caplog):
     """SIGTERM (handle_exit, as uvicorn's signal handler calls it) while a stream and a plain
     request of 2,000 tokens run (a minute's work): within the 1 s grace period they go on; then the
     stream ends with a server_shutting_down event and [DONE], the plain request gets a 503, and the
@@ -205,9 +205,14 @@ def test_a_shutdown_ends_what_still_runs_after_the_grace_period_and_the_server_e
         while len(events) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(events) >= 3 and scheduler.load[0] == 2  # both run
+        caplog.clear()
         server.handle_exit(signal.SIGTERM, None)
         for client in clients:
             client.join(timeout=60)
+        # One line a request it ended, no traceback anywhere (mutation, checked: logging the error's
+        # traceback as for a failure fails this)
+        ended = [record for record in caplog.records if "ended by the shutdown" in record.getMessage()]
+        assert len(ended) == 2 and not any(record.exc_info for record in caplog.records)
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "server_shutting_down"
         assert plain[0].status_code == 503 and plain[0].json()["error"]["code"] == "server_shutting_down"
         assert "--shutdown-timeout" in plain[0].json()["error"]["message"]

@@ -34,6 +34,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.grammar import TokenMatcher
 from specdec.models.base import ForkingCache
 from specdec.models.paged_cache import BLOCK_SIZE, CacheFullError, PagedKVCache
+from specdec.serving.admission import ShuttingDown
 from specdec.serving.metrics import ServerMetrics
 from specdec.serving.prefixes import PrefixCache
 from specdec.serving.speculation import SpeculationController
@@ -488,8 +489,13 @@ class Scheduler:
 
     def fail(self, ticket: Ticket, error: BaseException) -> None:
         """End ``ticket`` with ``error``: its row is freed, then its caller gets the error (so a
-        caller that heard of it finds the row free), the log its traceback."""
-        log.error("request %d failed: %r", ticket.id, error, exc_info=error)
+        caller that heard of it finds the row free), the log its traceback (a shutdown's end: one
+        line, since nothing went wrong)."""
+        if isinstance(error, ShuttingDown):
+            log.warning("request %d ended by the shutdown (%d tokens generated)", ticket.id,
+                        0 if ticket.request is None else len(ticket.request.generated_ids))
+        else:
+            log.error("request %d failed: %r", ticket.id, error, exc_info=error)
         if self.metrics is not None:
             self.metrics.finished("error")
         self.release(ticket)
