@@ -44,7 +44,8 @@ SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
 # and the layer's work around the matmuls (specdec/models/fused_layer.py).
 W8A32_SOURCE = Path(__file__).parent / "kernels" / "w8a32_matmul.cpp"
 LAYER_SOURCE = Path(__file__).parent / "kernels" / "layer_ops.cpp"
-SOURCES = (SOURCE, W8A32_SOURCE, LAYER_SOURCE)
+STACK_SOURCE = Path(__file__).parent / "kernels" / "stack.cpp"  # the decoder stack in one call (layer_stack.py)
+SOURCES = (SOURCE, W8A32_SOURCE, LAYER_SOURCE, STACK_SOURCE)
 HEADERS = (Path(__file__).parent / "kernels" / "float16.h",)  # included by the sources: part of the build's key
 
 

@@ -18,6 +18,7 @@ import specdec.models.int4 as int4
 import specdec.models.w8a32 as w8a32
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput, packed_format
 from specdec.models.int4 import GROUP, Int4Linear, PackedLinear, checked_shapes
+from specdec.models.layer_stack import LayerStack
 from specdec.models.quantize import KERNELS, Int8Linear, int8_parts
 from specdec.models.transformer import DecoderLayer, LlamaFamilyModel
 from specdec.models.w8a32 import W8A32Linear
@@ -134,6 +135,9 @@ def finish_network(network: LlamaFamilyModel, layer_problem: str | None) -> None
         if isinstance(network.layers[0], FusedDecoderLayer) and isinstance(head, PackedLinear) and \
                 head.format == format:
             network.norm_then_head = FusedOutput(network.norm, head)
+        fused = [layer for layer in network.layers if isinstance(layer, FusedDecoderLayer)]
+        if len(fused) == len(network.layers):
+            network.layer_stack = LayerStack(fused, network.rope_index)
         # Keys and values stored in float16, read by the compiled attention in float32: half the
         # cache's bytes (as llama.cpp's default f16 cache) and of what a long context's step
         # reads, the same bits for target-only and speculative decoding; load(kv_dtype="float32")

@@ -383,6 +383,10 @@ class LlamaFamilyModel(nn.Module):
         # One call for lm_head(norm(x)) on the last layer's output ([n, hidden] -> [n, vocab]), where
         # a precision has a faster equivalent of the two (precisions.quantize_model); None: the two.
         self.norm_then_head: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # Every decoder layer in one call where a precision has one (precisions.finish_network:
+        # layer_stack.LayerStack): (x, cos, sin, plan, cache, hidden_layers) -> (x, {layer: output}),
+        # or None for a forward it does not run; None: the layers one by one.
+        self.layer_stack: Callable[..., tuple[torch.Tensor, dict[int, torch.Tensor]] | None] | None = None
         self.fixed_rows: int | None = None  # set by make_batch_invariant
         # What the KV cache stores keys and values in (None: the weights' dtype); arithmetic stays in
         # self.dtype. float16 for int4 on the compiled layer (precisions.quantize_model), or load(kv_dtype=).
@@ -491,12 +495,17 @@ class LlamaFamilyModel(nn.Module):
             padding = (0, 0, 0, -count % fixed_rows)
             x, cos, sin = F.pad(x, padding), F.pad(cos, padding), F.pad(sin, padding)
         check_hidden_layers(hidden_layers, len(self.layers))
-        outputs = {}
-        for index, (layer, rope) in enumerate(zip(self.layers, self.rope_index, strict=True)):
-            x = layer(x, None if rope is None else cos[rope], None if rope is None else sin[rope], plan, cache, index,
-                      fixed_rows)
-            if index in hidden_layers:
-                outputs[index] = x[:count]
+        stacked = None if self.layer_stack is None or fixed_rows is not None else \
+            self.layer_stack(x, cos, sin, plan, cache, hidden_layers)
+        if stacked is not None:
+            x, outputs = stacked
+        else:
+            outputs = {}
+            for index, (layer, rope) in enumerate(zip(self.layers, self.rope_index, strict=True)):
+                x = layer(x, None if rope is None else cos[rope], None if rope is None else sin[rope], plan, cache,
+                          index, fixed_rows)
+                if index in hidden_layers:
+                    outputs[index] = x[:count]
         if not want_logits:
             logits = None
         elif self.norm_then_head is not None:
