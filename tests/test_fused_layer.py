@@ -71,6 +71,8 @@ def test_a_packed_model_runs_its_layers_compiled_close_to_the_torch_layers(model
     assert isinstance(network.norm_then_head, FusedOutput)
     assert network.quantize_notice.endswith("; layer ops compiled, keys and values in float16")
     assert model.new_cache().keys.dtype == torch.float16
+    assert network.layer_stack is not None  # every layer in one call (tests/test_layer_stack.py); here one by one
+    network.layer_stack = None
     calls = []
     for name in ("qkv_projection", "attend_queries", "mlp_block", "norm_then_linear"):
         original = getattr(fused_layer, name)
