@@ -156,6 +156,32 @@ def test_a_short_request_behind_several_long_prompts_waits_about_a_loop_per_prom
     assert not any(ticket in scheduler.prefilling for ticket in longs)
 
 
+def test_long_prompts_fed_together_end_one_after_another(tiny_pair):
+    """Three long prompts fed a piece a loop beside a running stream: the one with the least left goes
+    on while the others wait their turn, so the first ends about as soon as it would alone (not
+    after three times its pieces, taking turns), and they end shortest first. Mutation, checked:
+    the passed over all going first (taking turns) ends the first after ~3x its pieces."""
+    scheduler = make_scheduler(tiny_pair, budget=CHUNK)
+    vocab = scheduler.engine.target.vocab_size
+    scheduler.submit([1, 2, 3], SamplingParams(max_new_tokens=400), lambda item: None)
+    one_loop(scheduler)  # a stream runs from now on
+    lengths = (90, 100, 110)
+    longs = [scheduler.submit(long_prompt(vocab, length), SamplingParams(max_new_tokens=2), lambda item: None)
+             for length in lengths]
+    ended: dict[int, int] = {}
+    for loop in range(1, 200):
+        one_loop(scheduler)
+        for index, ticket in enumerate(longs):
+            if index not in ended and ticket not in scheduler.prefilling and ticket not in scheduler.waiting:
+                ended[index] = loop
+        if len(ended) == len(longs):
+            break
+    pieces = [-(-length // CHUNK) for length in lengths]
+    assert ended[0] < ended[1] < ended[2], ended
+    assert ended[0] <= pieces[0] + 3, (ended, pieces)  # taking turns: ~3 x 12 loops
+    assert ended[2] <= sum(pieces) + 6, (ended, pieces)
+
+
 def dry_pool_scheduler(model_dir, drafter_kind: str | None = None, gamma: int = 3, ends: bool = False):
     """A 13-block pool (416 tokens) over a random model of 512 positions that ends at its end
     token only where ``ends`` says (else every request runs its length)."""

@@ -436,9 +436,11 @@ class Scheduler:
         (so a short one admitted beside a long one starts at once), the requests the last loop
         passed over first of all, least recently fed first (ties: in the order they came): so a long one
         still moves while short ones keep coming, and a short one admitted while several long
-        ones are fed waits about one loop per prompt being fed, never for them to end (the
-        order they came in let long prompts that took turns pass over a newcomer until they
-        were done). With nothing running, the prompts that fit in one piece all go in at once
+        ones are fed waits a loop or two, never for them to end (the order they came in let long
+        prompts that took turns pass over a newcomer until they were done). Of the prompts that need
+        more than one piece, only the one with the least left is put first when passed over: the
+        others wait their turn, so long prompts end one after another (taking turns ended them all
+        at the end). With nothing running, the prompts that fit in one piece all go in at once
         besides (a burst starts together, as it would alone). An engine without pieces
         (prefill_chunk None) feeds every prompt whole. The requests done start running."""
         forking = [ticket for ticket in self.prefilling if self.forks_later(ticket)]
@@ -450,8 +452,15 @@ class Scheduler:
         self.feed_loops += 1
         for request in requests:
             self.last_fed.setdefault(request, loop)
+        # Of the prompts that need more than one piece, only the one with the least left (ties: the first
+        # that came) goes first when passed over; the others wait their turn behind it, so long prompts end
+        # one after another, as soon as they can, rather than all at the end by taking turns.
+        chunk = self.engine.prefill_chunk
+        several = [request for request in requests if chunk is not None and left[request] > chunk]
+        waiting_turn = set(several) - {min(several, key=left.__getitem__)} if several else set()
         # Stable: the passed over least recently fed first, ties in the order they came; then shortest first.
-        requests.sort(key=lambda r: (0, self.last_fed[r]) if r in self.passed_over else (1, left[r]))
+        requests.sort(key=lambda r: (0, self.last_fed[r]) if r in self.passed_over and r not in waiting_turn
+                      else (1, left[r]))
         budget = None
         if self.engine.prefill_chunk is not None:  # in pieces: a loop's worth, and newcomers admitted between loops
             budget = self.prefill.next(streams_running=bool(self.running))
