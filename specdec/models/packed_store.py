@@ -14,6 +14,7 @@ whose size or checksum differs is refused, and the model packed and written agai
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import shutil
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -173,22 +174,37 @@ def _pack_and_write(weights: Checkpoint, hf_config, name: str, source: str, pack
     say(f"packing {name} in {quantize} once, layer by layer ({weights.nbytes / 2**30:.2f} GiB of weights read); "
         f"later loads read it from {folder}")
     started = time.perf_counter()
-
-    def progress(done: int, total: int) -> None:
-        if sys.stderr.isatty():
-            print(f"\r  packed {done}/{total} parts, {writer.written / 2**30:.2f} GiB written", end="",
-                  file=sys.stderr, flush=True)
-
-    network = build_lean(weights, hf_config, torch.float32, "cpu", source, packer=packer,
-                         output_tokens=output_tokens, on_part=writer.part, progress=progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    with _progress_bar(show=sys.stderr.isatty() and weights.nbytes >= SAY_FROM_BYTES) as progress:
+        network = build_lean(weights, hf_config, torch.float32, "cpu", source, packer=packer,
+                             output_tokens=output_tokens, on_part=writer.part,
+                             progress=lambda done, total: progress(done, total, writer.written))
     writer.finish(folder, {"source": source, **_manifest(network, packer, writer)})
     _remove_older(folder, source)
     say(f"packed {name} in {quantize} in {time.perf_counter() - started:.1f} s: "
         f"{writer.written / 2**30:.2f} GiB on disk" + ("" if writer.failed is None else
                                                         f" (not stored: {writer.failed})"))
     return network
+
+
+@contextlib.contextmanager
+def _progress_bar(show: bool) -> Iterator[Callable[[int, int, int], None]]:
+    """A terminal's progress bar of the packing (parts done of all, bytes written); elsewhere nothing
+    (the lines before and after say what runs)."""
+    if not show:
+        yield lambda done, total, written: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("packing"), BarColumn(), MofNCompleteColumn(), TextColumn("parts, {task.fields[written]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("packing", total=None, written="0.00 GiB written")
+
+        def update(done: int, total: int, written: int) -> None:
+            bar.update(task, completed=done, total=total, written=f"{written / 2**30:.2f} GiB written")
+
+        yield update
 
 
 def _manifest(network: LlamaFamilyModel, packer: Packer, writer: _Writer) -> dict:
