@@ -34,6 +34,21 @@ def seconds_since_start() -> float | None:
         return None
 
 
+def available_memory() -> int | None:
+    """Bytes the machine can still give (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def read_json_cache(path: Path) -> dict:
     """A cache file's contents, or {} if it is missing or unreadable (then it is measured again)."""
     try:

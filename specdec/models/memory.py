@@ -9,8 +9,9 @@ one part's float32 weights (the output head, usually the largest)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from specdec.machine import available_memory
 
 # Bytes a weight of a linear takes in each precision, scales included (int4: 4-bit q, float16 scale
 # and min per 32 inputs; w8a32: 8-bit q, float32 scale and min per 32; int8: a scale per row).
@@ -51,21 +52,6 @@ class ModelSize:
         return int(total * MARGIN) + RUNTIME_BYTES
 
 
-def available_bytes() -> int | None:
-    """MemAvailable (Linux: what can be allocated without swapping), else None (no check)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 class WontFit(ValueError):
     """A model that would not fit in the memory available, said before any weight is read."""
 
@@ -74,7 +60,7 @@ def check_fits(name: str, size: ModelSize, quantize: str | None, dtype_bytes: in
                available: int | None = None) -> None:
     """Raise WontFit naming what ``name`` needs in ``quantize`` and a precision that fits, where the
     memory available (``available``: measured when None) is short."""
-    available = available_bytes() if available is None else available
+    available = available_memory() if available is None else available
     needed = size.bytes_needed(quantize, dtype_bytes, packing)
     if available is None or needed <= available:
         return

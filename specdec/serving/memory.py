@@ -16,7 +16,6 @@ the weights, the drafters' own caches and a forward's activations.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -35,21 +34,6 @@ def parse_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise ValueError(f"not a memory size: {text!r} (write e.g. 8GiB, 6G, 512MB or a number of bytes)")
     return int(float(match.group(1)) * _UNITS[unit])
-
-
-def available_memory() -> int | None:
-    """Bytes the machine can still give (Linux's MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def human(count: float) -> str:

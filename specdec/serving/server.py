@@ -100,7 +100,8 @@ def kv_budget(target: LanguageModel, max_batch: int, prefix_cache_rows: int, kv_
               max_model_len: int | None = None) -> KVBudget | None:
     """The KV-cache budget of a server with these rows (serving/memory.py); None for a backend
     whose cache is not ours to size (llama.cpp, transformers)."""
-    from specdec.serving.memory import available_memory, parse_size, plan_kv_budget
+    from specdec.machine import available_memory
+    from specdec.serving.memory import parse_size, plan_kv_budget
 
     per_token = getattr(target.new_cache(rows=1, max_length=2), "bytes_per_token", None)
     if per_token is None:
