@@ -341,3 +341,19 @@ def test_bench_reports_the_decode_and_prefill_rates_where_prompt_times_are_known
         assert summary["decode_tokens_per_second"] == pytest.approx(summary["tokens"] / (seconds - prompt_seconds))
         assert summary["prefill_tokens_per_second"] == pytest.approx(summary["prompt_tokens"] / prompt_seconds)
     assert "decode tok/s" in (out / "results.md").read_text()
+
+
+def test_a_step_is_split_into_draft_verify_and_rest_after_the_prompt():
+    from specdec.bench.runner import Summary, markdown_table
+    from specdec.core.metrics import SpecStats
+
+    stats = SpecStats(draft_seconds=0.2, verify_seconds=1.0)
+    for _ in range(10):
+        stats.observe(3, 1)
+    summary = Summary("auto", "specdec", "all", 1, 20, 1.5, stats, prompt_seconds=0.1)
+    assert summary.step_milliseconds == pytest.approx({"draft": 20.0, "verify": 100.0, "rest": 20.0})
+    assert summary.to_dict()["step_ms"] == summary.step_milliseconds
+    table = markdown_table([summary, Summary("llama-target", "llama.cpp", "all", 1, 20, 1.0, None, prompt_seconds=0.1)])
+    assert "| step ms: draft / verify / rest |" in table.splitlines()[0] + "|"
+    assert "| 20.0 / 100.0 / 20.0 |" in table and "| llama-target |" in table
+    assert Summary("auto", "specdec", "all", 1, 20, 1.5, stats).step_milliseconds is None  # the prompt's time unknown

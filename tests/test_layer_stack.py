@@ -1,14 +1,17 @@
 """The decoder stack in one compiled call (specdec/models/layer_stack.py, kernels/stack.cpp): every
 forward's logits and hidden states equal the per-layer path's bit for bit (prompts in pieces,
 verify blocks, trees, ragged batches, a head's hidden layers), for each family's layer variants in
-int4 and w8a32; forwards that need SDPA's masks take the per-layer path."""
+int4 and w8a32; forwards that need SDPA's masks take the per-layer path; the check at load refuses
+a stack that differs."""
 
 import pytest
 import torch
 from test_families import FAMILY_SETTINGS, save_family
 
 from specdec import SpeculativeDecoder, make_drafter
+from specdec.models import layer_stack
 from specdec.models.base import Attention
+from specdec.models.layer_stack import LayerStack, check_stack
 from specdec.models.loading import load
 from specdec.models.transformer import LlamaFamilyModel
 
@@ -80,3 +83,33 @@ def test_one_call_gives_every_forward_the_per_layer_bits(model_dir, name, quanti
         assert (logits is None) == (expected_logits is None) and (hidden is None) == (expected_hidden is None)
         assert logits is None or torch.equal(logits, expected_logits)
         assert hidden is None or torch.equal(hidden, expected_hidden)
+
+
+@pytest.mark.parametrize("format", [4, 8])
+def test_the_load_time_check_passes_here_and_refuses_a_wrong_or_idle_stack(monkeypatch, format):
+    assert check_stack(format) is None
+    original = LayerStack.__call__
+
+    def one_ulp_off(self, *arguments):
+        stacked = original(self, *arguments)
+        if stacked is not None:
+            stacked[0][-1] = torch.nextafter(stacked[0][-1], torch.tensor(float("inf")))
+        return stacked
+
+    monkeypatch.setattr(LayerStack, "__call__", one_ulp_off)
+    assert check_stack(format) == "forward 1: logits differ from the layers one by one"
+    monkeypatch.setattr(LayerStack, "__call__", lambda self, *arguments: None)
+    assert check_stack(format) == "the one call declined forward 1 of 4"
+
+
+@pytest.mark.parametrize("quantize", ["int4", "w8a32"])
+def test_a_stack_failing_its_check_leaves_the_layers_one_by_one_with_a_notice(model_dir, monkeypatch, quantize):
+    from tiny import save_random_model
+
+    monkeypatch.setattr(layer_stack, "stack_problem", lambda format: "forward 2: logits differ")
+    model = load(save_random_model(model_dir / "stack-refused", "llama", seed=4), quantize=quantize)
+    assert model.network.layer_stack is None and model.network.norm_then_head is not None
+    notice = model.network.quantize_notice
+    assert notice.endswith("; layers called one by one (the one-call stack failed its check: forward 2: logits "
+                           "differ)") and "\n" not in notice
+    assert model.extend(torch.tensor(PROMPTS[1]), model.new_cache()).shape == (len(PROMPTS[1]), model.vocab_size)

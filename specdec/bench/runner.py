@@ -325,6 +325,18 @@ class Summary:
         return self.tokens / (self.seconds - self.prompt_seconds)
 
     @property
+    def step_milliseconds(self) -> dict[str, float] | None:
+        """A verify step's mean time after the prompt, split: the drafter's proposing, the verify
+        (the target's forward and the accept / reject), and the rest (the engine's bookkeeping, the
+        sampler, the stop checks). None where the steps or the prompt's time are not known."""
+        stats = self.stats
+        if stats is None or not stats.target_forwards or self.prompt_seconds is None:
+            return None
+        rest = max(0.0, self.seconds - self.prompt_seconds - stats.draft_seconds - stats.verify_seconds)
+        return {name: 1e3 * seconds / stats.target_forwards for name, seconds in
+                (("draft", stats.draft_seconds), ("verify", stats.verify_seconds), ("rest", rest))}
+
+    @property
     def pass_at_1(self) -> float | None:
         return self.passed / self.checked if self.checked else None
 
@@ -340,7 +352,7 @@ class Summary:
             "prompt_tokens": self.prompt_tokens, "prompt_seconds": self.prompt_seconds,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "decode_tokens_per_second": self.decode_tokens_per_second,
-            "speedup": self.speedups, "peak_memory_mb": self.peak_memory_mb,
+            "speedup": self.speedups, "peak_memory_mb": self.peak_memory_mb, "step_ms": self.step_milliseconds,
             "alpha": stats.alpha if stats and stats.drafted else None,
             "tau": stats.tau if stats and stats.target_forwards else None,
             "acceptance_by_position": stats.acceptance_by_position if stats else None,
@@ -387,9 +399,10 @@ def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
     checked = any(s.checked for s in rows)  # a suite with tests: pass@1 beside the speed
     # Where every method's prompt time is known: the prompt's and the generation's rates apart too.
     phases = all(s.decode_tokens_per_second is not None for s in rows)
+    steps = any(s.step_milliseconds is not None for s in rows)
     header = ["method", "tokens/s", *(["decode tok/s", "prefill tok/s"] if phases else []),
               *[f"speedup vs {b}" for b in baselines], *(["pass@1"] if checked else []),
-              "alpha", "tau", "acceptance by position"]
+              "alpha", "tau", *(["step ms: draft / verify / rest"] if steps else []), "acceptance by position"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in rows:
         d = s.to_dict()
@@ -401,6 +414,7 @@ def markdown_table(summaries: Sequence[Summary], category: str = "all") -> str:
             *([f"{s.passed}/{s.checked} ({s.pass_at_1:.3f})" if s.checked else "-"] if checked else []),
             f"{d['alpha']:.3f}" if d["alpha"] is not None else "-",
             f"{d['tau']:.2f}" if d["tau"] is not None else "-",
+            *([" / ".join(f"{ms:.1f}" for ms in d["step_ms"].values()) if d["step_ms"] else "-"] if steps else []),
             " ".join(f"{a:.2f}" for a in d["acceptance_by_position"] or []) or "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -8,18 +8,26 @@ over their rows, per-query lists: a prompt, a verify block after it); a forward 
 (a padded batch of chains, a masked first tree) takes the per-layer path. Weights and shapes are
 handed over once (a ctypes array of StackLayer); a forward passes only what changes (the tokens'
 rows, cos/sin, the cache's layers, the plan's chains and query lists). Each layer makes exactly the
-per-layer path's calls in its order, so the bits are the same (tests/test_layer_stack.py)."""
+per-layer path's calls in its order, so the bits are the same (tests/test_layer_stack.py); check_stack
+proves it again on the machine that runs it, once per compiled library, before a model uses it."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
+from typing import cast
 
 import torch
 
+from specdec.machine import cache_root, cached_measurement
 from specdec.models.attention import AttentionPlan
-from specdec.models.fused_layer import ACTIVATION_CODES, KV_FORMATS, FusedDecoderLayer, library
+from specdec.models.base import Attention, Segment
+from specdec.models.fused_layer import ACTIVATION_CODES, KV_FORMATS, FusedDecoderLayer, FusedOutput, library
+from specdec.models.int4 import Int4Linear, KernelUnavailable, compiled_kernel, library_key
 from specdec.models.paged_cache import OwnCache
+from specdec.models.transformer import DEFAULT_ROPE, DecoderLayer, LlamaFamilyModel, TransformerConfig
+from specdec.models.w8a32 import W8A32Linear
 
 POINTER, INT64, DOUBLE = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -130,3 +138,96 @@ class LayerStack:
             list_strides.data_ptr(), list_counts.data_ptr(), hidden_at.data_ptr(), hidden_out.data_ptr(),
             qkv.data_ptr(), attended.data_ptr(), out.data_ptr())
         return x, {layer_index: hidden_out[position] for position, layer_index in enumerate(hidden_layers)}
+
+
+def stack_problem(format: int) -> str | None:
+    """None if the one call gives the per-layer path's bits on this machine (check_stack, cached per
+    machine and compiled library), else why not: the model's layers then run one by one."""
+    try:
+        key = library_key()
+        compiled_kernel()
+    except KernelUnavailable as error:
+        return str(error)
+    return _cached_stack_problem(key, format)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_stack_problem(key: str, format: int) -> str | None:
+    return cached_measurement(cache_root() / "int4-kernel.json", f"{key}:stack:w{format}",
+                              lambda: {"problem": check_stack(format)})["problem"]
+
+
+def check_stack(format: int, seed: int = 0) -> str | None:
+    """None if a small random model of packed linears (format 4: int4, 8: w8a32; three layers: a
+    sliding window, a layer without RoPE) gives, through the one call, every forward's logits and
+    hidden states bit for bit as its layers one by one: a prompt in two pieces, a verify chain
+    reading two layers' outputs, two rows at once; else what differs."""
+    network = _random_network(torch.Generator().manual_seed(seed), format)
+    stack = network.layer_stack
+    prompts = [[5, 9, 14, 3, 27, 8, 19, 40, 2], [12, 4, 4, 31]]
+    # Each forward: (tokens, each token's row, attention, the layers whose outputs it returns).
+    steps: list[tuple[list[int], list[int], Attention, tuple[int, ...]]] = [
+        (prompts[0][:5], [0] * 5, Attention.chain(5, 0), ()),
+        (prompts[0][5:], [0] * 4, Attention.chain(4, 0), ()),
+        ([7, 3, 30], [0] * 3, Attention.chain(3, 0), (0, 2)),
+        (prompts[1] + [6, 11], [1] * 4 + [0] * 2, Attention((Segment(1, 4), Segment(0, 2))), (1,)),
+    ]
+    assert stack is not None
+    ran: list[bool] = []
+
+    def counted(*arguments):
+        stacked = stack(*arguments)
+        ran.append(stacked is not None)
+        return stacked
+
+    results = []
+    for layers in (counted, None):
+        network.layer_stack = layers
+        cache = network.new_cache(rows=2)
+        outputs = []
+        for tokens, rows, attention, hidden_layers in steps:
+            positions = torch.tensor([int(cache.lengths[row]) + rows[:index].count(row)
+                                      for index, row in enumerate(rows)])
+            output = network(torch.tensor(tokens), positions, cache, attention, hidden_layers=hidden_layers)
+            outputs.append((output.logits, output.hidden))
+            for segment in attention.segments:
+                cache.commit(segment.row, segment.count)
+        results.append(outputs)
+    network.layer_stack = stack
+    if not all(ran):
+        return f"the one call declined forward {ran.index(False) + 1} of {len(ran)}"
+    for step, ((logits, hidden), (expected_logits, expected_hidden)) in enumerate(zip(*results, strict=True)):
+        if not torch.equal(logits, expected_logits):
+            return f"forward {step + 1}: logits differ from the layers one by one"
+        if (hidden is None) != (expected_hidden is None) or \
+                hidden is not None and not torch.equal(hidden, expected_hidden):
+            return f"forward {step + 1}: hidden states differ from the layers one by one"
+    return None
+
+
+def _random_network(generator: torch.Generator, format: int) -> LlamaFamilyModel:
+    """check_stack's model: random weights, packed, its layers compiled and in one call."""
+    config = TransformerConfig(
+        model_type="qwen2", vocab_size=48, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
+        attention_bias=True, output_bias=False, mlp_bias=False, sliding_windows=(None, 6, None),
+        rope_layers=(DEFAULT_ROPE, None, DEFAULT_ROPE))
+    inverse_frequencies = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+    network = LlamaFamilyModel(config, {DEFAULT_ROPE: (inverse_frequencies, 1.0)})
+    for parameter in network.parameters():
+        parameter.data = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1])
+    for name, parameter in network.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.data = 1 + 0.3 * torch.randn(parameter.shape, generator=generator)
+    packed: type[Int4Linear] | type[W8A32Linear] = Int4Linear if format == 4 else W8A32Linear
+    fused = []
+    for layer in cast(list[DecoderLayer], list(network.layers)):
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            setattr(layer, name, packed.of(getattr(layer, name)))
+        fused.append(FusedDecoderLayer(layer))
+    network.layers = torch.nn.ModuleList(fused)
+    head = packed.of(cast(torch.nn.Linear, network.lm_head))
+    network.lm_head, network.norm_then_head = head, FusedOutput(network.norm, head)
+    network.quantized, network.kv_dtype = "int4" if format == 4 else "w8a32", torch.float16
+    network.layer_stack = LayerStack(fused, network.rope_index)
+    return network

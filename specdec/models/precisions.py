@@ -15,6 +15,7 @@ from torch import nn
 
 import specdec.models.fused_layer as fused_layer
 import specdec.models.int4 as int4
+import specdec.models.layer_stack as layer_stack
 import specdec.models.w8a32 as w8a32
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput, packed_format
 from specdec.models.int4 import GROUP, Int4Linear, PackedLinear, checked_shapes
@@ -130,13 +131,15 @@ def finish_network(network: LlamaFamilyModel, layer_problem: str | None) -> None
     format = PACKED_FORMATS.get(str(network.quantized))
     if format is None:
         return
+    stack_problem: str | None = None  # why the layers are not called in one call, where they run compiled
     if layer_problem is None:
         head = network.lm_head
         if isinstance(network.layers[0], FusedDecoderLayer) and isinstance(head, PackedLinear) and \
                 head.format == format:
             network.norm_then_head = FusedOutput(network.norm, head)
         fused = [layer for layer in network.layers if isinstance(layer, FusedDecoderLayer)]
-        if len(fused) == len(network.layers):
+        stack_problem = layer_stack.stack_problem(format) if len(fused) == len(network.layers) else None
+        if len(fused) == len(network.layers) and stack_problem is None:
             network.layer_stack = LayerStack(fused, network.rope_index)
         # Keys and values stored in float16, read by the compiled attention in float32: half the
         # cache's bytes (as llama.cpp's default f16 cache) and of what a long context's step
@@ -147,6 +150,8 @@ def finish_network(network: LlamaFamilyModel, layer_problem: str | None) -> None
         network.kv_dtype = torch.float16
     compiled = f"layer ops not compiled ({layer_problem})" if layer_problem else \
         "layer ops compiled, keys and values in float16"
+    if layer_problem is None and stack_problem is not None:
+        compiled += f"; layers called one by one (the one-call stack failed its check: {stack_problem})"
     network.quantize_notice = f"{network.quantize_notice}; {compiled}"
 
 
