@@ -52,7 +52,7 @@ def prompt_ids(tokenizer, length: int) -> list[int]:
 def measure(length: int, chunk: int | None, model: str | None, quantize: str | None, queue) -> None:
     import torch
 
-    from specdec.core.engine import Engine
+    from specdec.assembly import engine_of
     from specdec.core.sampling import SamplingParams
     from specdec.defaults import default_pair, fastest_default_target
     from specdec.models.loading import load
@@ -61,7 +61,7 @@ def measure(length: int, chunk: int | None, model: str | None, quantize: str | N
     if model is None:
         model, quantize, _ = fastest_default_target(default_pair(), llama_cpp=False)
     target = load(model, quantize=quantize)
-    engine = Engine(target, None, prefill_chunk=chunk)
+    engine = engine_of(target, None, prefill_chunk=chunk)
     ids = prompt_ids(target.tokenizer, length)
     loaded = rss_bytes()
     reset_peak()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, cast
 
 from specdec.names import (
     AUTO,
@@ -22,17 +22,29 @@ from specdec.names import (
     DRAFTERS,
     NO_DRAFTER,
     NO_INDEX,
+    NO_INDEX_FLAG,
+    NO_PREDICTION_FLAG,
     POLICIES,
     SPECULATION_MODES,
     TREE_BUDGET,
     TREE_KINDS,
     TREE_POLICIES,
+    UNRELATED_PREDICTION_FLAG,
     VOCAB_RULES,
     base_kinds,
     default_gamma,
     drafts_trees,
     uses_corpus,
 )
+
+# The closed sets of values, as types (tests/test_assembly.py checks them against specdec.names).
+PolicyName = Literal["fixed", "heuristic", "threshold", "cost", "auto", "tree-cost"]
+VocabRule = Literal["point-mass", "intersection"]
+SpeculationMode = Literal["auto", "on", "off"]
+# A drafter object the caller built (SpeculationConfig.of_drafter): made by no name, so no name applies.
+GIVEN = "given"
+TARGET_ONLY = "target-only"  # bench's method of the target alone (its reference)
+BENCH_FLAGS = (NO_INDEX_FLAG, NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG)  # a bench method's flags of its own
 
 # Drafters that read the target's hidden states through a draft head (--draft-head).
 HEAD_READERS = ("head", "head-tree")
@@ -53,29 +65,34 @@ class SpeculationConfig:
     settings; ``vocab_rule``: a draft of another tokenizer's, when sampling; ``draft_head``: a
     head folder (None: the one found for the target); ``index``: datastores (specs of
     --index); ``acceptance``: the acceptance rule for requests that name none (docs/acceptance.md);
-    ``draft_forced``: a grammar's forced tokens drafted first; ``speculation``: a server's
-    controller mode (serve and bench-serve only; None elsewhere); ``predicted``: the requests
-    carry predictions, which the prediction drafter copies (auto's candidate, or named)."""
+    ``draft_forced``: a grammar's forced tokens drafted first (--no-forced-tokens: off);
+    ``speculation``: a server's controller mode (serve and bench-serve only; None elsewhere);
+    ``predicted``: the requests carry predictions, which the prediction drafter copies (auto's
+    candidate, or named). ``drafter`` GIVEN: a drafter object the caller built (of_drafter)."""
 
     drafter: str = AUTO
     tree: bool = False
-    policy: str | None = None
+    policy: PolicyName | None = None
     gamma: int | None = None
     tree_budget: int | None = None
     ngram_max: int = 4
     ngram_min: int = 1
     suffix_cache_tokens: int = 100_000
-    vocab_rule: str = "point-mass"
+    vocab_rule: VocabRule = "point-mass"
     draft_head: str | None = None
     index: tuple[str, ...] = ()
-    acceptance: str = "exact"
+    acceptance: str = "exact"  # an acceptance spec (specdec.core.acceptance), in its canonical spelling
     draft_forced: bool = True
-    speculation: str | None = None
+    speculation: SpeculationMode | None = None
     predicted: bool = False  # requests carry a prediction (OpenAI's predicted outputs; generate --prediction)
-    # Options the caller set explicitly (from_args: those typed), checked for whether they apply.
-    given: frozenset[str] = field(default=frozenset(), compare=False)
+    # Options the caller set explicitly, checked for whether they apply: from_args, those typed;
+    # None (the Python API), those whose values differ from the defaults.
+    given: frozenset[str] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.given is None:
+            object.__setattr__(self, "given", frozenset(
+                name for name in CHECKED_OPTIONS if getattr(self, name) != DEFAULTS[name]))
         check(self)
 
     @property
@@ -116,7 +133,11 @@ class SpeculationConfig:
 
     def with_options(self, **changes: Any) -> SpeculationConfig:
         """A copy with ``changes``, validated again."""
-        return replace(self, **changes, given=self.given | set(changes))
+        return replace(self, **changes, given=self.options_given | set(changes))
+
+    @property
+    def options_given(self) -> frozenset[str]:
+        return self.given or frozenset()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SpeculationConfig:
@@ -137,6 +158,7 @@ class SpeculationConfig:
             values["index"] = tuple(args.index)
         values["tree"] = bool(getattr(args, "tree", False))
         values["predicted"] = bool(getattr(args, "prediction", None))
+        values["draft_forced"] = not getattr(args, "no_forced_tokens", False)
         drafter = getattr(args, "drafter", None)
         if getattr(args, "no_draft", False):
             if drafter not in (None, NO_DRAFTER):
@@ -148,6 +170,18 @@ class SpeculationConfig:
         given |= ({"tree"} if values["tree"] else set()) | (typed & {"ngram_max", "ngram_min"})
         return cls(drafter=drafter, **values, given=frozenset(given))
 
+    @classmethod
+    def of_drafter(cls, drafter: Any, gamma: int | None = None, policy: str | None = None,
+                   draft_forced: bool = True) -> SpeculationConfig:
+        """The config of a drafter object the caller built (or of a draft model, drafted as "model"):
+        its policy and gamma chosen by the rule of a named drafter's (an auto drafter's own; else
+        fixed), its combinations refused alike."""
+        from specdec.models.base import LanguageModel
+
+        kind = AUTO if getattr(drafter, "default_policy", None) == AUTO else \
+            "model" if isinstance(drafter, LanguageModel) else GIVEN
+        return cls(drafter=kind, gamma=gamma, policy=cast(PolicyName | None, policy), draft_forced=draft_forced)
+
     def make_drafter(self, target: Any, draft: Any = None, head: Any = None, corpus: Sequence[Any] = (),
                      costs: Any = None, **overrides: Any) -> Any:
         """The drafter this config names on loaded models (specdec.drafting.make_drafter; None: the
@@ -156,6 +190,9 @@ class SpeculationConfig:
         of make_drafter (``suffix_cache_tokens=0``)."""
         if not self.drafts:
             return None
+        if self.drafter == GIVEN:
+            raise ValueError("this config describes a drafter object given to build_engine(drafter=...): it names "
+                             "none to make")
         from specdec.drafting import make_drafter
 
         options = dict(max_n=self.ngram_max, min_n=self.ngram_min, tree=self.tree, tree_budget=self.nodes,
@@ -171,19 +208,43 @@ class SpeculationConfig:
 
     @classmethod
     def from_method(cls, name: str) -> tuple[SpeculationConfig, list[str]]:
-        """A bench method "DRAFTER:POLICY" (e.g. "ngram:cost", "auto") and its flags after "@"
-        ("unforced", "noindex", an acceptance spec): the config and the flags not read here."""
+        """A bench method "DRAFTER:POLICY@FLAG@..." (e.g. "ngram:cost", "auto", "target-only@unforced"):
+        the config, with what its flags say of speculation ("@unforced": a grammar's forced tokens
+        not drafted; "@ACCEPTANCE": a LOSSY acceptance, marked given), and bench's own flags
+        (BENCH_FLAGS), in order. The one parser of method names."""
+        from specdec.core.acceptance import canonical_acceptance
+
         method, *flags = name.split("@")
         drafter, _, policy = method.partition(":")
-        config = cls(drafter=drafter, policy=policy or None, draft_forced="unforced" not in flags,
-                     given=frozenset({"policy"} if policy else ()))
-        return config, [flag for flag in flags if flag != "unforced"]
+        bench_flags: list[str] = []
+        values: dict[str, Any] = {}
+        for flag in flags:
+            if flag in BENCH_FLAGS:
+                bench_flags.append(flag)
+            elif flag == "unforced":
+                values["draft_forced"] = False
+            else:
+                try:
+                    values["acceptance"] = canonical_acceptance(flag)
+                except ValueError as error:
+                    raise ValueError(f"unknown method flag @{flag} in {name!r}: the flags are @unforced, "
+                                     f"@{', @'.join(BENCH_FLAGS)} and @ACCEPTANCE ({error})") from None
+        given = {"policy"} if policy else set()
+        config = cls(drafter=NO_DRAFTER if drafter == TARGET_ONLY else drafter,
+                     policy=cast(PolicyName | None, policy or None), **values,
+                     given=frozenset(given | ({"acceptance"} & set(values))))
+        return config, bench_flags
+
+
+# The options whose applicability check() tests where the caller set them, and their defaults.
+CHECKED_OPTIONS = ("policy", "gamma", "tree", "tree_budget", "draft_head", "ngram_max", "ngram_min")
+DEFAULTS = {name: SpeculationConfig.__dataclass_fields__[name].default for name in CHECKED_OPTIONS}
 
 
 def check(config: SpeculationConfig) -> None:
     """Every combination that does not apply, as one ValueError naming the option."""
     kinds = base_kinds(config.drafter)
-    if config.drafter != NO_DRAFTER:
+    if config.drafter not in (NO_DRAFTER, GIVEN):
         unknown = [kind for kind in kinds if kind not in DRAFTERS]
         if unknown or not config.drafter:
             raise ValueError(f"unknown --drafter {(unknown or [config.drafter])[0]!r}; choose one of "
@@ -207,7 +268,7 @@ def check(config: SpeculationConfig) -> None:
             raise ValueError("--policy does not apply to a server: its speculation controller chooses every step's "
                              "draft lengths from measured costs (--speculation auto; on: always --gamma; off: none)")
     if not config.drafts:
-        applied = sorted(name for name in config.given if name in ("policy", "gamma", "tree", "tree_budget",
+        applied = sorted(name for name in config.options_given if name in ("policy", "gamma", "tree", "tree_budget",
                                                                    "draft_head"))
         applied += ["prediction"] if config.predicted else []
         if applied:
@@ -236,7 +297,7 @@ def check(config: SpeculationConfig) -> None:
     if config.predicted and not any(part in (AUTO, "prediction") for part in base_kinds(kind)):
         raise ValueError(f"--prediction does not apply to --drafter {kind}: auto (the default) or a drafter spec "
                          "holding prediction drafts from it")
-    ngram = {"ngram_max", "ngram_min"} & config.given
+    ngram = {"ngram_max", "ngram_min"} & config.options_given
     if ngram and not any(kind in NGRAM_USERS or kind.startswith("suffix-or-ngram") for kind in base_kinds(kind)):
         raise ValueError(f"--{sorted(ngram)[0].replace('_', '-')} does not apply to --drafter {kind}: no n-gram "
                          "lookup drafts there")

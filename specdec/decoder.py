@@ -8,13 +8,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from typing import Any, cast, overload
 
+from specdec.assembly import build_engine, engine_of
 from specdec.config import SpeculationConfig
 from specdec.core.drafts import Drafter
 from specdec.core.engine import Engine
 from specdec.core.estimates import CostModel
 from specdec.core.policy import DraftLengthPolicy
 from specdec.core.sampling import SamplingParams
-from specdec.drafting import as_drafter
 from specdec.models.base import LanguageModel
 from specdec.models.paged_cache import BLOCK_SIZE
 from specdec.text import GenerationResult, StreamChunk, TextStream, encode_prompt, step_chunk, with_prediction_ids
@@ -65,26 +65,25 @@ class SpeculativeDecoder:
         prefill_chunk: int | None = None,
         costs: CostModel | None = None,
     ) -> None:
-        self.engine = Engine(target, as_drafter(drafter, target, costs if costs is not None else getattr(
-            policy, "costs", None)), gamma, policy, draft_forced, prefill_chunk, costs=costs)
+        self.engine = engine_of(target, drafter, gamma, policy, draft_forced, prefill_chunk=prefill_chunk,
+                                costs=costs)
         self.target = target
 
     @classmethod
     def from_config(cls, target: LanguageModel, config: SpeculationConfig, draft: LanguageModel | None = None,
                     head: Any = None, corpus: Sequence[Any] = ()) -> SpeculativeDecoder:
-        """The decoder ``config`` describes, on loaded models: its drafter (``draft``: a draft
-        model for the drafters that take one; ``head``: a DraftHead or folder, else the config's
-        draft_head, else the head found for the target where one may draft; ``corpus``: datastores),
-        its policy and gamma, all on one cost model."""
-        costs = CostModel()
-        head = head if head is not None else config.draft_head
-        if head is None and config.reads_head:
-            from specdec.drafting.head_finder import find_head
+        """The decoder ``config`` describes, on loaded models (specdec.assembly.build_engine: ``draft``
+        a draft model for the drafters that take one; ``head`` a DraftHead or folder, else the
+        config's draft_head, else the head found for the target where one may draft; ``corpus``
+        datastores)."""
+        return cls.from_engine(build_engine(target, config, draft=draft, head=head, corpus=corpus))
 
-            head = find_head(target)
-        drafter = config.make_drafter(target, draft, head, corpus, costs)
-        return cls(target, drafter, config.chosen_gamma, config.make_policy(costs) if drafter is not None else None,
-                   config.draft_forced, costs=costs)
+    @classmethod
+    def from_engine(cls, engine: Engine) -> SpeculativeDecoder:
+        """A decoder around an engine build_engine assembled."""
+        decoder = cls.__new__(cls)
+        decoder.engine, decoder.target = engine, engine.target
+        return decoder
 
     @property
     def drafter(self) -> Drafter | None:

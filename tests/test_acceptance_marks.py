@@ -7,7 +7,7 @@ import json
 import pytest
 from test_explain import assert_decision_explains
 
-from specdec.bench.runner import Method, MethodOutput, Prompt, method_flags, run_side_by_side
+from specdec.bench.runner import Method, MethodOutput, Prompt, run_side_by_side
 from specdec.commands.cli import main
 from specdec.core.acceptance import LOSSY_PRESET
 from specdec.core.sampling import SamplingParams
@@ -53,10 +53,17 @@ def test_a_bad_acceptance_fails_before_any_model_loads(monkeypatch, capsys):
 
 
 def test_bench_method_flags():
-    assert method_flags("auto@lossy", ["lossy"]) == (False, LOSSY_PRESET)
-    assert method_flags("x", ["unforced", "topk:k=2"]) == (True, "topk:k=2,delta=0.5")
-    with pytest.raises(ValueError, match="the flags are @unforced and @ACCEPTANCE"):
-        method_flags("x", ["fast"])
+    from specdec.config import SpeculationConfig
+
+    config, flags = SpeculationConfig.from_method("auto@lossy")
+    assert (config.draft_forced, config.acceptance, "acceptance" in config.options_given, flags) == (True, LOSSY_PRESET,
+                                                                                            True, [])
+    config, flags = SpeculationConfig.from_method("ngram:cost@unforced@topk:k=2@noindex")
+    assert (config.draft_forced, config.acceptance, flags) == (False, "topk:k=2,delta=0.5", ["noindex"])
+    assert "acceptance" not in SpeculationConfig.from_method("auto")[0].options_given  # the run's acceptance then
+    with pytest.raises(ValueError, match="the flags are @unforced, @noindex, @noprediction, @unrelated and "
+                                         "@ACCEPTANCE"):
+        SpeculationConfig.from_method("ngram:cost@fast")
 
 
 def test_side_by_side_records_drift_of_lossy_methods_not_a_mismatch():

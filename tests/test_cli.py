@@ -70,7 +70,8 @@ def test_the_quantize_help_says_what_an_unset_quantize_does(tiny_pair, monkeypat
     from rich.console import Console
 
     import specdec.models.precision_choice as precision_choice
-    from specdec.commands.cli import build_parser, resolve_models
+    from specdec.commands.cli import build_parser
+    from specdec.commands.models import resolve_models
 
     parser = build_parser()
     generate = next(action for action in parser._subparsers._group_actions[0].choices["generate"]._actions
@@ -166,7 +167,7 @@ def test_tree_budget_caps_what_tree_cost_chooses(tiny_pair, monkeypatch, capsys)
     """--tree-budget under tree-cost (which --tree selects) is the most nodes it may choose, its
     starting shape included (its own cap, unset); it used to be overridden by the policy's.
     Mutation, checked: generate passing the policy by name (its own cap of 64) fails it."""
-    import specdec.decoder
+    import specdec.assembly
     from specdec.core.policy import make_policy
     from specdec.names import TREE_COST_MAX_BUDGET
 
@@ -176,12 +177,14 @@ def test_tree_budget_caps_what_tree_cost_chooses(tiny_pair, monkeypatch, capsys)
     assert max(d * w for d, w in make_policy("tree-cost", 4).shapes()) > 16  # (so the cap is not moot)
     policies = []
 
-    class Recording(specdec.decoder.SpeculativeDecoder):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            policies.append(self.engine.new_policy())
+    build_engine = specdec.assembly.build_engine
 
-    monkeypatch.setattr(specdec.decoder, "SpeculativeDecoder", Recording)
+    def recording(*args, **kwargs):
+        engine = build_engine(*args, **kwargs)
+        policies.append(engine.new_policy())
+        return engine
+
+    monkeypatch.setattr(specdec.assembly, "build_engine", recording)
     assert main(["generate", "--target", str(tiny_pair["target"]), "ab ab", "--drafter", "ngram-tree", "--gamma", "4",
                  "--max-new-tokens", "4", "--tree-budget", "3"]) == 0
     assert policies[0].name == "tree-cost" and policies[0].max_budget == 3
@@ -372,8 +375,10 @@ def test_int4_says_in_one_line_which_kernel_runs_and_the_output_equals_target_on
 def test_a_gguf_target_on_the_own_forward_defaults_to_w8a32(options, quantize):
     from rich.console import Console
 
+    from specdec.commands.models import resolve_models
+
     args = cli.build_parser().parse_args(["generate", "hi", "--target", "model.gguf", *options])
-    assert cli.resolve_models(args, Console(quiet=True))[2] == quantize
+    assert resolve_models(args, Console(quiet=True))[2] == quantize
 
 
 def test_tables_in_a_log_keep_every_column_whole(capsys):

@@ -77,7 +77,8 @@ def test_from_the_command_line():
 
 def test_from_a_bench_method_name():
     config, flags = SpeculationConfig.from_method("suffix:cost@unforced@lossy")
-    assert (config.drafter, config.policy, config.draft_forced, flags) == ("suffix", "cost", False, ["lossy"])
+    assert (config.drafter, config.policy, config.draft_forced, flags) == ("suffix", "cost", False, [])
+    assert config.acceptance != "exact"
     assert SpeculationConfig.from_method("auto@noindex")[0].chosen_policy == "auto"
     with pytest.raises(ValueError, match="does not apply to --drafter auto"):
         SpeculationConfig.from_method("auto:cost")

@@ -16,7 +16,7 @@ from table_lm import table_model
 from test_distribution import PROMPT, exact_sequence_law
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.core.engine import Engine
+from specdec.assembly import engine_of
 from specdec.core.estimates import CostModel
 from specdec.core.rules import CoupledRule, position_exponentials
 
@@ -216,7 +216,7 @@ def test_a_seed_gives_one_text_under_the_servers_controller(float64_pair):
         costs = VerifyCostTable()
         for batch, block in itertools.product((1, 2, 4), (1, 2, 3, 5)):
             costs.add(batch, block, 0.1 + slope * batch * block)
-        engine = Engine(target, drafter, gamma=4)
+        engine = engine_of(target, drafter, gamma=4)
         engine.costs.verify.include(costs)
         controller = SpeculationController("auto", gamma=4, costs=engine.costs, draft_cost=draft_cost)
         scheduler = Scheduler(engine, controller, max_batch=4).start()

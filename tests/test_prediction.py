@@ -225,7 +225,8 @@ def test_the_server_takes_openais_prediction_and_reports_its_tokens():
     import openai
 
     from specdec.defaults import default_model
-    from specdec.serving.server import build_app, serve_in_thread
+    from specdec.serving.in_thread import serve_in_thread
+    from specdec.serving.server import build_app
 
     toy = load(default_model("target"), dtype="float64")
     app = build_app(toy, make_drafter(PREDICTION), "toy", gamma=8, speculation="on", max_batch=2)
@@ -333,7 +334,8 @@ def test_the_usage_counts_the_predictions_tokens_as_openai_defines_them():
     import openai
 
     from specdec.defaults import default_model
-    from specdec.serving.server import build_app, serve_in_thread
+    from specdec.serving.in_thread import serve_in_thread
+    from specdec.serving.server import build_app
 
     toy = load(default_model("target"), dtype="float64")
     app = build_app(toy, make_drafter(PREDICTION), "toy", gamma=8, speculation="on", max_batch=2)

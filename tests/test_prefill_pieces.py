@@ -10,7 +10,7 @@ import pytest
 from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.core.engine import Engine
+from specdec.assembly import engine_of
 from specdec.serving.scheduler import PrefillBudget, Scheduler
 from specdec.serving.speculation import SpeculationController
 
@@ -24,7 +24,7 @@ def one_loop(scheduler: Scheduler) -> None:
 
 def make_scheduler(tiny_pair, max_batch=8, budget=CHUNK):
     target = load(tiny_pair["target"], dtype="float64")
-    engine = Engine(target, make_drafter("model", load(tiny_pair["perturbed"], dtype="float64")), gamma=3,
+    engine = engine_of(target, make_drafter("model", load(tiny_pair["perturbed"], dtype="float64")), gamma=3,
                     prefill_chunk=CHUNK)
     return Scheduler(engine, SpeculationController("on", 3), max_batch=max_batch,
                      prefill=PrefillBudget(tokens=budget))
@@ -109,7 +109,7 @@ def test_outputs_equal_alone_when_a_long_prompt_comes_with_a_burst(tiny_pair, te
                  for index in range(len(prompts))]
     alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=CHUNK)
     expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))}
-    engine = Engine(target, drafter, gamma=3, prefill_chunk=CHUNK)
+    engine = engine_of(target, drafter, gamma=3, prefill_chunk=CHUNK)
     scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=CHUNK))
     results, done = {}, threading.Event()
     done.expected = len(prompts)
@@ -191,7 +191,7 @@ def dry_pool_scheduler(model_dir, drafter_kind: str | None = None, gamma: int = 
     target = load(folder, dtype="float64")
     target = target if ends else dataclasses.replace(target, eos_token_ids=())
     drafter = None if drafter_kind is None else make_drafter(drafter_kind, target)
-    engine = Engine(target, drafter, gamma=gamma, prefill_chunk=CHUNK)
+    engine = engine_of(target, drafter, gamma=gamma, prefill_chunk=CHUNK)
     scheduler = Scheduler(engine, SpeculationController("on" if drafter else "off", gamma), max_batch=4,
                           prefill=PrefillBudget(tokens=CHUNK), pool_tokens=13 * 32)
     return scheduler, SpeculativeDecoder(target, drafter, gamma=gamma, prefill_chunk=CHUNK)

@@ -8,7 +8,7 @@ import torch
 from table_lm import table_model
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.core.engine import Engine
+from specdec.assembly import engine_of
 from specdec.serving.prefixes import PrefixCache
 from specdec.serving.scheduler import Scheduler
 from specdec.serving.speculation import SpeculationController
@@ -45,7 +45,7 @@ def test_a_shared_prefix_is_computed_once_and_the_outputs_do_not_change(tiny_pai
     target = load(tiny_pair["target"])
     torch.manual_seed(1)
     drafter = make_drafter("head", target=target, head=new_head(target))
-    engine = Engine(target, drafter, gamma=3, prefill_chunk=4)
+    engine = engine_of(target, drafter, gamma=3, prefill_chunk=4)
     prompts = [SYSTEM + tail for tail in ([7, 8, 9], [10, 11], [12, 13, 14, 15, 16])]
     samplings = [SamplingParams(max_new_tokens=10), SamplingParams(temperature=1.0, seed=3, max_new_tokens=10),
                  SamplingParams(max_new_tokens=10)]
@@ -65,7 +65,7 @@ def test_a_shared_prefix_is_computed_once_and_the_outputs_do_not_change(tiny_pai
 def test_the_prefix_cache_keeps_whole_pieces_in_bounded_rows():
     target = table_model(6, seed=1, max_context=64)
     cache = target.new_cache(rows=3)
-    engine = Engine(target, prefill_chunk=4)
+    engine = engine_of(target, prefill_chunk=4)
     prefixes = PrefixCache(cache, [1, 2], chunk=4)
 
     def prefilled(prompt):

@@ -8,7 +8,7 @@ import pytest
 from test_batching import batch_prompts
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.core.engine import Engine
+from specdec.assembly import engine_of
 from specdec.core.estimates import AcceptanceByPosition, CostModel, VerifyCostTable
 from specdec.serving.scheduler import PrefillBudget, QueueFullError, Scheduler
 from specdec.serving.speculation import SpeculationController, profile_verify_costs
@@ -117,7 +117,7 @@ def test_the_servers_choice_replaces_each_requests_policy(tiny_pair):
     """Engine.step's draft_lengths are each request's draft length, not a cap on its policy's:
     a fixed gamma-2 policy drafts 4 when the server says 4, and nothing when it says 0."""
     target = load(tiny_pair["target"], dtype="float64")
-    engine = Engine(target, make_drafter("model", load(tiny_pair["perturbed"], dtype="float64")), gamma=2)
+    engine = engine_of(target, make_drafter("model", load(tiny_pair["perturbed"], dtype="float64")), gamma=2)
     requests = [engine.new_request(prompt, SamplingParams(max_new_tokens=20), row=row)
                 for row, prompt in enumerate(batch_prompts(3, target.vocab_size, count=2))]
     cache = target.new_cache(rows=2)
@@ -127,12 +127,12 @@ def test_the_servers_choice_replaces_each_requests_policy(tiny_pair):
 
 
 def test_an_engine_whose_caller_chooses_lengths_builds_no_policy(tiny_pair):
-    """A server's engine (per_request_policy=False) gives requests no policy: a threshold policy's
-    stop_early cannot cut the controller's drafts, and a step without draft_lengths is an error.
-    Mutation: per_request_policy ignored in Engine.__init__ fails it."""
+    """A server's engine (requests_choose_lengths=False) gives requests no policy: a threshold
+    policy's stop_early cannot cut the controller's drafts, and a step without draft_lengths is an
+    error. Mutation: requests_choose_lengths ignored in build_engine fails it."""
     target = load(tiny_pair["target"], dtype="float64")
-    engine = Engine(target, make_drafter("model", load(tiny_pair["independent"], dtype="float64")), gamma=2,
-                    policy="threshold", per_request_policy=False)
+    engine = engine_of(target, make_drafter("model", load(tiny_pair["independent"], dtype="float64")), gamma=2,
+                       policy="threshold", requests_choose_lengths=False)
     request = engine.new_request([1, 2, 3, 4], SamplingParams(max_new_tokens=20), row=0)
     assert request.policy is None and request.stop_early is None
     cache = target.new_cache(rows=1)
@@ -204,7 +204,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_pair, tem
                  for index in range(len(prompts))]
     alone = SpeculativeDecoder(target, drafter, gamma=3)
     expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))}
-    scheduler = Scheduler(Engine(target, drafter, gamma=3), SpeculationController("on", 3),
+    scheduler = Scheduler(engine_of(target, drafter, gamma=3), SpeculationController("on", 3),
                           max_batch=max_batch).start()
     results, done = {}, threading.Event()
     done.expected = len(prompts)
@@ -235,7 +235,7 @@ def test_a_long_prompt_is_prefilled_in_pieces_between_the_running_streams_steps(
                  for index in range(7)]
     alone = SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=8)
     expected = {i: alone.generate(p, s).token_ids for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))}
-    engine = Engine(target, drafter, gamma=3, prefill_chunk=8)
+    engine = engine_of(target, drafter, gamma=3, prefill_chunk=8)
     scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=8, prefill=PrefillBudget(tokens=1))
     results, done = {}, threading.Event()
     done.expected = len(prompts)
@@ -292,7 +292,7 @@ class FailingDrafter:
 
 def test_a_failing_step_fails_its_requests_not_the_server(tiny_pair):
     target = load(tiny_pair["target"])
-    scheduler = Scheduler(Engine(target, FailingDrafter()), SpeculationController("on", 2), max_batch=2).start()
+    scheduler = Scheduler(engine_of(target, FailingDrafter()), SpeculationController("on", 2), max_batch=2).start()
     results, done = {}, threading.Event()
     done.expected = 1
     try:
@@ -308,7 +308,7 @@ def test_a_failing_step_fails_its_requests_not_the_server(tiny_pair):
 
 def test_the_waiting_queue_is_bounded(tiny_pair):
     target = load(tiny_pair["target"])
-    scheduler = Scheduler(Engine(target), SpeculationController("off", 0), max_batch=1, max_waiting=2)
+    scheduler = Scheduler(engine_of(target), SpeculationController("off", 0), max_batch=1, max_waiting=2)
     for _ in range(2):  # not started: nothing leaves the queue
         scheduler.submit([1, 2], SamplingParams(), lambda item: None)
     with pytest.raises(QueueFullError, match="waiting"):
@@ -329,7 +329,7 @@ def test_choices_of_one_prompt_are_admitted_together_and_forked():
     alone = SpeculativeDecoder(target)
     for samplings in ([SamplingParams(max_new_tokens=6)] * 3,
                       [SamplingParams(temperature=1.0, seed=seed, max_new_tokens=6) for seed in (3, 4, 5)]):
-        scheduler = Scheduler(Engine(target), SpeculationController("off", 0), max_batch=4).start()
+        scheduler = Scheduler(engine_of(target), SpeculationController("off", 0), max_batch=4).start()
         results: dict = {}
         done = threading.Event()
         done.expected = 3

@@ -15,7 +15,8 @@ import pytest
 from specdec import SpeculativeDecoder, load, make_drafter
 from specdec.defaults import default_model, default_prompts
 from specdec.serving.app import ServerLimits
-from specdec.serving.server import build_app, serve_in_thread
+from specdec.serving.in_thread import serve_in_thread
+from specdec.serving.server import build_app
 from specdec.text import chat_prompt_ids
 
 MODEL = "toy-pair"

@@ -11,7 +11,8 @@ from specdec import SpeculativeDecoder, load, make_drafter
 from specdec.core.acceptance import LOSSY_PRESET
 from specdec.defaults import default_model
 from specdec.serving.app import ServerLimits
-from specdec.serving.server import build_app, serve_in_thread
+from specdec.serving.in_thread import serve_in_thread
+from specdec.serving.server import build_app
 
 MODEL = "toy"
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("

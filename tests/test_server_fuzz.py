@@ -18,7 +18,8 @@ from specdec import load
 from specdec.defaults import default_model
 from specdec.drafting.ngram import NGramDrafter
 from specdec.serving.app import ServerLimits
-from specdec.serving.server import build_app, serve_in_thread
+from specdec.serving.in_thread import serve_in_thread
+from specdec.serving.server import build_app
 
 MODEL = "toy"
 INNOCENT = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 16, "temperature": 0, "stream": True}

@@ -10,7 +10,9 @@ import pytest
 from specdec import load, make_drafter
 from specdec.defaults import default_model
 from specdec.serving.app import ServerLimits
-from specdec.serving.server import build_app, is_loopback, serve_in_thread
+from specdec.serving.connections import is_loopback
+from specdec.serving.in_thread import serve_in_thread
+from specdec.serving.server import build_app
 from specdec.text import chat_prompt_ids, chat_text
 
 MODEL = "toy"
@@ -181,7 +183,7 @@ def test_a_shutdown_ends_what_still_runs_after_the_grace_period_and_the_server_e
     import threading
     import time
 
-    from specdec.serving.server import running_in_thread
+    from specdec.serving.in_thread import running_in_thread
     from specdec.serving.shutdown import graceful_server
 
     app = build_app(target, make_drafter("ngram"), MODEL, speculation="on", max_batch=4,

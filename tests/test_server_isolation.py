@@ -20,7 +20,8 @@ from specdec.defaults import default_model
 from specdec.drafting.ngram import NGramDrafter
 from specdec.grammar import GrammarCompiler, TokenMatcher
 from specdec.serving.app import ServerLimits
-from specdec.serving.server import build_app, serve_in_thread
+from specdec.serving.in_thread import serve_in_thread
+from specdec.serving.server import build_app
 from specdec.text import encode_prompt
 
 MODEL = "toy"

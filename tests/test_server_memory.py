@@ -12,11 +12,12 @@ from test_prefill_pieces import one_loop
 from test_scheduling import collect
 
 from specdec import SamplingParams, SpeculativeDecoder, load, make_drafter
-from specdec.core.engine import Engine
+from specdec.assembly import engine_of
 from specdec.models.paged_cache import BLOCK_SIZE
-from specdec.serving.memory import DEFAULT_SHARE, parse_size, plan_kv_budget
+from specdec.serving.in_thread import serve_in_thread
+from specdec.serving.memory import DEFAULT_SHARE, kv_budget, parse_size, plan_kv_budget
 from specdec.serving.scheduler import PrefillBudget, Scheduler
-from specdec.serving.server import build_app, kv_budget, serve_in_thread
+from specdec.serving.server import build_app
 from specdec.serving.speculation import SpeculationController
 
 GIB = 2**30
@@ -65,7 +66,7 @@ def run(scheduler, prompts, samplings):
 def scheduler_with_pool(tiny_pair, pool_tokens, max_batch=4, prefix_rows=2, quantize="int4"):
     target = load(tiny_pair["target"], quantize=quantize)
     drafter = make_drafter("model", load(tiny_pair["perturbed"], dtype="float64"))
-    engine = Engine(target, drafter, gamma=3, prefill_chunk=8)
+    engine = engine_of(target, drafter, gamma=3, prefill_chunk=8)
     scheduler = Scheduler(engine, SpeculationController("on", 3), max_batch=max_batch, prefix_rows=prefix_rows,
                           prefill=PrefillBudget(tokens=8), pool_tokens=pool_tokens)
     return scheduler, SpeculativeDecoder(target, drafter, gamma=3, prefill_chunk=8)

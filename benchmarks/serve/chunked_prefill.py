@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from specdec import SamplingParams, load
+from specdec.assembly import engine_of
 from specdec.bench.suite import machine_description
-from specdec.core.engine import Engine
 from specdec.serving.scheduler import Scheduler
 from specdec.serving.speculation import SpeculationController
 
@@ -36,7 +36,7 @@ def long_prompt(tokenizer, length: int) -> list[int]:
 
 
 def run(target, chunk: int | None, prompts: list[list[int]], long_ids: list[int], new_tokens: int) -> dict:
-    scheduler = Scheduler(Engine(target, prefill_chunk=chunk), SpeculationController("off", 0),
+    scheduler = Scheduler(engine_of(target, prefill_chunk=chunk), SpeculationController("off", 0),
                           max_batch=len(prompts) + 1).start()
     times: dict[int, list[float]] = {index: [] for index in range(len(prompts) + 1)}
     finished = threading.Semaphore(0)

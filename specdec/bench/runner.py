@@ -18,7 +18,6 @@ from pathlib import Path
 
 from specdec.bench.code_task import CodeTask
 from specdec.constraint import Constraint
-from specdec.core.acceptance import canonical_acceptance
 from specdec.core.drafts import suffix_caches
 from specdec.core.metrics import SpecStats
 from specdec.core.sampling import SamplingParams
@@ -191,22 +190,6 @@ def speculative_method(name: str, decoder, engine: str = "specdec", acceptance: 
         return forget
 
     return Method(name, run, engine, mark=mark, acceptance=acceptance)
-
-
-def method_flags(name: str, flags: Sequence[str]) -> tuple[bool, str | None]:
-    """A method's flags: "unforced" (a constrained prompt's forced tokens cost a target forward each:
-    what drafting them brings) and an acceptance (LOSSY unless "exact"; docs/acceptance.md)."""
-    unforced, acceptance = False, None
-    for flag in flags:
-        if flag == "unforced":
-            unforced = True
-            continue
-        try:
-            acceptance = canonical_acceptance(flag)
-        except ValueError as error:
-            raise ValueError(f"unknown method flag @{flag} in {name!r}: the flags are @unforced and @ACCEPTANCE "
-                             f"({error})") from None
-    return unforced, acceptance
 
 
 def peak_rss_mb() -> float:

@@ -24,7 +24,6 @@ from specdec.bench.runner import (
     SideBySide,
     identity_checked,
     markdown_table,
-    method_flags,
     output_matches,
     run_side_by_side,
     speculative_method,
@@ -197,16 +196,12 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
         return speculative_method(REFERENCE, SpeculativeDecoder(target), acceptance="exact")
     if is_transformers_method(name):
         return transformers_method(name, target, draft)
-    method, *flags = name.split("@")
+    config, flags = SpeculationConfig.from_method(name)
     corpus = () if NO_INDEX_FLAG in flags else corpus
     prediction = next((flag for flag in flags if flag in (NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG)), None)
-    flags = [flag for flag in flags if flag not in (NO_INDEX_FLAG, NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG)]
-    unforced, acceptance = method_flags(name, flags)
-    if method == REFERENCE:
-        return speculative_method(name, SpeculativeDecoder(target, draft_forced=not unforced), acceptance=acceptance)
-    config, _ = SpeculationConfig.from_method(name)
-    # (the run's settings, for every method alike: not options this method was given)
-    config = dataclasses.replace(config, gamma=gamma, ngram_max=ngram_max, ngram_min=ngram_min)
+    acceptance = config.acceptance if "acceptance" in config.options_given else None  # else the run's
+    if config.drafts:  # (the run's settings, for every method alike: not options this method was given)
+        config = dataclasses.replace(config, gamma=gamma, ngram_max=ngram_max, ngram_min=ngram_min)
     decoder = SpeculativeDecoder.from_config(target, config, draft, head, corpus)
     if prediction is None:
         return speculative_method(name, decoder, acceptance=acceptance)

@@ -4,11 +4,13 @@ their parsers and runners."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console
 
+DEFAULT_BUDGET = 128  # new tokens a prompt, unless --max-new-tokens (HumanEval: its own)
 AddOptions = Callable[[argparse.ArgumentParser], None]  # cli.py's shared option groups
 
 
@@ -107,32 +109,76 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
     forward.add_argument("--out", default="runs/bench-forward.json")
 
 
-def run(
-    args: argparse.Namespace, console: Console, errors: Console, resolve_models: Callable, load_models: Callable
-) -> int:
-    """The prompt suite (or --synthetic); resolve_models and load_models are cli.py's."""
+def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    """`specdec bench`: the prompt suite (or --synthetic); a missing or failing llama.cpp tool is one
+    line and exit code 1. `specdec bench-forward`: T(k) of the target's forward."""
+    from specdec.bench.llama_cpp_tools import ToolError
+
+    if args.command == "bench-forward":
+        return run_bench_forward(args, console)
+    try:
+        return run_suite(args, console, errors)
+    except ToolError as error:
+        errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
+        return 1
+
+
+def run_suite(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    """The prompt suite (or --synthetic), side by side: prompts chosen and the llama.cpp tools
+    checked before the models load, then the run, then what it found said."""
     from pathlib import Path
 
     from rich.markdown import Markdown
-    from rich.progress import Progress
 
-    from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
-    from specdec.bench.suite import check_constrained_methods, expand_method_names, load_prompts, suite_prompts
+    from specdec.bench.suite import expand_method_names
     from specdec.bench.suite import run_bench as bench
-    from specdec.core.sampling import sampling_from_args
-    from specdec.drafting import reads_target
 
     if args.synthetic:
         return run_synthetic_bench(args, console, errors)
-    llama_tools = None
-    if args.llama_cpp_bin or args.target_gguf:
-        if not (args.llama_cpp_bin and args.target_gguf):
-            raise ValueError("llama.cpp methods need both --llama-cpp-bin DIR and --target-gguf FILE")
-        llama_tools = LlamaCppTools(
-            Path(args.llama_cpp_bin), Path(args.target_gguf), Path(args.draft_gguf) if args.draft_gguf else None
-        )
-        # Before loading the models (a minute on a real pair), not after: the same check as build_methods'.
-        llama_tools.check([name for name in expand_method_names(args.methods or []) if is_llama_cpp_method(name)])
+    llama_tools = checked_llama_tools(args)
+    prompts = chosen_prompts(args)
+    humaneval = any(prompt.task is not None for prompt in prompts)
+    target, draft, head, corpus = load_for_methods(args, errors)
+    prompts = within_context(prompts, target, errors)
+    extra: dict = {"suite": args.prompts or args.suite or "bundled",
+                   "indexes": [str(store.folder) for store in corpus]}
+    prompts, default_budget = formatted_prompts(args, prompts, target, extra, errors)
+    from specdec.commands.options import sampling_from_args
+
+    settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or default_budget)
+    with counted_progress(errors, len(prompts) * len(expand_method_names(args.methods))) as advance:
+        payload = bench(target, draft, args.methods, prompts, settings, args.gamma, Path(args.out), progress=advance,
+                        ngram_max=args.ngram_max, ngram_min=args.ngram_min, repeats=args.repeats or 3,
+                        llama_tools=llama_tools, head=head, extra=extra, corpus=corpus)
+    console.print(Markdown(payload["markdown"]))
+    return report(args, payload, settings, humaneval, errors)
+
+
+def checked_llama_tools(args: argparse.Namespace):
+    """llama.cpp's tools for the llama.cpp methods, checked before the models load (a minute on a
+    real pair), not after; None without --llama-cpp-bin."""
+    from pathlib import Path
+
+    from specdec.bench.llama_cpp_tools import LlamaCppTools, is_llama_cpp_method
+    from specdec.bench.suite import expand_method_names
+
+    if not (args.llama_cpp_bin or args.target_gguf):
+        return None
+    if not (args.llama_cpp_bin and args.target_gguf):
+        raise ValueError("llama.cpp methods need both --llama-cpp-bin DIR and --target-gguf FILE")
+    tools = LlamaCppTools(Path(args.llama_cpp_bin), Path(args.target_gguf),
+                          Path(args.draft_gguf) if args.draft_gguf else None)
+    tools.check([name for name in expand_method_names(args.methods or []) if is_llama_cpp_method(name)])
+    return tools
+
+
+def chosen_prompts(args: argparse.Namespace) -> list:
+    """The suite's prompts (or --prompts'), of --categories, the first --limit; the constrained
+    methods checked against them, all before the models load."""
+    from pathlib import Path
+
+    from specdec.bench.suite import check_constrained_methods, load_prompts, suite_prompts
+
     if args.limit is not None and args.limit <= 0:
         raise ValueError(f"--limit must be positive, got {args.limit}")
     prompts = (load_prompts(Path(args.prompts), args.per_category) if args.prompts
@@ -145,82 +191,87 @@ def run(
                              f"{', '.join(dict.fromkeys(prompt.category for prompt in prompts))}")
         prompts = [prompt for prompt in prompts if prompt.category in wanted]
     prompts = prompts[: args.limit]
-    humaneval = any(prompt.task is not None for prompt in prompts)
-    check_constrained_methods(args.methods or ["auto"], prompts)  # before the models load
+    check_constrained_methods(args.methods or ["auto"], prompts)
+    return prompts
+
+
+def load_for_methods(args: argparse.Namespace, errors: Console) -> tuple:
+    """(target, draft, head, datastores) the methods need; unset --methods filled with the run's
+    defaults (the head's methods where a head is found)."""
+    from specdec.bench.suite import needs_draft_model
+    from specdec.commands.models import load_models, resolve_models
+    from specdec.corpus_index import datastores_for
+    from specdec.drafting import reads_target
+    from specdec.names import uses_corpus
+    from specdec.progress import dim_lines
+
     named = [name.partition("@")[0] for name in args.methods or ["auto"]]  # what the methods may need, flags apart
     reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in named) or (
         "auto" in named and (args.target or "").endswith(".gguf"))
     resolved = resolve_models(args, errors, reads_hidden)
     # A draft model loads when named, or when a method needs one (the default pair's, for model:...);
     # auto takes it as a candidate then, as `generate --draft` does.
-    from specdec.bench.suite import needs_draft_model
-
     target, draft = load_models(args, errors, want_draft=bool(args.draft) or needs_draft_model(args.methods or []),
                                 resolved=resolved)
-    prompts = within_context(prompts, target, errors)
     head = args.draft_head or (resolved[3].head if resolved[3] else None)
-    if head is None and target.backend == "specdec":
-        from specdec.drafting.head_finder import find_head
+    if target.backend == "specdec":  # (a head reads the own forward's hidden states)
+        from specdec.assembly import find_head_once
+        from specdec.config import SpeculationConfig
 
-        head = find_head(target)
+        head = find_head_once(target, SpeculationConfig(), head)
     if not args.methods:
         args.methods = ["auto", "ngram:cost", "suffix:cost", *(["head:cost", "suffix-or-head:cost"] if head else []),
                         *(["model:cost"] if args.draft else [])]
-    extra: dict = {"suite": args.prompts or args.suite or "bundled"}
-    from specdec.corpus_index import datastores_for
-    from specdec.names import uses_corpus
-    from specdec.progress import dim_lines
-
     corpus = datastores_for(args.index, target, dim_lines(errors)) if any(
         uses_corpus(name.partition("@")[0].partition(":")[0]) for name in args.methods) else []
-    extra.update(indexes=[str(store.folder) for store in corpus])
-    default_budget = 128
-    if humaneval:
+    return target, draft, head, corpus
+
+
+def formatted_prompts(args: argparse.Namespace, prompts: list, target, extra: dict, errors: Console) -> tuple:
+    """(the prompts as the target is asked them, the default token budget): HumanEval through the
+    chat template where the target has one, --chat, a predicted edit asked of an Instruct model."""
+    import dataclasses
+
+    if any(prompt.task is not None for prompt in prompts):
         from specdec.bench import humaneval as he
 
         chat = he.has_chat_template(target.tokenizer) if args.chat is None else args.chat
         prompts = he.through_chat(prompts, target.tokenizer) if chat else prompts
         extra.update(chat=chat, instruction=he.INSTRUCTION if chat else None, stops=prompts[0].stop)
-        default_budget = he.MAX_NEW_TOKENS
         errors.print(f"[dim]HumanEval, {len(prompts)} problems: "
                      + (f"through the chat template, asked: {he.INSTRUCTION}" if chat else "completed as code")
                      + "[/]", highlight=False, soft_wrap=True)
-    elif args.chat or (args.chat is None and args.suite == "predicted-edits" and target.tokenizer is not None
-                       and getattr(target.tokenizer, "chat_template", None)):  # (an edit asks an Instruct model)
-        import dataclasses
-
+        return prompts, he.MAX_NEW_TOKENS
+    if args.chat or (args.chat is None and args.suite == "predicted-edits" and target.tokenizer is not None
+                     and getattr(target.tokenizer, "chat_template", None)):  # (an edit asks an Instruct model)
         from specdec.text import chat_text
 
         prompts = [dataclasses.replace(p, text=chat_text(target.tokenizer, [{"role": "user", "content": p.text}]))
                    for p in prompts]
-    settings = sampling_from_args(args, max_new_tokens=args.max_new_tokens or default_budget)
-    count = len(expand_method_names(args.methods))
+    return prompts, DEFAULT_BUDGET
+
+
+@contextlib.contextmanager
+def counted_progress(errors: Console, total: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar over the measurements; a log that is not a terminal gets a line each."""
+    from rich.progress import Progress
+
     with Progress(console=errors, transient=True) as progress:
-        task = progress.add_task("bench", total=len(prompts) * count)
+        task = progress.add_task("bench", total=total)
 
         def advance(label: str) -> None:
             progress.update(task, advance=1, description=label)
-            if not errors.is_terminal:  # a log file gets one line per measurement
-                errors.print(f"[{int(progress.tasks[0].completed)}/{len(prompts) * count}] {label}")
+            if not errors.is_terminal:
+                errors.print(f"[{int(progress.tasks[0].completed)}/{total}] {label}")
 
-        payload = bench(
-            target,
-            draft,
-            args.methods,
-            prompts,
-            settings,
-            args.gamma,
-            Path(args.out),
-            progress=advance,
-            ngram_max=args.ngram_max,
-            ngram_min=args.ngram_min,
-            repeats=args.repeats or 3,
-            llama_tools=llama_tools,
-            head=head,
-            extra=extra,
-            corpus=corpus,
-        )
-    console.print(Markdown(payload["markdown"]))
+        yield advance
+
+
+def report(args: argparse.Namespace, payload: dict, settings, humaneval: bool, errors: Console) -> int:
+    """Where the results went, and what to doubt: stalled repeats, impossible speedups, pass@1
+    disagreements, identity failures (exit code 1), LOSSY methods; else the identity check passed."""
+    from pathlib import Path
+
     out = Path(args.out)
     errors.print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}"
                  + (f" (every output and its verdict: {out / 'humaneval_samples.jsonl'}; speed against pass@1: "

@@ -23,10 +23,11 @@ def add_parser(commands, add_model_options) -> None:
     parser.add_argument("--out", default="runs/bench-batch")
 
 
-def run(args: argparse.Namespace, console, errors, load_models) -> int:
+def run(args: argparse.Namespace, console, errors) -> int:
     from rich.table import Table
 
     from specdec.bench.suite import load_prompts
+    from specdec.commands.models import load_models
     from specdec.defaults import default_prompts
 
     if min(args.batch_sizes) < 1 or args.num_prompts < 1 or args.repeats < 1:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,13 +50,15 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
 
 
 #: What a replayed conversation's next turn adds after the previous answer.
-def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
+def run(args: argparse.Namespace, console, errors) -> int:
     from rich.table import Table
 
     from specdec.bench.suite import load_prompts, machine_description
+    from specdec.commands.models import load_drafting
     from specdec.core.drafts import suffix_caches
     from specdec.defaults import default_prompts, editing_prompts, json_prompts
-    from specdec.serving.server import build_app, profile_grid, serve_in_thread
+    from specdec.serving.in_thread import serve_in_thread
+    from specdec.serving.server import build_app, profile_grid
     from specdec.serving.speculation import profile_verify_costs
 
     # (the long-prompt workload takes 0 streams: the long prompt alone, a short request behind it)
@@ -62,14 +66,15 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             args.repeats < 1 or args.turns < 1:
         raise ValueError("--concurrency, --requests, --repeats and --turns must be positive (--concurrency 0: "
                          "--workload long-prompt only)")
-    target, make_drafter = load_drafting(args, errors)
-    config = args.speculation_config
-    drafters = {mode: make_drafter() for mode in args.modes}  # each server its own drafter (and suffix cache)
+    drafting = load_drafting(args, errors)
+    target, config = drafting.target, drafting.config
+    # Each server builds its own engine, with a drafter (and suffix cache) of its own.
+    makers: dict[str, Callable[..., Any]] = {mode: drafting.engine for mode in args.modes}
     if args.compare_cache:
-        if not any(suffix_caches(drafter) for drafter in drafters.values()):
+        if not suffix_caches(drafting.engine().drafter):
             raise ValueError("--compare-cache needs a drafter with a suffix cache (suffix, suffix-tree, suffix-or-X)")
-        drafters.update({f"{mode}, no cache": make_drafter(suffix_cache_tokens=0) for mode in args.modes
-                         if mode != "off"})
+        uncached = functools.partial(drafting.engine, drafter_options={"suffix_cache_tokens": 0})
+        makers.update({f"{mode}, no cache": uncached for mode in args.modes if mode != "off"})
     default = {"replay": editing_prompts(), "json": json_prompts()}.get(args.workload, default_prompts())
     suite = load_prompts(Path(args.prompts) if args.prompts else default)
     prompts = [p.text for p in suite]
@@ -86,9 +91,9 @@ def run(args: argparse.Namespace, console, errors, load_drafting) -> int:
             costs = profile_verify_costs(target, *profile_grid(max_batch, config.chosen_gamma),
                                          progress=lambda message: status.update(f"bench-serve: {message}"))
         prefix_rows = {} if args.prefix_cache_rows is None else {"prefix_cache_rows": args.prefix_cache_rows}
-        apps = {label: build_app(target, drafter, "bench", gamma=config.chosen_gamma, speculation=label.split(",")[0],
-                                 max_batch=max_batch, costs=costs, **prefix_rows)
-                for label, drafter in drafters.items()}
+        apps = {label: build_app(target, None, "bench", gamma=config.chosen_gamma, speculation=label.split(",")[0],
+                                 max_batch=max_batch, costs=costs, make_engine=make, **prefix_rows)
+                for label, make in makers.items()}
         with contextlib.ExitStack() as servers:
             urls = {label: servers.enter_context(serve_in_thread(app)) for label, app in apps.items()}
             clients = servers.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from specdec.config import SpeculationConfig
 from specdec.names import SMALL_MODEL_PARAMETERS, TREE_BUDGET, TREE_COST_MAX_BUDGET
-from specdec.progress import dim_lines, library_bars_off_unless_terminal, output_console, waiting
+from specdec.progress import library_bars_off_unless_terminal, output_console
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.core.acceptance import add_acceptance_option
+    from specdec.commands.options import add_acceptance_option
     from specdec.names import SAMPLING_RULES
 
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -181,147 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def gguf_on_own_forward(target: str, backend: str) -> bool:
-    """Whether ``target`` is a GGUF file that runs dequantized on the own forward."""
-    from specdec.models.loading import gguf_backend
-
-    return target.endswith(".gguf") and gguf_backend(backend) == "specdec"
-
-
-def resolve_models(args: argparse.Namespace, errors: Console, reads_hidden: bool = False):
-    """(target, draft, quantize, default pair or None): --target/--draft, or the default pair when
-    no --target is given. --quantize unset on a CPU in float32 means, for the default SmolLM2 pair,
-    w8a32 where the kernels compile (else the measured fastest exact of int8 and llama.cpp); for a
-    --target on the own forward, the measured fastest exact precision (precision_choice; a GGUF
-    starts from w8a32, its weights exactly); none otherwise. reads_hidden (a
-    draft head reads the target's hidden states): --backend auto means the own forward, the one
-    backend that gives them."""
-    from specdec.defaults import default_pair
-
-    if reads_hidden and args.backend == "auto":
-        args.backend = "specdec"
-    quantize = None if args.quantize == "none" else args.quantize
-    if args.target:
-        gguf = args.target.endswith(".gguf")
-        own_forward = gguf_on_own_forward(args.target, args.backend) if gguf else args.backend in ("auto", "specdec")
-        if args.quantize is None and own_forward and args.dtype == "float32" and args.device == "cpu":
-            if gguf:
-                quantize = "w8a32"  # its 4- and 8-bit weights exactly, float32 arithmetic
-            from specdec.models.precision_choice import announce_precision
-
-            chosen = announce_precision(args.target, "specdec" if gguf else args.backend, args.trust_remote_code,
-                                        errors)
-            if chosen is not None:
-                quantize = chosen[0]
-        return args.target, args.draft, quantize, None
-    if args.draft:
-        raise ValueError("--draft needs --target: the default draft only fits the default target")
-    with waiting(errors, "preparing the default models") as update:
-        pair = default_pair(update)
-    target = pair.target
-    if args.quantize is None and args.dtype == "float32" and args.device == "cpu":
-        quantize = pair.quantize
-        if args.backend in ("auto", "specdec") and pair.target_gguf is not None:
-            from specdec.defaults import fastest_default_target
-
-            with waiting(errors, "choosing the target's backend and precision") as update:
-                target, quantize, why = fastest_default_target(pair, update, llama_cpp=args.backend == "auto")
-            if why:
-                errors.print(f"[dim]{why}[/]", highlight=False, soft_wrap=True)
-    errors.print(f"[dim]default pair: {pair.name} ({pair.target.parent})[/]", highlight=False, soft_wrap=True)
-    return str(target), str(pair.draft), quantize, pair
-
-
-def load_models(args: argparse.Namespace, errors: Console, want_draft: bool = True, resolved=None):
-    from specdec.models.loading import load
-
-    target_path, draft_path, quantize, _ = resolved or resolve_models(args, errors)
-    options = dict(
-        dtype=args.dtype,
-        device=args.device,
-        quantize=quantize,
-        backend=args.backend,
-        trust_remote_code=args.trust_remote_code,
-        exact=not args.inexact,
-        kv_dtype=args.kv_dtype,
-    )
-    from specdec.models import quantize as int8
-
-    with waiting(errors, "loading models") as update:
-        int8.KERNELS.on_check = update
-        try:
-            # A GGUF target on llama.cpp keeps its own quantization; the draft keeps the chosen one.
-            on_llama_cpp = target_path.endswith(".gguf") and not gguf_on_own_forward(target_path, args.backend)
-            target = load(target_path, **{**options, "quantize": None} if on_llama_cpp else options)
-            draft = load(draft_path, **options) if want_draft and draft_path else None
-        finally:
-            int8.KERNELS.on_check = None
-    notices = [getattr(model.network, "quantize_notice", None) for model in (target, draft) if model is not None]
-    notices += [int8.kernel_notice()] if quantize else []
-    for notice in dict.fromkeys(notice for notice in notices if notice):
-        errors.print(f"[dim]{notice}[/]", highlight=False, soft_wrap=True)
-    return target, draft
-
-
-def build_drafter(args: argparse.Namespace, errors: Console):
-    """The target and the drafter that --drafter, --tree and --no-draft ask for."""
-    target, make = load_drafting(args, errors)
-    return target, make()
-
-
-def load_drafting(args: argparse.Namespace, errors: Console):
-    """The target, and a function that makes a new drafter as the command line's SpeculationConfig
-    (``args.speculation_config``, built by check_arguments) asks (None: the target alone) on the
-    models loaded once; its keywords override the config's (``suffix_cache_tokens=0``). Each
-    drafter has its own state shared across requests (a suffix cache), so servers compared side by
-    side each get one. Unset --drafter is auto: every drafter available here (a head found for the
-    target by itself, the --draft model when given)."""
-    from specdec.core.drafts import running_banner
-    from specdec.corpus_index import datastores_for
-    from specdec.drafting import reads_target
-    from specdec.names import AUTO, TEXT_DRAFTERS, base_kinds
-
-    config: SpeculationConfig = args.speculation_config
-    auto = config.drafter == AUTO
-    # auto on a GGUF: the own forward, whose hidden states a head reads (llama.cpp's give none)
-    resolved = resolve_models(args, errors, reads_hidden=bool(config.draft_head) or (
-        config.drafts and reads_target(config.drafter)) or (auto and (args.target or "").endswith(".gguf")))
-    pair = resolved[3]
-    chosen = ""
-    # auto takes a draft model only when one is named (the default pair's draft broke even: docs/default-pair.md)
-    needs_model = config.drafts and (bool(args.draft) if auto else any(
-        kind not in (*TEXT_DRAFTERS, "head", "head-tree") for kind in base_kinds(config.drafter)))
-    target, draft = load_models(args, errors, want_draft=needs_model, resolved=resolved)
-    if needs_model and draft is None:
-        errors.print("[yellow]no --draft given: running the target alone[/]")
-    head = config.draft_head or (pair.head if pair and target.backend == "specdec" else None)
-    if head is None and config.reads_head:  # found for the target
-        from specdec.drafting.head_finder import find_head
-
-        head = find_head(target)
-        chosen = f" (draft head found for this target: {head})" if head is not None else chosen
-    corpus = datastores_for(list(config.index) or None, target, dim_lines(errors)) if config.uses_corpus else []
-    said = False  # what runs is said once, for the first drafter made
-
-    def make(**overrides):
-        nonlocal said
-        drafter = None if draft is None and needs_model else config.make_drafter(target, draft, head, corpus,
-                                                                                 **overrides)
-        if not said:
-            banner = running_banner(target, drafter, config.chosen_policy, config.chosen_gamma)
-            errors.print(f"[dim]{banner}{chosen if drafter else ''}[/]", highlight=False, soft_wrap=True)
-            said = True
-        return drafter
-
-    return target, make
-
-
-def load_own_target(args: argparse.Namespace, errors: Console):
-    """The target on specdec's own forward (what a draft head reads), for train-head."""
-    args.draft = None
-    return load_models(args, errors, want_draft=False, resolved=resolve_models(args, errors, reads_hidden=True))[0]
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """The sampling and drafting options' errors, right after parsing: before any model loads
     (a real pair takes a minute), one line each."""
@@ -330,7 +189,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if getattr(args, "max_new_tokens", None) is not None and args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if hasattr(args, "top_k"):  # the commands with add_sampling_options
-        from specdec.core.sampling import sampling_from_args
+        from specdec.commands.options import sampling_from_args
 
         sampling_from_args(args)  # temperature, top-k, top-p, min-p, the sampling rule and acceptance
     elif getattr(args, "temperature", 0.0) < 0:  # bench-serve's one sampling option
@@ -345,65 +204,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_command(args, console, errors)
 
 
+# Each command's module, which has run(args, console, errors) -> exit code.
+COMMANDS = {
+    "generate": "generate", "explain": "explain", "train": "train", "train-head": "train_head", "bench": "bench",
+    "bench-forward": "bench", "serve": "serve", "bench-serve": "bench_serve", "index": "index", "cache": "cache",
+    "bench-batch": "bench_batch",
+}
+
+
 def run_command(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    import importlib
+
     try:
         check_arguments(args)
-        if args.command == "generate":
-            from specdec.commands import generate as generate_command
-
-            return generate_command.run(args, console, errors, build_drafter)
-        if args.command == "explain":
-            from specdec.commands import explain as explain_command
-
-            return explain_command.run(args, console, errors, build_drafter)
-        if args.command == "train":
-            from specdec.commands import train as train_command
-
-            return train_command.run(args, errors)
-        if args.command == "train-head":
-            from specdec.commands import train_head as head_command
-
-            return head_command.run(args, errors, load_own_target)
-        if args.command == "bench":
-            from specdec.bench.llama_cpp_tools import ToolError
-            from specdec.commands import bench as bench_command
-
-            try:
-                return bench_command.run(args, console, errors, resolve_models, load_models)
-            except ToolError as error:
-                errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
-                return 1
-        if args.command == "bench-forward":
-            from specdec.commands import bench as bench_command
-
-            return bench_command.run_bench_forward(args, console)
-        if args.command == "serve":
-            from specdec.commands import serve as server
-
-            return server.run(args, console, errors, build_drafter)
-        if args.command == "bench-serve":
-            from specdec.commands import bench_serve
-
-            return bench_serve.run(args, console, errors, load_drafting)
-        if args.command == "index":
-            from specdec.commands import index as index_command
-
-            return index_command.run(args, console, errors)
-        if args.command == "cache":
-            from specdec.commands import cache as cache_command
-
-            return cache_command.run(args, console, errors)
-        if args.command == "bench-batch":
-            from specdec.commands import bench_batch as batch
-
-            return batch.run(args, console, errors, load_models)
+        command = importlib.import_module(f"specdec.commands.{COMMANDS[args.command]}")
+        return command.run(args, console, errors)
     except (ValueError, FileNotFoundError) as error:
         errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)  # one line, however long
         return 2
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]")
         return 130
-    return 1
 
 
 if __name__ == "__main__":

@@ -58,31 +58,30 @@ def run_calculator(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, console: Console, errors: Console,
-        build_drafter: Callable[[argparse.Namespace, Console], tuple[Any, Any]]) -> int:
+def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     if args.calculator:
         return run_calculator(args, console)
     if not args.prompt:
         raise ValueError("no prompt: specdec explain \"PROMPT\" (or --calculator --alpha A --c C)")
     if args.seeds < 100:
         raise ValueError(f"--seeds must be at least 100 for a histogram, got {args.seeds}")
-    from specdec.commands.generate import stats_table
-    from specdec.core.sampling import sampling_from_args
+    from specdec.commands.models import load_drafting
+    from specdec.commands.options import sampling_from_args
+    from specdec.commands.views import stats_table
     from specdec.decoder import GenerationResult, SpeculativeDecoder
     from specdec.explain.lossless import check_lossless
-    from specdec.explain.record import chosen_step, record_generation
+    from specdec.explain.record import chosen_step, record_run
     from specdec.explain.steps import step_view
     from specdec.explain.view import lossless_renderable, step_renderable
     from specdec.progress import waiting
 
-    target, drafter = build_drafter(args, errors)
-    if drafter is None:
+    drafting = load_drafting(args, errors)
+    target = drafting.target
+    if not drafting.config.drafts:
         raise ValueError("explain needs a drafter: pass --draft (with --target) or --drafter ngram")
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens)
     with waiting(errors, "generating, every step recorded"):
-        config = args.speculation_config
-        run = record_generation(target, drafter, args.prompt, sampling, config.chosen_gamma,
-                                config.make_policy(getattr(drafter, "costs", None)), warm_up=True)
+        run = record_run(lambda hook: drafting.engine(verify_hook=hook), args.prompt, sampling, warm_up=True)
     alone: GenerationResult | None = None
     if args.compare:
         with waiting(errors, "running the target alone on the same prompt, for the measured speedup"):

@@ -7,17 +7,13 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from specdec.commands.views import stats_table
 from specdec.names import help_formatter
 from specdec.progress import waiting
-
-if TYPE_CHECKING:
-    from specdec.core.metrics import SpecStats
 
 # How --show colours each token: a person sees which tokens the draft got right.
 # (Keyed by specdec.text.TokenSource's values: this module imports no torch until it runs.)
@@ -125,82 +121,9 @@ def write_text(console: Console, pieces: list[tuple[str, str]]) -> None:
     console.file.flush()
 
 
-def stats_table(stats: SpecStats, title: str, finish_reason: str, baseline=None, same_text: bool | None = None,
-                sampled: bool = False) -> Table:
-    table = Table(title=title, show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", justify="right")
-    rows = [
-        ("new tokens", f"{stats.generated_tokens}"),
-        ("finished by", finish_reason),
-        ("target forwards", f"{stats.target_forwards}"),
-        ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
-        ("alpha (acceptance rate)", f"{stats.alpha:.3f}"),
-        ("tau (tokens per target forward)", f"{stats.tau:.2f}"),
-        # LOSSY acceptance, said wherever a result is shown
-        *([("acceptance", f"LOSSY {stats.acceptance}"),
-           ("accepted by the relaxed rule only", f"{stats.relaxed_accepted} of {stats.accepted}")]
-          if stats.acceptance != "exact" else []),
-        ("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"),
-        # A draft with another tokenizer: its own tokens, of which these survived translation.
-        *(
-            [("translated draft tokens", f"{stats.source_kept} of {stats.source_drafted} (draft's tokenizer)")]
-            if stats.source_drafted
-            else []
-        ),
-        *([("drafted by (auto's choice)", stats.drafter_summary())] if stats.by_drafter else []),
-        *(
-            [("from earlier requests (cache)", f"{stats.accepted_from_cache} accepted of {stats.drafted_from_cache} "
-                                               "drafted")]
-            if stats.drafted_from_cache
-            else []
-        ),
-        *(
-            [("forced by the grammar", f"{stats.forced_tokens} tokens in {stats.forced_steps} steps (drafted free)")]
-            if stats.forced_steps
-            else []
-        ),
-        *(
-            [("time in the grammar engine",
-              f"{stats.grammar_seconds * 1e3:.1f} ms ({stats.grammar_seconds * 1e3 / stats.generated_tokens:.3f} "
-              "ms a token)")]
-            if stats.grammar_seconds and stats.generated_tokens
-            else []
-        ),
-        *(
-            [("tree width by depth", " ".join(f"{w:.1f}" for w in stats.mean_tree_width))]
-            if stats.tree_nodes_at
-            else []
-        ),
-        (
-            "time: prefill / draft / verify / rest",
-            f"{stats.prefill_seconds:.3f} / {stats.draft_seconds:.3f} / "
-            f"{stats.verify_seconds:.3f} / {stats.other_seconds:.3f} s",
-        ),
-        *(
-            [("drafted from the prediction", "{} accepted, {} rejected".format(*stats.prediction_tokens))]
-            if "prediction" in stats.by_drafter
-            else []
-        ),
-        ("tokens per second", f"{stats.tokens_per_second:.1f}"),
-    ]
-    if baseline is not None:
-        rows += [
-            ("target alone: tokens per second", f"{baseline.tokens_per_second:.1f}"),
-            ("speedup (measured, this prompt)", f"{stats.tokens_per_second / baseline.tokens_per_second:.2f}x"),
-            (
-                "same text as the target alone",
-                "yes" if same_text else "no (lossy acceptance)" if stats.acceptance != "exact" else
-                "no (sampling: the same distribution, other draws)" if sampled else "no",
-            ),
-        ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
-
-
-def run(args: argparse.Namespace, console: Console, errors: Console, build_drafter) -> int:
-    from specdec.core.sampling import sampling_from_args
+def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    from specdec.commands.models import load_drafting
+    from specdec.commands.options import sampling_from_args
 
     # Everything that can be wrong with the arguments is said before the models (and torch) load.
     text = read_prompt(args)
@@ -215,11 +138,13 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
     sampling = sampling_from_args(args, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()),
                                   prediction=prediction)
     from specdec.core.drafts import describe_drafter
-    from specdec.core.estimates import CostModel
     from specdec.decoder import GenerationResult, SpeculativeDecoder
     from specdec.text import chat_prompt_ids, encode_prompt
 
-    target, drafter = build_drafter(args, errors)
+    drafting = load_drafting(args, errors)
+    target, config = drafting.target, drafting.config
+    decoder = drafting.decoder()
+    drafter = decoder.engine.drafter
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": text}
@@ -227,10 +152,6 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         prompt = chat_prompt_ids(target.tokenizer, messages)
     else:
         prompt = encode_prompt(target.tokenizer, text, target.name)
-    config = args.speculation_config
-    costs = getattr(drafter, "costs", None) or CostModel()  # (auto's own): the engine's, which the policy reads
-    decoder = SpeculativeDecoder(target, drafter, gamma=config.chosen_gamma, policy=config.make_policy(costs),
-                                 draft_forced=not args.no_forced_tokens, costs=costs)
     decoder.engine.check_prompt(prompt)  # a prompt too long for the context fails before it is echoed
     compare = drafter is not None and (args.compare if args.compare is not None else not args.target)
 
@@ -273,7 +194,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, build_draft
         "target only"
         if drafter is None
         else f"speculative decoding: {describe_drafter(drafter)}; "
-        f"{getattr(decoder.engine.new_policy(), 'name', 'no')} policy, gamma {config.chosen_gamma}"
+        f"{getattr(decoder.engine.policy, 'name', 'no')} policy, gamma {config.chosen_gamma}"
     )
     baseline = target_alone() if compare else None
     errors.print(

@@ -7,15 +7,8 @@ import os
 
 from specdec.names import SPECULATION_MODES, help_formatter
 from specdec.progress import waiting
-from specdec.serving.connections import DEFAULT_READ_TIMEOUT
-from specdec.serving.server import (
-    DEFAULT_PREFILL_CHUNK,
-    DEFAULT_PREFIX_CACHE_ROWS,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-    build_app,
-    is_loopback,
-    kv_budget,
-)
+from specdec.serving.connections import DEFAULT_READ_TIMEOUT, is_loopback
+from specdec.serving.server import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFIX_CACHE_ROWS, DEFAULT_SHUTDOWN_TIMEOUT, build_app
 
 
 def add_parser(commands, add_model_options, add_drafting_options) -> None:
@@ -67,24 +60,26 @@ def add_parser(commands, add_model_options, add_drafting_options) -> None:
     serve.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
                        help="on SIGTERM or Ctrl-C, seconds running requests get to finish; those still running then "
                             "end with an error (a stream's last event, else a 503) and the server exits")
-    from specdec.core.acceptance import add_acceptance_option
+    from specdec.commands.options import add_acceptance_option
 
     add_acceptance_option(serve, " for requests whose body names no \"acceptance\"")
 
 
-def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
+def run(args: argparse.Namespace, console, errors) -> int:
+    from specdec.commands.models import load_drafting
     from specdec.serving.app import ServerLimits
+    from specdec.serving.memory import kv_budget
     from specdec.serving.shutdown import graceful_server
 
-    target, drafter = build_drafter(args, errors)
+    drafting = load_drafting(args, errors)
+    target, config = drafting.target, drafting.config
     name = args.served_model_name or target.name
     budget = kv_budget(target, args.max_batch, args.prefix_cache_rows, args.kv_cache_memory, args.max_model_len)
     errors.print(budget.describe(args.max_batch) if budget else
                  f"KV cache: the {target.backend} backend's own (not sized here); --max-model-len "
                  f"{args.max_model_len or target.max_context}")
     with waiting(errors, "measuring verify costs (once per machine and model)") as update:
-        config = args.speculation_config
-        app = build_app(target, drafter, name, gamma=config.chosen_gamma, speculation=config.speculation,
+        app = build_app(target, None, name, gamma=config.chosen_gamma, speculation=config.speculation or "auto",
                         max_batch=args.max_batch, max_waiting=args.max_waiting,
                         limits=ServerLimits(max_tokens=args.max_tokens, api_key=args.api_key,
                                             max_body_bytes=args.max_body_bytes,
@@ -92,14 +87,15 @@ def run(args: argparse.Namespace, console, errors, build_drafter) -> int:
                                             grammar_seconds=args.grammar_timeout,
                                             read_timeout=args.read_timeout), progress=update,
                         prefill_chunk=args.prefill_chunk, prefix_cache_rows=args.prefix_cache_rows,
-                        max_model_len=args.max_model_len, default_acceptance=args.acceptance, budget=budget)
+                        max_model_len=args.max_model_len, default_acceptance=config.acceptance, budget=budget,
+                        make_engine=drafting.engine)
     from specdec.machine import seconds_since_start
 
     started = seconds_since_start()
     ready = f"ready {started:.1f} s after start; " if started is not None else ""
     errors.print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({ready}speculation: {args.speculation}"
                  f"{', API key required' if args.api_key else ''}"
-                 f"{f', LOSSY acceptance {args.acceptance} by default' if args.acceptance != 'exact' else ''})")
+                 f"{f', LOSSY acceptance {config.acceptance} by default' if config.acceptance != 'exact' else ''})")
     if not args.api_key and not is_loopback(args.host):
         errors.print(f"[yellow]warning: serving on {args.host} without an API key: anyone who can reach it can use "
                      "it (--api-key KEY or SPECDEC_API_KEY)[/]")

@@ -52,7 +52,7 @@ def add_parser(commands) -> None:
                             "(a cheaper output head; 0 = all)")
 
 
-def run(args: argparse.Namespace, errors: Console) -> int:
+def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     from specdec.training.pipeline import TrainConfig, command_line, train_pair
     from specdec.training.trainer import ModelShape, TrainPlan
 

@@ -50,11 +50,13 @@ def add_parser(commands, add_model_options) -> None:
                                             "e.g. to go on training a head on the target's own continuations")
 
 
-def run(args: argparse.Namespace, errors: Console, load_target) -> int:
+def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     import dataclasses
     import shlex
 
-    target = load_target(args, errors)
+    from specdec.commands.models import load_own_target
+
+    target = load_own_target(args, errors)
     if args.out is None:
         from specdec.machine import cache_root
 

@@ -32,7 +32,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -130,23 +130,6 @@ def parse_acceptance(text: str) -> Acceptance:
 def canonical_acceptance(text: str) -> str:
     """The spelling results are marked with (``lossy`` resolved to its preset, defaults filled in)."""
     return str(parse_acceptance(text))
-
-
-def acceptance_argument(text: str) -> str:
-    """--acceptance's type: the canonical spelling, or argparse's one-line error before anything loads."""
-    import argparse
-
-    try:
-        return canonical_acceptance(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def add_acceptance_option(parser: Any, default_for: str = "") -> None:  # parser: an argparse parser or group
-    parser.add_argument(
-        "--acceptance", default=EXACT, type=acceptance_argument, metavar="exact|lossy|SCHEME[:PARAMS]",
-        help=f"LOSSY opt-in: keep drafts the target finds plausible though exact verification rejects them ({SYNTAX}; "
-        f"lossy = {LOSSY_PRESET}; docs/acceptance.md){default_for}; default: exact (lossless)")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 import torch
@@ -31,14 +31,13 @@ from specdec.core.drafts import (
 )
 from specdec.core.estimates import CostModel
 from specdec.core.metrics import SpecStats
-from specdec.core.policy import DraftLengthPolicy, DraftShape, make_policy
+from specdec.core.policy import DraftLengthPolicy, DraftShape
 from specdec.core.request import NOT_ISOLATED, PASS_THROUGH, Isolation, Request, VerifyHook
 from specdec.core.rules import make_rule
 from specdec.core.sampling import SamplingParams, token_logprobs
-from specdec.core.verify_batch import verify_step
+from specdec.core.verify_batch import Verdict, verify_step
 from specdec.grammar import TokenMatcher, compiler_for, mask_logits
 from specdec.models.base import Attention, Cache, ForkingCache, LanguageModel, Segment
-from specdec.names import AUTO, default_gamma
 
 
 def decision_costs(costs: CostModel | None, drafter: Drafter | None, policy: object) -> CostModel:
@@ -51,6 +50,38 @@ def decision_costs(costs: CostModel | None, drafter: Drafter | None, policy: obj
         raise ValueError("the drafter, the policy and the engine decide with different cost models: build them "
                          "on one (AutoDrafter(..., costs=...), make_policy(..., costs=...), Engine(..., costs=...))")
     return next(iter(models.values()), None) or CostModel()
+
+
+@dataclass
+class Block:
+    """A request's verify block this step: its draft, the grammar's mask over its rows, the
+    seconds its drafting took."""
+
+    request: Request
+    draft: Draft
+    mask: torch.Tensor | None  # [nodes + 1, vocab] bool: what the grammar allows at each row; None: free
+    draft_seconds: float
+
+
+@dataclass
+class ScoredBlocks:
+    """The target's one forward over every block, flattened in block order."""
+
+    raw_logits: torch.Tensor  # [n, vocab]: as the target gives them (what logprobs report)
+    logits: torch.Tensor  # [n, vocab]: with the grammars' masks (what verification reads)
+    argmax: torch.Tensor | None  # [n] int64; None when no request is greedy
+    hidden: torch.Tensor | None  # [n, features]: the layers the drafter reads
+    offsets: list[int]  # [blocks + 1]: where each block's rows start
+
+
+@dataclass
+class Verified:
+    """A block after verification: its outcome, its rows' logits, the verdict (for the hook)."""
+
+    block: Block
+    outcome: StepOutcome
+    block_logits: torch.Tensor  # [nodes + 1, vocab]
+    verdict: Verdict
 
 
 class Engine:
@@ -71,28 +102,20 @@ class Engine:
         self,
         target: LanguageModel,
         drafter: Drafter | None = None,
-        gamma: int | None = None,
-        policy: str | DraftLengthPolicy | None = None,
+        policy: DraftLengthPolicy | None = None,
         draft_forced: bool = True,
         prefill_chunk: int | None = None,
         max_context: int | None = None,
-        per_request_policy: bool = True,  # False: every step's draft_lengths come from the caller (a server)
         verify_hook: VerifyHook | None = None,
         costs: CostModel | None = None,
     ) -> None:
+        # Assembled by specdec.assembly.build_engine, which decides the drafter, the policy and the
+        # cost model once; here they are only checked to fit together.
         self.drafter = drafter
         self.costs = decision_costs(costs, self.drafter, policy)
         self.verify_hook = verify_hook  # told of each verified step (explain records steps through it)
-        # Unset: the policy a drafter asks for (auto chooses its own lengths), else fixed; gamma its default.
-        drafter_policy = getattr(self.drafter, "default_policy", None)
-        chosen: str | DraftLengthPolicy = policy if policy is not None else str(drafter_policy or "fixed")
-        gamma = default_gamma(chosen if isinstance(chosen, str) else None) if gamma is None else gamma
-        if gamma < 0 or (prefill_chunk is not None and prefill_chunk < 1):
-            raise ValueError(f"gamma must be >= 0 and prefill_chunk >= 1 token, got {gamma} and {prefill_chunk}")
-        named = chosen if isinstance(chosen, str) else chosen.name
-        if drafter_policy == AUTO and named != AUTO:  # two deciders would stack (auto's within the policy's)
-            raise ValueError(f"the policy {named!r} does not apply to the auto drafter: it chooses each step's "
-                             f"draft and length itself, up to gamma (policy {AUTO!r} or unset)")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
         self.target = target
         # The longest request, prompt and output (a server's --max-model-len, within its KV-cache
         # budget): longer prompts are refused, generation stops there. At most the target's context.
@@ -100,17 +123,22 @@ class Engine:
         self.prefill_chunk = prefill_chunk  # prompt pieces (Engine.prefill); None: a prompt in one piece
         # A constrained request's forced tokens are drafted before asking the drafter (off: to measure them)
         self.draft_forced = draft_forced
-        # Each request gets its own policy: what a policy learns of the text never leaks between
-        # generations; measured seconds (the models' and the machine's) are shared (for_request).
-        self.new_policy: Callable[[], DraftLengthPolicy | None] = lambda: None
-        if per_request_policy:
-            template = make_policy(chosen, gamma, costs=self.costs) if isinstance(chosen, str) else chosen
-            self.new_policy = getattr(template, "for_request", lambda: copy.deepcopy(template))
+        # Each request gets its own copy of ``policy``: what a policy learns of the text never leaks
+        # between generations; measured seconds (the models' and the machine's) are shared
+        # (for_request). None: the caller chooses every step's draft lengths (a server's controller).
+        self.policy = policy
         draft_vocab = getattr(self.drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
             raise ValueError(f"the drafter's q ranges over {draft_vocab} tokens, the target's vocabulary over "
                              f"{target.vocab_size}: build it with make_drafter(kind, draft, target=target), which "
                              "fits a padded vocabulary of the same tokenizer and translates another tokenizer")
+
+    def new_policy(self) -> DraftLengthPolicy | None:
+        """A request's own policy: a copy of the engine's (None: the caller chooses lengths)."""
+        policy = self.policy
+        if policy is None:
+            return None
+        return getattr(policy, "for_request", lambda: copy.deepcopy(policy))()
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -266,45 +294,66 @@ class Engine:
         server ends that request only); None: errors propagate."""
         isolation = Isolation(failed)
         proposed, draft_seconds = self.propose_all(requests, draft_lengths, isolation)
-        drafts: list[Draft] = []
-        masks: list[torch.Tensor | None] = []
-        for index, (request, draft) in enumerate(zip(requests, proposed, strict=False)):
+        blocks = self.prepare_blocks(requests, proposed, draft_seconds, cache, isolation)
+        if not blocks:
+            return []
+        forwarded_at = self.costs.clock()
+        scored = self.forward_blocks(blocks, cache)
+        stepped = self.verify_and_commit(blocks, scored, cache, isolation)
+        verify_seconds = self.costs.clock() - forwarded_at
+        # One measurement of T(batch, block) a step: the rows of the forward, their mean block.
+        self.costs.verify.add(len(blocks), sum(block.draft.num_nodes + 1 for block in blocks) / len(blocks),
+                              verify_seconds)
+        return self.observe(stepped, verify_seconds, isolation)
+
+    def prepare_blocks(self, requests: Sequence[Request], proposed: list[Draft], draft_seconds: list[float],
+                       cache: Cache, isolation: Isolation) -> list[Block]:
+        """Each request's verify block: its draft cut to what fits in the target's context, what a
+        constrained request's grammar allows at each of its rows, and the block's cache slots,
+        taken before the forward (a paged cache that runs dry fails this request alone, which a
+        server preempts, not the forward of all). The requests that failed leave here."""
+        blocks = []
+        for request, draft, seconds in zip(requests, proposed, draft_seconds, strict=False):
             began = self.costs.clock()
-            # A tree may hold more nodes than its depth: keep what fits in the target's context.
-            drafts.append(draft.truncated(self.max_context - request.length))
-            # [nodes + 1, vocab]: what a constrained request's grammar allows at each row of its block
-            masks.append(None)
+            draft = draft.truncated(self.max_context - request.length)
+            mask = None  # [nodes + 1, vocab] where the request is constrained
             with isolation.of(request):
                 if request.matcher is not None:
-                    masks[-1] = request.matcher.masks_along(drafts[-1].tokens.tolist(), drafts[-1].parents)
+                    mask = request.matcher.masks_along(draft.tokens.tolist(), draft.parents)
                     request.stats.grammar_seconds += request.matcher.take_seconds()
-                # The block's slots, before the forward: a paged cache that runs dry fails this
-                # request alone (a server preempts it), not the forward of all.
-                cache.ensure(request.row, cache.lengths[request.row] + drafts[-1].num_nodes + 1)
-            draft_seconds[index] += self.costs.clock() - began
-        live = [index for index, request in enumerate(requests) if isolation.alive(request)]
-        if len(live) < len(requests):  # the failed requests leave before the forward
-            requests, drafts = [requests[i] for i in live], [drafts[i] for i in live]
-            masks, draft_seconds = [masks[i] for i in live], [draft_seconds[i] for i in live]
-        if not requests:
-            return []
-        drafted_at = self.costs.clock()
-        # [sum of (gamma_r + 1)]: each request's last token and drafts, flattened.
-        device, pairs = self.target.device, list(zip(requests, drafts, strict=True))
-        tokens = torch.cat([piece for r, d in pairs for piece in (r.tokens[r.length - 1 : r.length], d.tokens)])
-        positions = torch.tensor([r.length - 1 + depth for r, d in pairs for depth in block_depths(d)], device=device)
-        attention = Attention(tuple(Segment(r.row, d.num_nodes + 1, block_parents(d)) for r, d in pairs))
+                cache.ensure(request.row, cache.lengths[request.row] + draft.num_nodes + 1)
+            blocks.append(Block(request, draft, mask, seconds + self.costs.clock() - began))
+        return [block for block in blocks if isolation.alive(block.request)]
+
+    def forward_blocks(self, blocks: list[Block], cache: Cache) -> ScoredBlocks:
+        """One target forward for every request's block (its last token and its drafts, flattened),
+        the grammars' masks applied, and one argmax for the whole batch when any request is greedy."""
+        requests = [block.request for block in blocks]
+        tokens = torch.cat([piece for block in blocks for piece in (
+            block.request.tokens[block.request.length - 1 : block.request.length], block.draft.tokens)])  # [n]
+        positions = torch.tensor([block.request.length - 1 + depth for block in blocks
+                                  for depth in block_depths(block.draft)], device=self.target.device)  # [n]
+        attention = Attention(tuple(Segment(block.request.row, block.draft.num_nodes + 1, block_parents(block.draft))
+                                    for block in blocks))
         output = self.target.forward(tokens, positions, cache, attention, hidden_layers=self.hidden_layers)
-        # One argmax for the whole batch when any request is greedy.
         assert output.logits is not None  # asked for (want_logits defaults to True)
-        constrained = [(start, mask) for start, mask in zip(attention.offsets, masks, strict=False) if mask is not None]
+        constrained = [(start, block.mask) for start, block in zip(attention.offsets, blocks, strict=False)
+                       if block.mask is not None]
         logits = mask_logits(output.logits, constrained)  # [n, vocab]
         argmax = logits.argmax(-1) if any(r.sampling.greedy for r in requests) else None  # [n]
-        stepped = []  # (request, outcome, draft seconds, verdict) of the requests that did not fail
-        verdicts = verify_step(requests, drafts, logits, argmax, attention.offsets, self.verify_hook is not None)
-        for request, draft, start, verdict, seconds in zip(requests, drafts, attention.offsets[:-1], verdicts,
-                                                           draft_seconds, strict=True):
-            emitted, path, relaxed = verdict.emitted, verdict.path, verdict.relaxed
+        return ScoredBlocks(output.logits, logits, argmax, output.hidden, attention.offsets)
+
+    def verify_and_commit(self, blocks: list[Block], scored: ScoredBlocks, cache: Cache,
+                          isolation: Isolation) -> list[Verified]:
+        """Each block verified against the target's logits; the accepted path's cache entries kept
+        (committed, or compacted into place for a tree) with the hidden states, logprobs and the
+        grammar's state that follow them."""
+        requests, drafts = [block.request for block in blocks], [block.draft for block in blocks]
+        verdicts = verify_step(requests, drafts, scored.logits, scored.argmax, scored.offsets,
+                               self.verify_hook is not None)
+        stepped = []
+        for block, start, verdict in zip(blocks, scored.offsets[:-1], verdicts, strict=True):
+            request, draft, emitted, path = block.request, block.draft, verdict.emitted, verdict.path
             with isolation.of(request):
                 # Keep the entries of the last context token and the accepted drafts.
                 if path is None:
@@ -313,26 +362,29 @@ class Engine:
                 else:
                     kept = [0, *(node + 1 for node in path.tolist())]
                     cache.compact(request.row, kept)
-                hidden = None if output.hidden is None else output.hidden[[start + k for k in kept]]
+                hidden = None if scored.hidden is None else scored.hidden[[start + k for k in kept]]
                 if request.sampling.logprobs is not None:  # the rows that predicted each emitted token
-                    request.logprobs += token_logprobs(output.logits[[start + k for k in kept]], emitted,
+                    request.logprobs += token_logprobs(scored.raw_logits[[start + k for k in kept]], emitted,
                                                        request.sampling.logprobs)
                 if request.matcher is not None:
                     request.matcher.consume(self.through_eos(emitted.tolist()))
                     request.stats.grammar_seconds += request.matcher.take_seconds()
-                stepped.append((request, StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents,
-                                                     draft.from_cache, draft.forced, draft.drafter, relaxed=relaxed),
-                                seconds, draft, logits[start : start + draft.num_nodes + 1], verdict))
-        verify_seconds = self.costs.clock() - drafted_at
-        # One measurement of T(batch, block) a step: the rows of the forward, their mean block.
-        self.costs.verify.add(len(pairs), sum(draft.num_nodes + 1 for _, draft in pairs) / len(pairs), verify_seconds)
+                outcome = StepOutcome(emitted, draft.num_nodes, hidden, path, draft.parents, draft.from_cache,
+                                      draft.forced, draft.drafter, relaxed=verdict.relaxed)
+                stepped.append(Verified(block, outcome, scored.logits[start : start + draft.num_nodes + 1], verdict))
+        return stepped
+
+    def observe(self, stepped: list[Verified], verify_seconds: float, isolation: Isolation) -> list[StepOutcome]:
+        """Tell the verify hook, the drafter, the policy and the stats of each request's step, and
+        finish the requests that reached EOS or their budget."""
         outcomes = []
-        for request, outcome, seconds, draft, block_logits, verdict in stepped:
-            outcome = replace(outcome, verify_seconds=verify_seconds)
+        for verified in stepped:
+            request, outcome = verified.block.request, replace(verified.outcome, verify_seconds=verify_seconds)
             with isolation.of(request):
                 if self.verify_hook is not None:
-                    self.verify_hook(request, draft, block_logits, verdict, seconds, verify_seconds)
-                self.advance(request, outcome, seconds, verify_seconds)
+                    self.verify_hook(request, verified.block.draft, verified.block_logits, verified.verdict,
+                                     verified.block.draft_seconds, verify_seconds)
+                self.advance(request, outcome, verified.block.draft_seconds, verify_seconds)
                 self.check_finished(request, outcome)
                 outcomes.append(outcome)
         return outcomes

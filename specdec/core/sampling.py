@@ -8,7 +8,7 @@ Temperature 0 means greedy decoding: verification then compares argmaxes and nee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -116,16 +116,6 @@ class SamplingParams:
         if self.sampling_rule is not None:
             return self.sampling_rule
         return "coupled" if self.seed is not None else "rejection"
-
-
-def sampling_from_args(args: object, **fields: Any) -> SamplingParams:
-    """SamplingParams from a command line's sampling options (add_sampling_options in cli.py);
-    ``fields`` adds or overrides the rest (max_new_tokens, stop)."""
-    from specdec.constraint import constraint_from_args
-
-    names = ("temperature", "top_k", "top_p", "min_p", "seed", "sampling_rule", "acceptance")
-    values: dict[str, Any] = {name: getattr(args, name) for name in names}
-    return SamplingParams(**values, constraint=constraint_from_args(args), **fields)
 
 
 def logits_to_probs(

@@ -156,14 +156,8 @@ __all__ = [
 ]
 
 
-def as_drafter(drafter: Drafter | LanguageModel | str | None, target: LanguageModel,
-               costs: CostModel | None = None) -> Drafter | None:
-    """What an engine drafts with, from what a caller may hand over: a loaded draft model becomes
-    a "model" drafter paired with the target by tokenizer; a name, a drafter that needs no draft
-    model ("auto" with the head found for the target, deciding with ``costs``; "suffix", "ngram",
-    ...); drafters and None pass through."""
-    if isinstance(drafter, str):
-        from specdec.drafting.head_finder import find_head
-
-        return make_drafter(drafter, target=target, head=find_head(target) if drafter == AUTO else None, costs=costs)
+def as_drafter(drafter: Drafter | LanguageModel | None, target: LanguageModel) -> Drafter | None:
+    """What an engine drafts with, from a drafter object a caller hands over: a loaded draft model
+    becomes a "model" drafter paired with the target by tokenizer; drafters and None pass through.
+    (A drafter by name is made from a SpeculationConfig: specdec.assembly.build_engine.)"""
     return make_drafter("model", drafter, target=target) if isinstance(drafter, LanguageModel) else drafter

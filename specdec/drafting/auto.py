@@ -151,8 +151,13 @@ class AutoDrafter(BaseDrafter):
         self.max_gamma = max_gamma
 
     def describe(self) -> str:
-        names = ", ".join(f"{c.name} ({describe_drafter(c.drafter)})" for c in self.candidates)
-        return f"auto: each step the draft with the most expected tokens per second, or none, of {names}"
+        """One short line (a banner's, a table's title): the candidates by name; each one's own
+        description is describe_candidates()'s."""
+        return f"auto: each step the best of {', '.join(c.name for c in self.candidates)}, or none"
+
+    def describe_candidates(self) -> list[str]:
+        """Each candidate in words, a line each."""
+        return [f"{c.name}: {describe_drafter(c.drafter)}" for c in self.candidates]
 
     def start(self, prompt_ids: torch.Tensor) -> AutoState:  # prompt_ids [n] int64
         return AutoState(

@@ -9,18 +9,20 @@ explain shows is what the sampler did, not a replay of it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from specdec.assembly import engine_of
 from specdec.core.drafts import Draft, Drafter, block_depths, block_parents
 from specdec.core.engine import Engine, Request
 from specdec.core.policy import DraftLengthPolicy
+from specdec.core.request import VerifyHook
 from specdec.core.sampling import SamplingParams, logits_to_probs
 from specdec.core.verify import RejectionDecision, point_mass_probs
 from specdec.core.verify_batch import Verdict
 from specdec.decoder import GenerationResult, SpeculativeDecoder
-from specdec.drafting import as_drafter
 from specdec.models.base import LanguageModel, tree_visibility
 
 
@@ -141,17 +143,23 @@ class RecordedRun:
 def record_generation(target: LanguageModel, drafter: Drafter | LanguageModel | None, prompt: str | list[int],
                       sampling: SamplingParams, gamma: int = 4, policy: str | DraftLengthPolicy = "fixed",
                       warm_up: bool = False) -> RecordedRun:
-    """Generate once with every step recorded (the decoder's own loop; the engine's verify hook records).
-    warm_up: first a two-token generation, so the first recorded step's times are not those of
-    the models' first calls (hundreds of ms). Sampled steps run rejection sampling, whose tests
-    a record keeps (the coupled rule's decisions are the target's own draws: nothing to show)."""
+    """record_run of an engine with ``drafter`` (a Drafter or a draft model), ``gamma`` and ``policy``."""
+    return record_run(lambda hook: engine_of(target, drafter, gamma, policy, verify_hook=hook), prompt, sampling,
+                      warm_up)
+
+
+def record_run(make_engine: Callable[[VerifyHook], Engine], prompt: str | list[int], sampling: SamplingParams,
+               warm_up: bool = False) -> RecordedRun:
+    """Generate once with every step recorded (the decoder's own loop on the engine ``make_engine``
+    builds with the recorder as its verify hook). warm_up: first a two-token generation, so the
+    first recorded step's times are not those of the models' first calls (hundreds of ms). Sampled
+    steps run rejection sampling, whose tests a record keeps (the coupled rule's decisions are the
+    target's own draws: nothing to show)."""
     if sampling.sampling_rule == "coupled":
         raise ValueError("explain shows rejection sampling's draws; it does not explain the coupled sampling rule")
     sampling = dataclasses.replace(sampling, sampling_rule="rejection")
-    decoder = SpeculativeDecoder(target)
     recorder = StepRecorder()
-    decoder.engine = Engine(target, as_drafter(drafter, target, getattr(policy, "costs", None)), gamma, policy,
-                            verify_hook=recorder)
+    decoder = SpeculativeDecoder.from_engine(make_engine(recorder))
     if warm_up:
         decoder.generate(prompt, dataclasses.replace(sampling, max_new_tokens=2))
         recorder.records.clear()

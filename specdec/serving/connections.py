@@ -1,6 +1,7 @@
-"""Deadlines on slow clients: a connection that has not finished sending a request's headers
-within the read timeout is closed (uvicorn alone waits forever: 400 connections dribbling their
-headers stayed open). The body's deadline is app.RequestBody's (a 408)."""
+"""The server's connections: deadlines on slow clients (a connection that has not finished sending
+a request's headers within the read timeout is closed: uvicorn alone waits forever, and 400
+connections dribbling their headers stayed open; the body's deadline is app.RequestBody's, a 408),
+and whether a host is this machine's own (serving elsewhere without an API key is warned of)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def timed_protocol(read_timeout: float) -> type[asyncio.Protocol]:
             self.loop.call_later(read_timeout, expire)
 
     return HeaderDeadline
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

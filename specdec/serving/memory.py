@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specdec.models.paged_cache import BLOCK_SIZE
+
+if TYPE_CHECKING:
+    from specdec.models.base import LanguageModel
 
 #: Of the memory available at start, the default budget takes this share (see the module docstring).
 DEFAULT_SHARE = 1 / 3
@@ -95,3 +99,17 @@ def plan_kv_budget(bytes_per_token: int, rows: int, context: int, kv_cache_memor
         raise ValueError(f"a KV-cache budget of {human(budget)} holds {pool} tokens of {human(bytes_per_token)}: "
                          "raise --kv-cache-memory")
     return KVBudget(budget, bytes_per_token, pool, longest, source)
+
+
+def kv_budget(target: LanguageModel, max_batch: int, prefix_cache_rows: int, kv_cache_memory: str | None = None,
+              max_model_len: int | None = None) -> KVBudget | None:
+    """The KV-cache budget of a server with these rows ; None for a backend
+    whose cache is not ours to size (llama.cpp, transformers)."""
+    from specdec.machine import available_memory
+
+    per_token = getattr(target.new_cache(rows=1, max_length=2), "bytes_per_token", None)
+    if per_token is None:
+        return None
+    return plan_kv_budget(per_token, max_batch + prefix_cache_rows, target.max_context,
+                          None if kv_cache_memory is None else parse_size(kv_cache_memory), max_model_len,
+                          available_memory())

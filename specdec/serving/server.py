@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the web stack and torch load only when a server is built, not for every CLI command
-    import uvicorn
     from fastapi import FastAPI
 
     from specdec.core.drafts import Drafter
+    from specdec.core.engine import Engine
     from specdec.core.estimates import VerifyCostTable
     from specdec.models.base import LanguageModel
     from specdec.serving.app import ServerLimits
@@ -54,6 +51,7 @@ def build_app(
     max_model_len: int | None = None,
     default_acceptance: str = "exact",
     budget: KVBudget | None = None,
+    make_engine: Callable[..., Engine] | None = None,
 ) -> FastAPI:
     """A ready app (the scheduler starts with it). ``costs``: a measured T(batch, block) table;
     with speculation "auto" and none given, it is measured here first. ``prefill_chunk``: prompts
@@ -64,11 +62,14 @@ def build_app(
     ``max_model_len``: the longest request, prompt and output (None: the target's context, or the
     KV pool if smaller); longer prompts get a 400. ``default_acceptance``: for requests that name
     none ("exact"; anything else is LOSSY, docs/acceptance.md). ``budget``: the KV pool's
-    (serving/memory.py; None: kv_budget()'s default, for a backend whose cache is ours)."""
+    (serving/memory.py; None: kv_budget()'s default, for a backend whose cache is ours).
+    ``make_engine``: build_engine's keywords -> the engine (the command line's Drafting.engine), in
+    place of one built on ``drafter``."""
+    from specdec.assembly import build_engine
+    from specdec.config import SpeculationConfig
     from specdec.core.drafts import suffix_caches
-    from specdec.core.engine import Engine
-    from specdec.drafting import as_drafter
     from specdec.serving.app import create_app
+    from specdec.serving.memory import kv_budget
     from specdec.serving.metrics import ServerMetrics
     from specdec.serving.scheduler import PrefillBudget, Scheduler
     from specdec.serving.speculation import SpeculationController, cached_verify_costs, profile_draft_cost
@@ -78,9 +79,12 @@ def build_app(
     if budget is not None:
         max_model_len = budget.max_model_len
     # The controller chooses every step's draft lengths: no request gets a policy of its own.
-    engine = Engine(target, as_drafter(drafter, target), gamma=gamma, prefill_chunk=prefill_chunk,
-                    max_context=max_model_len, per_request_policy=False)
-    if drafter is None:
+    if make_engine is None:
+        def make_engine(**options) -> Engine:
+            return build_engine(target, SpeculationConfig.of_drafter(drafter), drafter=drafter, **options)
+
+    engine = make_engine(prefill_chunk=prefill_chunk, max_context=max_model_len, requests_choose_lengths=False)
+    if engine.drafter is None:
         speculation = "off"
     if speculation == "auto" and costs is None:
         batches, blocks = profile_grid(max_batch, gamma)
@@ -89,63 +93,8 @@ def build_app(
     if costs is not None:  # what was measured at startup: evidence in the engine's one cost model
         engine.costs.verify.include(costs)
     controller = SpeculationController(speculation, gamma, engine.costs, draft_cost=draft_cost)
-    metrics = ServerMetrics(suffix_caches(drafter))
+    metrics = ServerMetrics(suffix_caches(engine.drafter))
     scheduler = Scheduler(engine, controller, max_batch=max_batch, max_waiting=max_waiting, metrics=metrics,
                           prefill=PrefillBudget(), prefix_rows=prefix_cache_rows,
                           pool_tokens=None if budget is None else budget.pool_tokens)
     return create_app(scheduler, model_name, limits, metrics, default_acceptance)
-
-
-def kv_budget(target: LanguageModel, max_batch: int, prefix_cache_rows: int, kv_cache_memory: str | None = None,
-              max_model_len: int | None = None) -> KVBudget | None:
-    """The KV-cache budget of a server with these rows (serving/memory.py); None for a backend
-    whose cache is not ours to size (llama.cpp, transformers)."""
-    from specdec.machine import available_memory
-    from specdec.serving.memory import parse_size, plan_kv_budget
-
-    per_token = getattr(target.new_cache(rows=1, max_length=2), "bytes_per_token", None)
-    if per_token is None:
-        return None
-    return plan_kv_budget(per_token, max_batch + prefix_cache_rows, target.max_context,
-                          None if kv_cache_memory is None else parse_size(kv_cache_memory), max_model_len,
-                          available_memory())
-
-
-@contextlib.contextmanager
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve ``app`` on a free port in a background thread while the block runs; yields the base
-    URL (http://HOST:PORT). For tests and benchmarks."""
-    from specdec.serving.shutdown import graceful_server
-
-    with running_in_thread(graceful_server(app, host, 0, DEFAULT_SHUTDOWN_TIMEOUT)) as url:
-        yield url
-
-
-@contextlib.contextmanager
-def running_in_thread(server: uvicorn.Server) -> Iterator[str]:
-    """Run a uvicorn ``server`` (port 0: a free one) in a background thread while the block runs;
-    yields its base URL."""
-    thread = threading.Thread(target=server.run, name="specdec-http", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{server.config.host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -13,7 +13,7 @@ it does not. T is measured at the first startup on a machine over a small grid o
 block lengths (kept per machine and model in the cache folder, so later starts take no
 measurement), interpolated between, and refined online from every step; c_draft and the
 acceptance per position, pooled and per request, are learned online. The server's choice is the
-only one: its engine gives requests no draft-length policy (Engine(per_request_policy=False)).
+only one: its engine gives requests no draft-length policy (build_engine(requests_choose_lengths=False)).
 """
 
 from __future__ import annotations
