@@ -16,9 +16,10 @@ import time
 
 import torch
 
+from specdec.bench.runner import peak_rss_mb
 from specdec.commands.index import load_tokenizer
 from specdec.core.drafts import ContextRequest
-from specdec.corpus_index import default_datastore, peak_rss_mb
+from specdec.corpus_index import default_datastore
 from specdec.defaults import default_prompts
 from specdec.drafting.corpus import CorpusDrafter
 

@@ -43,11 +43,6 @@ TREE_BUDGET = 16  # --tree-budget unset: a tree drafter's nodes per step
 TREE_COST_MAX_BUDGET = 64  # the most nodes the tree-cost policy chooses unless --tree-budget caps it
 
 
-def default_policy(drafter: str) -> str:
-    """The policy a drafter runs with when none is named: auto's own choice, else a fixed length."""
-    return AUTO if drafter == AUTO else "fixed"
-
-
 def default_gamma(policy: str | None) -> int:
     """--gamma when unset: a cap for the auto and threshold policies, the draft length for the others."""
     return {AUTO: AUTO_GAMMA, "threshold": THRESHOLD_GAMMA}.get(policy or "", GAMMA)

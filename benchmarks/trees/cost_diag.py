@@ -1,46 +1,84 @@
-"""Which gammas does the cost policy pick on the real int8 pair, and what T(k) did it measure?"""
+"""Which gammas does the cost policy pick on the real int8 pair, and what T(k) did it measure?
+
+    python benchmarks/trees/cost_diag.py [MODELS_DIR] [--target DIR] [--draft DIR]
+
+MODELS_DIR is the folder ../shared/real-models/fetch.sh filled (qwen2.5-coder-1.5b and -0.5b in
+it); --target and --draft name other folders. Two generations with the staged drafter under the
+cost policy (specdec.core.policy.CostModelPolicy) on the engine's one cost model
+(specdec.core.estimates.CostModel); after each: the depths the policy asked for, T(k) as measured
+(batch 1) and as fitted, the draft's seconds per token, the acceptance estimates and the expected
+tokens per second of each gamma.
+"""
+
+from __future__ import annotations
+
+import argparse
 import collections
-import sys
+from pathlib import Path
 
 import torch
 
 from specdec import SpeculativeDecoder, load
-from specdec.core.policy import make_policy
+from specdec.core.estimates import CostModel, tokens_per_second
+from specdec.core.policy import CostModelPolicy, DraftShape
 from specdec.drafting import make_drafter
 
-torch.set_num_threads(2)
-M = sys.argv[1] if len(sys.argv) > 1 else "/work/models"  # the folder ../shared/real-models/fetch.sh filled
-target = load(f"{M}/qwen2.5-coder-1.5b", quantize="int8")
-draft = load(f"{M}/qwen2.5-coder-0.5b", quantize="int8")
-policy = make_policy("cost", 4)
-chosen = collections.Counter()
-orig = type(policy).for_request
-def spy(self):
-    p = orig(self)
-    next_shape = p.next_shape
-    def counted_shape(batch=1):
-        shape = next_shape(batch); chosen[shape.depth] += 1; return shape
-    p.next_shape = counted_shape
-    spy.last = p
-    return p
-type(policy).for_request = spy
-dec = SpeculativeDecoder(target, make_drafter("staged", draft), gamma=4, policy=policy)
-prompt = (
+PROMPT = (
     "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
 )
-for _ in range(2):
-    r = dec.generate(prompt, max_new_tokens=64)
-    p = spy.last
-    print("gammas", sorted(chosen.items()))
-    chosen.clear()
-    print(
-        "T(k) ms",
-        {k: round(m.mean * 1000, 1) for k, m in sorted(p.verify_cost.by_block.items())},
-        "counts",
-        {k: round(m.count, 1) for k, m in sorted(p.verify_cost.by_block.items())},
-    )
-    print("fit ms", {k: round(p.verify_cost.seconds(k) * 1000, 1) for k in range(1, 14)})
-    print(
-        "draft ms/token", round(p.draft_cost.mean * 1000, 1), "acceptance", [round(a, 2) for a in p.acceptance.alphas()]
-    )
-    print("rates", {g: round(p.expected_rate(g) or 0, 2) for g in range(0, 13)})
+
+
+class WatchedCostPolicy(CostModelPolicy):
+    """The cost policy, counting the depth it asked for at each step and keeping its last request's copy."""
+
+    chosen: collections.Counter[int] = collections.Counter()
+    last: CostModelPolicy | None = None
+
+    def for_request(self) -> CostModelPolicy:
+        copy = WatchedCostPolicy(self.gamma, self.max_gamma, costs=self.costs)
+        WatchedCostPolicy.last = copy
+        return copy
+
+    def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
+               widths: list[int] | None = None) -> None:
+        WatchedCostPolicy.chosen[asked.depth] += 1
+        super().update(asked, num_drafted, num_accepted, draft_seconds, widths)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="?", default="/work/models", help="the folder holding the real pair")
+    parser.add_argument("--target", help="the target's folder (default: MODELS/qwen2.5-coder-1.5b)")
+    parser.add_argument("--draft", help="the draft's folder (default: MODELS/qwen2.5-coder-0.5b)")
+    parser.add_argument("--quantize", default="int8", type=lambda name: None if name == "none" else name,
+                        help="both models' precision (none: their float dtype)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target = load(args.target or Path(args.models) / "qwen2.5-coder-1.5b", quantize=args.quantize)
+    draft = load(args.draft or Path(args.models) / "qwen2.5-coder-0.5b", quantize=args.quantize)
+    costs = CostModel()
+    decoder = SpeculativeDecoder(target, make_drafter("staged", draft, target=target), gamma=4,
+                                 policy=WatchedCostPolicy(gamma=4, costs=costs), costs=costs)
+    for _ in range(2):
+        decoder.generate(PROMPT, max_new_tokens=args.max_new_tokens)
+        policy = WatchedCostPolicy.last
+        assert policy is not None  # every request takes a copy
+        print("gammas", sorted(WatchedCostPolicy.chosen.items()))
+        WatchedCostPolicy.chosen.clear()
+        measured = {block: cell for (batch, block), cell in sorted(costs.verify.cells.items()) if batch == 1}
+        print("T(k) ms", {k: round((cell.mean or 0.0) * 1000, 1) for k, cell in measured.items()},
+              "counts", {k: round(cell.count, 1) for k, cell in measured.items()})
+        curve = costs.verify.curve(1)
+        if curve is not None:
+            print("fit ms", {k: round(curve(k) * 1000, 1) for k in range(1, 14)})
+        draft_seconds = costs.draft().seconds()
+        print("draft ms/token", None if draft_seconds is None else round(draft_seconds * 1000, 1),
+              "acceptance", [round(a, 2) for a in policy.acceptance.alphas()])
+        rates = {g: tokens_per_second(policy.acceptance.expected_tokens(g), g, draft_seconds,
+                                      None if curve is None else curve(g + 1)) for g in range(policy.max_gamma + 1)}
+        print("rates", {g: round(rate or 0.0, 2) for g, rate in rates.items()})
+
+
+if __name__ == "__main__":
+    main()

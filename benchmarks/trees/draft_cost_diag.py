@@ -1,39 +1,68 @@
-"""Draft seconds per step as a function of the drafted length (staged and model drafters, real int8 pair)."""
+"""Draft seconds per step as a function of the drafted length (staged and model drafters, real int8 pair).
+
+    python benchmarks/trees/draft_cost_diag.py [MODELS_DIR] [--target DIR] [--draft DIR]
+
+MODELS_DIR is the folder ../shared/real-models/fetch.sh filled (qwen2.5-coder-1.5b and -0.5b in
+it); --target and --draft name other folders. For each drafter and fixed gamma, one generation;
+printed: per drafted length, the steps and their mean draft milliseconds (the first step of each
+length left out: the first step also feeds the drafter the prompt), as the engine hands them to
+the policy's update.
+"""
+
+from __future__ import annotations
+
+import argparse
 import collections
-import sys
+from pathlib import Path
 
 import torch
 
 from specdec import SpeculativeDecoder, load
-from specdec.core.policy import make_policy
+from specdec.core.policy import DraftShape, FixedPolicy
 from specdec.drafting import make_drafter
 
-torch.set_num_threads(2)
-M = sys.argv[1] if len(sys.argv) > 1 else "/work/models"
-target = load(f"{M}/qwen2.5-coder-1.5b", quantize="int8")
-draft = load(f"{M}/qwen2.5-coder-0.5b", quantize="int8")
-prompt = (
+PROMPT = (
     "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
 )
-for kind in ("model", "staged"):
-    for gamma in (1, 2, 4, 8):
-        policy = make_policy("fixed", gamma)
-        seen = collections.defaultdict(list)
-        cls = type(policy)
-        orig = cls.update
 
-        def update(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths=None, _orig=orig,
-                   _seen=seen):
-            _seen[num_drafted].append(draft_seconds)
-            return _orig(self, asked, num_drafted, num_accepted, draft_seconds, verify_seconds, widths)
 
-        cls.update = update
-        dec = SpeculativeDecoder(target, make_drafter(kind, draft), gamma=gamma, policy=policy)
-        r = dec.generate(prompt, max_new_tokens=48)
-        cls.update = orig
-        print(
-            kind,
-            gamma,
-            {k: (len(v), round(1000 * sum(v[1:]) / max(1, len(v) - 1), 1)) for k, v in sorted(seen.items())},
-            flush=True,
-        )
+class RecordingPolicy(FixedPolicy):
+    """A fixed gamma that records each step's draft seconds by the number of tokens drafted."""
+
+    def __init__(self, gamma: int, seen: dict[int, list[float]]) -> None:
+        super().__init__(gamma)
+        self.seen = seen
+
+    def for_request(self) -> RecordingPolicy:
+        return RecordingPolicy(self.gamma, self.seen)  # one record for every request
+
+    def update(self, asked: DraftShape, num_drafted: int, num_accepted: int, draft_seconds: float,
+               widths: list[int] | None = None) -> None:
+        self.seen[num_drafted].append(draft_seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="?", default="/work/models", help="the folder holding the real pair")
+    parser.add_argument("--target", help="the target's folder (default: MODELS/qwen2.5-coder-1.5b)")
+    parser.add_argument("--draft", help="the draft's folder (default: MODELS/qwen2.5-coder-0.5b)")
+    parser.add_argument("--quantize", default="int8", type=lambda name: None if name == "none" else name,
+                        help="both models' precision (none: their float dtype)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target = load(args.target or Path(args.models) / "qwen2.5-coder-1.5b", quantize=args.quantize)
+    draft = load(args.draft or Path(args.models) / "qwen2.5-coder-0.5b", quantize=args.quantize)
+    for kind in ("model", "staged"):
+        for gamma in args.gammas:
+            seen: dict[int, list[float]] = collections.defaultdict(list)
+            decoder = SpeculativeDecoder(target, make_drafter(kind, draft, target=target), gamma=gamma,
+                                         policy=RecordingPolicy(gamma, seen))
+            decoder.generate(PROMPT, max_new_tokens=args.max_new_tokens)
+            print(kind, gamma, {k: (len(v), round(1000 * sum(v[1:]) / max(1, len(v) - 1), 1))
+                                for k, v in sorted(seen.items())}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
