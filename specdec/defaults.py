@@ -151,14 +151,14 @@ def fastest_default_target(
     machine: specdec/models/backend_choice.py)."""
     import importlib.util
 
+    import specdec.models.native as native
     from specdec.models.backend_choice import choose_fastest_exact
-    from specdec.models.int4 import KernelUnavailable, compiled_kernel
     from specdec.models.loading import load
 
     try:
-        compiled_kernel()
+        native.library()
         return pair.target, "w8a32", f"target: {FLOAT32_TEXT}"
-    except KernelUnavailable:
+    except native.KernelUnavailable:
         pass  # no compiler or kernel here: int8 is what the own forward has
     candidates = {"own forward, int8": lambda: load(pair.target, quantize="int8")}
     key = f"default target {SMOLLM2_SHA256}"

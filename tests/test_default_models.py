@@ -111,12 +111,12 @@ def test_without_the_compiled_kernels_the_default_target_runs_where_it_is_measur
     GGUF are checked and timed once; the chosen one is the faster exact one, and the next call
     reuses it."""
     pytest.importorskip("llama_cpp")
-    from specdec.models import backend_choice, int4
+    from specdec.models import backend_choice, native
 
     def no_compiler():
-        raise int4.KernelUnavailable("no C++ compiler (test)")
+        raise native.KernelUnavailable("no C++ compiler (test)")
 
-    monkeypatch.setattr(int4, "compiled_kernel", no_compiler)
+    monkeypatch.setattr(native, "library", no_compiler)
     (defaults.cache_root() / "backend-choice.json").unlink(missing_ok=True)  # only this test's entry
     target, quantize, line = defaults.fastest_default_target(smollm2_pair)
     assert target in (smollm2_pair.target, smollm2_pair.target_gguf)

@@ -6,7 +6,7 @@ import torch
 from isa_paths import ON_AVX2, outputs_per_path
 from torch import nn
 
-from specdec.models import int4
+from specdec.models import int4, native
 from specdec.models.int4 import GROUP, Int4Linear, check_kernel, kernel_linear, pack_weight, quantize_rows
 from specdec.models.precisions import quantize_linears
 
@@ -149,12 +149,12 @@ def test_a_wrong_kernel_falls_back_to_int8_with_a_one_line_notice(monkeypatch):
 
 def test_without_a_compiler_int4_falls_back_to_int8_and_says_why(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
-    int4.compiled_kernel.cache_clear()
+    native.library.cache_clear()
     try:
         model = nn.Sequential(nn.Linear(64, 32))
         quantize_linears(model, "int4")
     finally:
-        int4.compiled_kernel.cache_clear()
+        native.library.cache_clear()
     assert model.quantized == "int8" and "no C++ compiler" in model.quantize_notice
 
 

@@ -18,22 +18,22 @@ from pathlib import Path
 import torch
 
 from specdec.machine import write_measurement
-from specdec.models import int4
+from specdec.models import int4, native
 
+SOURCE = native.KERNELS / "int4_matmul.cpp"
 SHAPES = [(2 * 8960, 1536), (1536, 8960), (2048, 1536), (1536, 1536)]  # gate/up, down, q/k/v, o: [out, in]
 
 
-def at_revision(revision: str, path: Path) -> bytes:
-    return subprocess.run(["git", "show", f"{revision}:{path}"], check=True, capture_output=True).stdout
+def at_revision(revision: str, path: Path) -> bytes | None:
+    """The file at ``revision``, None where it did not exist then."""
+    shown = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True)
+    return shown.stdout if shown.returncode == 0 else None
 
 
 def build(source: Path, folder: Path, name: str) -> ctypes.CDLL:
     library = folder / f"{name}.so"
-    subprocess.run(["g++", *int4._flags(), str(source), "-o", str(library)], check=True)
-    handle = ctypes.CDLL(str(library))
-    handle.specdec_int4_linear.restype = None
-    handle.specdec_int4_linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-    return handle
+    subprocess.run(["g++", *native.compiler_flags(), str(source), "-o", str(library)], check=True)
+    return native.declare(ctypes.CDLL(str(library)))
 
 
 def main() -> None:
@@ -43,13 +43,18 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="layers of weights, each its own records")
     parser.add_argument("--out", default="runs/int4_kernel_ab.json")
     args = parser.parse_args()
-    relative = int4.SOURCE.relative_to(Path(__file__).resolve().parents[2])
+    relative = SOURCE.relative_to(Path(__file__).resolve().parents[2])
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder) / "base.cpp"
-        base.write_bytes(at_revision(args.base, relative))
-        for header in int4.SOURCE.parent.glob("*.h"):  # the headers it includes, of the same revision
-            (Path(folder) / header.name).write_bytes(at_revision(args.base, relative.parent / header.name))
-        kernels = {"base": build(base, Path(folder), "base"), "tree": build(int4.SOURCE, Path(folder), "tree")}
+        source = at_revision(args.base, relative)
+        if source is None:
+            raise SystemExit(f"{relative} is not in {args.base}")
+        base.write_bytes(source)
+        for header in SOURCE.parent.glob("*.h"):  # the headers it includes, of the same revision (where it had them)
+            text = at_revision(args.base, relative.parent / header.name)
+            if text is not None:
+                (Path(folder) / header.name).write_bytes(text)
+        kernels = {"base": build(base, Path(folder), "base"), "tree": build(SOURCE, Path(folder), "tree")}
         torch.manual_seed(0)
         weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES for _ in range(args.layers)]
         rows_table = []
@@ -72,7 +77,8 @@ def main() -> None:
             print(f"{rows} rows: base {row['base_ms']:.2f} ms, tree {row['tree_ms']:.2f} ms, "
                   f"tree/base {row['tree_over_base']:.2f}, "
                   + ("same bits" if difference == 0 else f"differ by up to {difference:.3g}"))
-    print(f"-> {write_measurement(args.out, {'base': args.base, 'flags': int4._flags(), 'rows': rows_table})}")
+    measured = {'base': args.base, 'flags': native.compiler_flags(), 'rows': rows_table}
+    print(f"-> {write_measurement(args.out, measured)}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 in one process, k's and libraries interleaved over rounds, medians kept. Why one process: on a
 shared VM the memory bandwidth, and so T(1), drifts between processes by up to 40%.
 
-Build each library from a revision's sources with the kernel's flags, e.g.
-    git show REV:specdec/models/kernels/int4_matmul.cpp > old/int4_matmul.cpp  (and the other two)
+Build each library from a revision's sources and headers with the kernels' flags
+(specdec.models.native.compiler_flags()), e.g.
+    mkdir old && for f in $(git ls-tree --name-only REV specdec/models/kernels/); do
+        git show REV:$f > old/$(basename $f); done
     g++ -march=native -O3 -fopenmp -ffp-contract=off -shared -fPIC old/*.cpp -o old.so
 then
     python benchmarks/cpu/kernel_library_ab.py MODEL_DIR old.so,new.so 1,2,4,8,16 [ROUNDS]
@@ -16,7 +18,7 @@ import os
 import statistics
 import sys
 
-import specdec.models.fused_layer as fused_layer
+from specdec.models import native
 from specdec.models.loading import load
 from specdec.models.timing import prefilled_cache, time_block
 
@@ -24,19 +26,13 @@ from specdec.models.timing import prefilled_cache, time_block
 def main() -> None:
     model_dir, paths, blocks = sys.argv[1], sys.argv[2].split(","), [int(k) for k in sys.argv[3].split(",")]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 4
-    handles = []
-    for path in paths:
-        handle = ctypes.CDLL(path)
-        for name, argtypes in fused_layer.SIGNATURES.items():
-            function = getattr(handle, name)
-            function.restype, function.argtypes = None, argtypes
-        handles.append(handle)
+    handles = [native.declare(ctypes.CDLL(path)) for path in paths]
     model = load(model_dir, quantize=os.environ.get("QUANTIZE", "int4"))  # w8a32 for a GGUF-exact target
     cache = prefilled_cache(model, 1, 64)
     times: dict[tuple[str, int], list[float]] = {(path, k): [] for path in paths for k in blocks}
     for _ in range(rounds):
         for path, handle in zip(paths, handles, strict=False):
-            fused_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
+            native.library = lambda handle=handle: handle  # every compiled call reads it
             time_block(model, cache, 1, 1)
             for k in blocks:
                 times[(path, k)].append(time_block(model, cache, k, 3) * 1e3)

@@ -20,21 +20,16 @@ import statistics
 
 import torch
 
-import specdec.models.fused_layer as fused_layer
 from specdec.bench.suite import machine_description
 from specdec.machine import write_measurement
+from specdec.models import native
 from specdec.models.loading import load
 from specdec.models.paged_cache import BLOCK_SIZE
 from specdec.models.timing import time_block
 
 
 def library(path: str) -> ctypes.CDLL:
-    handle = ctypes.CDLL(path)
-    for name, argtypes in fused_layer.SIGNATURES.items():
-        if hasattr(handle, name):  # an older library may lack a newer call (a draft head's)
-            function = getattr(handle, name)
-            function.restype, function.argtypes = None, argtypes
-    return handle
+    return native.declare(ctypes.CDLL(path))  # (an older library may lack a newer call: a draft head's)
 
 
 def filled_cache(model, context: int, length: int, paged: bool):
@@ -74,7 +69,7 @@ def main() -> None:
     for config in args.configs.split(","):
         paged = config.endswith(":paged")
         path, _, kv_dtype = config.removesuffix(":paged").rpartition(":")
-        configs[config] = (fused_layer.library() if path == "package" else library(path), getattr(torch, kv_dtype),
+        configs[config] = (native.library() if path == "package" else library(path), getattr(torch, kv_dtype),
                            paged)
     rows = []
     print(f"{machine_description()}; {model.name}, {model.precision}")
@@ -87,7 +82,7 @@ def main() -> None:
         times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in configs for k in blocks}
         for _ in range(args.rounds):
             for name, (handle, _, _) in configs.items():
-                fused_layer.library = lambda handle=handle: handle  # the compiled layer calls read it
+                native.library = lambda handle=handle: handle  # every compiled call reads it
                 time_block(model, caches[name], 1, 1)
                 for k in blocks:
                     times[(name, k)].append(time_block(model, caches[name], k, args.repeats) * 1e3)

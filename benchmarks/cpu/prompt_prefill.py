@@ -26,6 +26,7 @@ from long_context import library  # (this folder: the script's own path comes fi
 import specdec.models.fused_layer as fused_layer
 from specdec.bench.suite import machine_description
 from specdec.machine import write_measurement
+from specdec.models import native
 from specdec.models.attention import attend_planned
 from specdec.models.base import Attention
 from specdec.models.loading import load
@@ -87,7 +88,7 @@ def main() -> None:
     model = load(args.model, quantize=args.quantize)
     if not isinstance(model.network.layers[0], fused_layer.FusedDecoderLayer):
         raise SystemExit(f"{model.name} in {args.quantize} runs torch layers here: nothing compiled to compare")
-    installed = fused_layer.library()
+    installed = native.library()
     configs = {}
     for config in args.configs.split(","):
         path, _, way = config.rpartition(":")
@@ -102,12 +103,12 @@ def main() -> None:
         inside: dict[str, list[float]] = {name: [] for name in configs}
         for _ in range(args.rounds):
             for name, (timed, way) in configs.items():
-                fused_layer.library = lambda timed=timed: timed  # the compiled calls read it
+                native.library = lambda timed=timed: timed  # the compiled calls read it
                 fused_layer.attend_compiled = way
                 timed.seconds = 0.0
                 samples[name].append(prefill_seconds(model, tokens))
                 inside[name].append(timed.seconds)
-        fused_layer.library, fused_layer.attend_compiled = lambda: installed, WAYS["chain"]
+        native.library, fused_layer.attend_compiled = lambda: installed, WAYS["chain"]
         exact = last_token_as_in_a_block(model, tokens)
         for name in configs:
             seconds = statistics.median(samples[name])

@@ -29,7 +29,7 @@ from torch import nn
 
 from specdec.bench.suite import machine_description
 from specdec.machine import write_measurement
-from specdec.models import int4
+from specdec.models import native
 from specdec.models.loading import load
 from specdec.models.timing import prefilled_cache, time_block
 
@@ -40,8 +40,8 @@ INTEGER_DOT = {"int4", "int8"}  # precisions whose matmuls run on the probed 8-b
 
 
 def probe() -> ctypes.CDLL:
-    """The probe compiled with the int4 kernel's flags (so ATEN_CPU_CAPABILITY caps both alike)."""
-    flags = [*int4._flags(), str(PROBE)]
+    """The probe compiled with the kernels' flags (so ATEN_CPU_CAPABILITY caps both alike)."""
+    flags = [*native.compiler_flags(), str(PROBE)]
     key = hashlib.sha256(PROBE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
     library = Path(tempfile.gettempdir()) / f"specdec-roofline-{key}.so"
     if not library.is_file():

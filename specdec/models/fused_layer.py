@@ -1,6 +1,7 @@
-"""A decoder layer of packed linears (int4 or w8a32) in three compiled calls (kernels/layer_ops.cpp),
-not ~20 torch ops: FusedDecoderLayer, which precisions.quantize_model swaps in for each DecoderLayer
-whose four linears share a packed format, where the self-check passes on this machine.
+"""A decoder layer of packed linears (int4 or w8a32) in three compiled calls (kernels/layer_ops.cpp and
+kernels/attention.cpp, in the library native.py builds), not ~20 torch ops: FusedDecoderLayer, which
+precisions.quantize_model swaps in for each DecoderLayer whose four linears share a packed format,
+where the self-check passes on this machine.
 
 Why: a one-token int4 step spent ~40% of its time in the small ops around its matmuls (RMSNorm,
 attention's cache writes and one-query SDPA calls, RoPE's rotate): per-op dispatch and threading
@@ -11,15 +12,15 @@ prompt's chain in another; a padded batch of chains, or a sliding window's or a 
 still run SDPA), and o matmul + residual + norm + gate/up matmul + SiLU gate + down matmul +
 residual (one call).
 
-Exactness: each row is computed by the same code alone or in any block (layer_ops.cpp), and each
-query attends over exactly its own keys; so the greedy-equality invariant holds as before. The
-results are close to, not the same bits as, the torch layer (other summation orders): check_layer
-compares them at load, once per machine, with row invariance, and a failure keeps the torch layer.
+Exactness: each row is computed by the same code alone or in any block (layer_ops.cpp,
+attention.cpp), and each query attends over exactly its own keys; so the greedy-equality invariant
+holds as before. The results are close to, not the same bits as, the torch layer (other summation
+orders): check_layer compares them at load, once per machine, with row invariance, and a failure
+keeps the torch layer.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -27,39 +28,17 @@ from typing import Protocol, cast
 import torch
 from torch import nn
 
-from specdec.machine import cache_root, cached_measurement
+import specdec.models.native as native
 from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
-from specdec.models.int4 import Int4Linear, KernelUnavailable, PackedLinear, compiled_kernel, library_key
+from specdec.models.int4 import Int4Linear, PackedLinear
+from specdec.models.native import KernelUnavailable
 from specdec.models.paged_cache import OwnCache
 from specdec.models.primitives import AttendingLayer, RMSNorm, scaled_dot_product
 from specdec.models.transformer import DecoderLayer, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
 
-POINTER, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # The cache dtypes the compiled attention stores and reads, as its kv_format argument.
 KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-SIGNATURES = {
-    "specdec_layer_qkv": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 4 + [INT64] * 2 + [POINTER] * 3
-    + [INT64] * 8,
-    "specdec_norm_linear": [INT64] + [POINTER] * 2 + [FLOAT] + [POINTER] * 3 + [INT64] * 4,
-    "specdec_head_qkv": [INT64] + [POINTER] * 4 + [FLOAT] + [POINTER] * 4 + [INT64] * 5,
-    "specdec_layer_mlp": [INT64] + [POINTER] * 6 + [FLOAT] + [POINTER] * 5 + [INT64] + [POINTER] + [INT64] * 6,
-    "specdec_attend": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] * 4 + [INT64] * 5
-    + [FLOAT, POINTER, INT64, FLOAT],
-    "specdec_attend_chain": [POINTER] * 3 + [INT64] + [POINTER] * 2 + [INT64] * 2 + [POINTER] + [INT64] * 6
-    + [FLOAT, POINTER, INT64, FLOAT],
-}
-
-
-@functools.lru_cache(maxsize=1)
-def library() -> ctypes.CDLL:
-    handle = compiled_kernel()
-    for name, argtypes in SIGNATURES.items():
-        function = getattr(handle, name)
-        function.restype, function.argtypes = None, argtypes
-    return handle
-
-
 # The MLP activations the compiled layer runs, as specdec_layer_mlp's activation argument.
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}
 
@@ -154,10 +133,10 @@ def attend_queries(
     out: torch.Tensor,  # [n, heads, d] contiguous, written at queries.tokens
     row_stride: int | None = None,  # elements between cache rows (default: keys.stride(0); a paged pool: 0)
 ) -> None:
-    """Each query over exactly its own key slots (layer_ops.cpp, specdec_attend)."""
+    """Each query over exactly its own key slots (attention.cpp, specdec_attend)."""
     d = layer.head_dim
     check_layout(q, k, v, keys, values, out)
-    library().specdec_attend(
+    native.library().specdec_attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(),
         keys.stride(0) if row_stride is None else row_stride,
         keys.stride(1), queries.tokens.data_ptr(), queries.rows.data_ptr(), queries.slots.data_ptr(),
@@ -181,13 +160,13 @@ def attend_chain(
     row_base: int,  # elements from the cache's start to the chain's row (row * row stride)
 ) -> None:
     """Token first + i over its row's slots 0..committed + i, after writing the chain's keys and
-    values: the bits attend_queries gives it with that slot list (layer_ops.cpp,
+    values: the bits attend_queries gives it with that slot list (attention.cpp,
     specdec_attend_chain), without a list per query."""
     check_layout(q, k, v, keys, values, out)
     if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape[0] != committed + count:
         raise ValueError(f"attend_chain needs the row's {committed + count} slots, contiguous int64")
     d = layer.head_dim
-    library().specdec_attend_chain(
+    native.library().specdec_attend_chain(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), row_base,
         keys.stride(1), slots.data_ptr(), committed, first, count, layer.num_heads, layer.num_kv_heads, d,
         layer.attention_scale, out.data_ptr(), KV_FORMATS[keys.dtype], layer.softcap or 0.0,
@@ -224,7 +203,7 @@ def qkv_projection(layer: FusedDecoderLayer, x: torch.Tensor, cos: torch.Tensor 
     x = x.contiguous()
     cos, sin = (None, None) if cos is None or sin is None else (cos.contiguous(), sin.contiguous())
     out = torch.empty(x.shape[0], linear.out_padded)
-    library().specdec_layer_qkv(
+    native.library().specdec_layer_qkv(
         linear.format, x.data_ptr(), _pointer(None if norm is None else norm.weight), layer.eps,
         linear.records.data_ptr(), _pointer(linear.bias), _pointer(None if q_norm is None else q_norm.weight),
         _pointer(None if k_norm is None else k_norm.weight), 0 if q_norm is None else q_norm.weight.shape[0],
@@ -242,7 +221,7 @@ def head_qkv_projection(linear: PackedLinear, embed_norm: RMSNorm, feature_norm:
     its q/k/v matmul, RoPE on q and k: [n, heads + 2 kv_heads, d] (a view)."""
     embeds, features, cos, sin = embeds.contiguous(), features.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty(embeds.shape[0], linear.out_padded)
-    library().specdec_head_qkv(
+    native.library().specdec_head_qkv(
         linear.format, embeds.data_ptr(), embed_norm.weight.data_ptr(), features.data_ptr(),
         feature_norm.weight.data_ptr(), embed_norm.eps, linear.records.data_ptr(), cos.data_ptr(), sin.data_ptr(),
         out.data_ptr(), embeds.shape[0], linear.out_padded, embeds.shape[1], rope_heads, head_dim,
@@ -276,7 +255,7 @@ def mlp_block(layer: PackedMLP, x: torch.Tensor, attended: torch.Tensor) -> torc
     o_norm, norm, down_norm = (None if norm is None else norm.weight for norm in norms)
     x, attended = x.contiguous(), attended.contiguous()
     out = torch.empty_like(x)
-    library().specdec_layer_mlp(
+    native.library().specdec_layer_mlp(
         o.format, x.data_ptr(), attended.data_ptr(), o.records.data_ptr(), _pointer(o.bias), _pointer(o_norm),
         _pointer(norm), layer.eps, gate_up.records.data_ptr(), _pointer(gate_up.bias), down.records.data_ptr(),
         _pointer(down.bias), _pointer(down_norm), ACTIVATION_CODES[layer.hidden_act], out.data_ptr(), x.shape[0],
@@ -289,7 +268,7 @@ def norm_then_linear(norm: RMSNorm, linear: PackedLinear, x: torch.Tensor) -> to
     """linear(norm(x)) in one call: the final norm and the output head. [n, out_features]"""
     x = x.contiguous()
     out = torch.empty(x.shape[0], linear.out_padded)
-    library().specdec_norm_linear(
+    native.library().specdec_norm_linear(
         linear.format, x.data_ptr(), norm.weight.data_ptr(), norm.eps, linear.records.data_ptr(), _pointer(linear.bias),
         out.data_ptr(), x.shape[0], linear.out_padded, linear.in_features, linear.out_features,
     )
@@ -301,8 +280,8 @@ def layer_problem(format: int = 4) -> str | None:
     layer closely and scores every row of a block as alone, on this machine (check_layer, cached per
     machine and library), else why not."""
     try:
-        key = library_key()
-        compiled_kernel()
+        key = native.library_key()
+        native.library()
     except KernelUnavailable as error:
         return str(error)
     return _cached_layer_problem(key, format)
@@ -310,9 +289,7 @@ def layer_problem(format: int = 4) -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def _cached_layer_problem(key: str, format: int) -> str | None:
-    name = f"{key}:layer" + ("" if format == 4 else f":w{format}")
-    return cached_measurement(cache_root() / "int4-kernel.json", name, lambda: {"problem": check_layer(0, format)})[
-        "problem"]
+    return native.cached_check(key, "layer" + ("" if format == 4 else f":w{format}"), lambda: check_layer(0, format))
 
 
 # The layer variants the load-time self-check runs: the Llama layer with qwen2's biases, gemma3's

@@ -14,88 +14,26 @@ saturating int16 pair sums hold: 15 x 127 x 2), and the float sum over groups ru
 order per row (specdec/models/kernels/int4_matmul.cpp has the formula). So a row's result is the
 same whatever else is in the call: the greedy-equality invariant holds as in int8.
 
-The kernel is C++ compiled on first use for this CPU (`g++ -march=native`: AVX-512 VNNI, AVX2 or
-portable code), kept in the cache folder, and checked bit for bit against `reference_matmul` on
-every weight shape before it runs (check_kernel, cached per machine); a machine without a
-compiler, or where the check fails, gets int8 instead, with a one-line notice saying why.
+The kernel is C++ (kernels/int4_matmul.cpp) in the library specdec/models/native.py compiles on
+first use for this CPU (`g++ -march=native`: AVX-512 VNNI, AVX2 or portable code), checked bit for
+bit against `reference_matmul` on every weight shape before it runs (check_kernel, cached per
+machine and library); a machine without a compiler, or where the check fails, gets int8 instead,
+with a one-line notice saying why.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import os
-import shutil
-import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from specdec.machine import cache_root, cached_measurement, machine_key
+import specdec.models.native as native
+from specdec.models.native import KernelUnavailable
 
 GROUP = 32  # inputs per scale
 COLS = 16  # outputs per block of the packed layout
 PACK_ROWS = 4096  # outputs packed at a time (a multiple of COLS)
-SOURCE = Path(__file__).parent / "kernels" / "int4_matmul.cpp"
-# Compiled into the same library: the float-activation kernel of --quantize w8a32 (specdec/models/w8a32.py)
-# and the layer's work around the matmuls (specdec/models/fused_layer.py).
-W8A32_SOURCE = Path(__file__).parent / "kernels" / "w8a32_matmul.cpp"
-LAYER_SOURCE = Path(__file__).parent / "kernels" / "layer_ops.cpp"
-STACK_SOURCE = Path(__file__).parent / "kernels" / "stack.cpp"  # the decoder stack in one call (layer_stack.py)
-SOURCES = (SOURCE, W8A32_SOURCE, LAYER_SOURCE, STACK_SOURCE)
-HEADERS = (Path(__file__).parent / "kernels" / "float16.h",)  # included by the sources: part of the build's key
-
-
-class KernelUnavailable(RuntimeError):
-    """The int4 kernel cannot be built or loaded on this machine."""
-
-
-@functools.lru_cache(maxsize=1)
-def compiled_kernel() -> ctypes.CDLL:
-    """The kernel, compiled once per machine and source into the cache folder."""
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    missing = [str(source) for source in (*SOURCES, *HEADERS) if not source.is_file()]
-    if missing:
-        raise KernelUnavailable(f"the int4 kernel's source is missing from the package ({', '.join(missing)})")
-    if compiler is None:
-        raise KernelUnavailable("no C++ compiler (g++) to build the int4 kernel; install one, or use --quantize int8")
-    library = cache_root() / "kernels" / f"int4_matmul-{library_key()}.so"
-    if not library.is_file():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        partial = library.with_suffix(f".{os.getpid()}.tmp")
-        command = [compiler, *_flags(), *map(str, SOURCES), "-o", str(partial)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise KernelUnavailable(f"compiling the int4 kernel failed: {result.stderr.strip()[-300:]}")
-        partial.replace(library)
-    handle = ctypes.CDLL(str(library))
-    for prefix in ("specdec_int4", "specdec_w8a32"):
-        getattr(handle, f"{prefix}_isa").restype = ctypes.c_char_p
-        function = getattr(handle, f"{prefix}_linear")
-        function.restype, function.argtypes = None, [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-    return handle
-
-
-FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-# ATEN_CPU_CAPABILITY caps the kernel's instruction set too, so an AVX-512 machine can run what an
-# AVX2 (or plain x86-64) user gets; results are the same bits on every path.
-MARCH = {"avx2": "x86-64-v3", "default": "x86-64"}
-
-
-def _flags() -> list[str]:
-    return [f"-march={MARCH.get(os.environ.get('ATEN_CPU_CAPABILITY', '').lower(), 'native')}", *FLAGS]
-
-
-def library_key() -> str:
-    """The source, compiler and machine (CPU, flags, ISA caps) the kernel is built for: a new key
-    builds and checks anew."""
-    compiler = shutil.which(os.environ.get("CXX", "g++")) or ""
-    text = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS) if source.is_file())
-    text += " ".join([compiler, *_flags(), machine_key()]).encode()
-    return hashlib.sha256(text).hexdigest()[:16]
 
 
 def pack_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,8 +80,8 @@ def kernel_linear(rows: torch.Tensor, records: torch.Tensor, out_padded: int) ->
     quantize_rows does: [M, out_padded] float32."""
     rows = rows.contiguous()
     output = torch.empty(rows.shape[0], out_padded)
-    compiled_kernel().specdec_int4_linear(rows.data_ptr(), records.data_ptr(), output.data_ptr(), rows.shape[0],
-                                          out_padded, rows.shape[1])
+    native.library().specdec_int4_linear(rows.data_ptr(), records.data_ptr(), output.data_ptr(), rows.shape[0],
+                                         out_padded, rows.shape[1])
     return output
 
 
@@ -169,7 +107,7 @@ class PackedLinear(nn.Module):
     weights whose input size is a multiple of 32 (`fits`)."""
 
     records: torch.Tensor  # [blocks, groups, record bytes] uint8, the kernel's layout
-    format: int  # which packed layout the compiled layer calls read (layer_ops.cpp): 4 or 8
+    format: int  # which packed layout the compiled layer calls read (kernels/layer_ops.cpp): 4 or 8
 
     def __init__(self, records: torch.Tensor, in_features: int, out_features: int,
                  bias: torch.Tensor | None = None) -> None:
@@ -261,27 +199,27 @@ def check_kernel(out_features: int, in_features: int, seed: int = 0,
 
 def checked_shapes(shapes: set[tuple[int, int]], on_check: Callable[[str], None] | None = None,
                    check: Callable[[int, int], str | None] | None = None, name: str = "int4") -> str | None:
-    """None if the kernel builds and passes ``check`` (default check_kernel) on every shape (cached per
-    machine in $SPECDEC_CACHE/int4-kernel.json), else why not. ``name`` is the kernel's, for the
-    progress line and the cache key."""
+    """None if the kernel library builds and the kernel passes ``check`` (default check_kernel) on
+    every shape (cached per machine and library: native.cached_check), else why not. ``name`` is the
+    kernel's, for the progress line and the cache key."""
     try:
-        compiled_kernel()
+        native.library()
     except KernelUnavailable as error:
         return str(error)
     check = check or check_kernel
-    library = library_key()
+    library = native.library_key()
     for out_features, in_features in sorted(shapes):
-        def measure(out_features=out_features, in_features=in_features) -> dict:
+        def measure(out_features=out_features, in_features=in_features) -> str | None:
             if on_check:
                 on_check(f"checking the {name} kernel for a {out_features}x{in_features} weight on this CPU (once)")
-            return {"problem": check(out_features, in_features)}
+            return check(out_features, in_features)
 
-        key = f"{library}:{out_features}x{in_features}" + ("" if name == "int4" else f":{name}")
-        problem = cached_measurement(cache_root() / "int4-kernel.json", key, measure)["problem"]
+        shape = f"{out_features}x{in_features}" + ("" if name == "int4" else f":{name}")
+        problem = native.cached_check(library, shape, measure)
         if problem:
             return f"{out_features}x{in_features}: {problem}"
     return None
 
 
 def kernel_isa() -> str:
-    return compiled_kernel().specdec_int4_isa().decode()
+    return native.library().specdec_int4_isa().decode()

@@ -20,11 +20,12 @@ from typing import cast
 
 import torch
 
-from specdec.machine import cache_root, cached_measurement
+import specdec.models.native as native
 from specdec.models.attention import AttentionPlan
 from specdec.models.base import Attention, Segment
-from specdec.models.fused_layer import ACTIVATION_CODES, KV_FORMATS, FusedDecoderLayer, FusedOutput, library
-from specdec.models.int4 import Int4Linear, KernelUnavailable, compiled_kernel, library_key
+from specdec.models.fused_layer import ACTIVATION_CODES, KV_FORMATS, FusedDecoderLayer, FusedOutput
+from specdec.models.int4 import Int4Linear
+from specdec.models.native import KernelUnavailable
 from specdec.models.paged_cache import OwnCache
 from specdec.models.transformer import DEFAULT_ROPE, DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
@@ -47,16 +48,6 @@ class StackLayer(ctypes.Structure):
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
-
-
-@functools.lru_cache(maxsize=1)
-def _stack_function():
-    function = library().specdec_stack
-    function.restype = None
-    function.argtypes = [POINTER, INT64, POINTER, INT64, INT64, POINTER, POINTER, INT64, POINTER, POINTER, INT64,
-                         INT64, INT64, INT64, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER,
-                         POINTER, POINTER, POINTER, POINTER, POINTER]
-    return function
 
 
 class LayerStack:
@@ -129,7 +120,7 @@ class LayerStack:
         attended = torch.empty(count, max(layer.num_heads * layer.head_dim for layer in self.layers))
         out = torch.empty_like(x)
         head_stride = keys_of[0].stride(1)
-        _stack_function()(
+        native.library().specdec_stack(
             ctypes.addressof(self.specs), len(self.layers), x.data_ptr(), count, x.shape[1], cos.data_ptr(),
             sin.data_ptr(), cos.shape[2], pointers(keys_of), pointers(values_of), cache.row_stride, head_stride,
             KV_FORMATS[keys_of[0].dtype], len(chains), chain_rows.data_ptr(), pointers(chain_slot_lists),
@@ -144,8 +135,8 @@ def stack_problem(format: int) -> str | None:
     """None if the one call gives the per-layer path's bits on this machine (check_stack, cached per
     machine and compiled library), else why not: the model's layers then run one by one."""
     try:
-        key = library_key()
-        compiled_kernel()
+        key = native.library_key()
+        native.library()
     except KernelUnavailable as error:
         return str(error)
     return _cached_stack_problem(key, format)
@@ -153,8 +144,7 @@ def stack_problem(format: int) -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def _cached_stack_problem(key: str, format: int) -> str | None:
-    return cached_measurement(cache_root() / "int4-kernel.json", f"{key}:stack:w{format}",
-                              lambda: {"problem": check_stack(format)})["problem"]
+    return native.cached_check(key, f"stack:w{format}", lambda: check_stack(format))
 
 
 def check_stack(format: int, seed: int = 0) -> str | None:

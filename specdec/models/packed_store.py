@@ -30,11 +30,12 @@ from typing import cast
 import torch
 from torch import nn
 
+import specdec.models.native as native
 from specdec.machine import cache_root
 from specdec.models.building import build_lean, lean_linear_shapes
 from specdec.models.checkpoint import Checkpoint
 from specdec.models.fused_layer import FusedDecoderLayer, packed_format
-from specdec.models.int4 import Int4Linear, PackedLinear, library_key
+from specdec.models.int4 import Int4Linear, PackedLinear
 from specdec.models.memory import ModelSize, check_fits
 from specdec.models.precisions import Packer, finish_network
 from specdec.models.quantize import Int8Linear
@@ -68,7 +69,7 @@ class Entry:
 def code_key() -> str:
     """The code that packed layouts and the model's structure come from (this package's models and
     kernels) and the kernel library built here: a new one packs anew."""
-    digest = hashlib.sha256(library_key().encode())
+    digest = hashlib.sha256(native.library_key().encode())
     models = Path(__file__).parent
     for path in sorted([*models.glob("*.py"), *(models / "kernels").iterdir()]):
         digest.update(path.name.encode() + path.read_bytes())

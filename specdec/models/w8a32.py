@@ -12,9 +12,10 @@ has the formula). Weights that are not such groups (Q6_K's 16-input sub-blocks, 
 get the closest 8-bit groups: a quantization then, and the notice line counts the groups held.
 
 Each row is computed by the same instructions alone or in a block, so a token scores the same
-inside a verify block as alone. The kernel is compiled with the int4 kernel (specdec/models/int4.py)
-and checked at load on every weight shape (check_kernel, cached per machine): within float32
-rounding of a float64 product and row-invariant; where it is not, int8 runs, with a notice.
+inside a verify block as alone. The kernel is compiled into one library with the int4 kernel
+(specdec/models/native.py) and checked at load on every weight shape (check_kernel, cached per
+machine): within float32 rounding of a float64 product and row-invariant; where it is not, int8
+runs, with a notice.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specdec.models.int4 import COLS, GROUP, KernelUnavailable, PackedLinear, compiled_kernel
+import specdec.models.native as native
+from specdec.models.int4 import COLS, GROUP, PackedLinear
+from specdec.models.native import KernelUnavailable
 
 RECORD = 640  # bytes per (16 outputs, 32 inputs): 512 int8 q, 16 float32 scales, 16 float32 mins
 CHUNK = 2048  # output rows packed at a time: the candidate forms of a 150k-row head would not fit memory
@@ -141,8 +144,8 @@ def kernel_linear(rows: torch.Tensor, packed: Packed) -> torch.Tensor:
 def records_linear(rows: torch.Tensor, records: torch.Tensor, out_padded: int) -> torch.Tensor:
     rows = rows.contiguous()
     output = torch.empty(rows.shape[0], out_padded)
-    compiled_kernel().specdec_w8a32_linear(rows.data_ptr(), records.data_ptr(), output.data_ptr(), rows.shape[0],
-                                           out_padded, rows.shape[1])
+    native.library().specdec_w8a32_linear(rows.data_ptr(), records.data_ptr(), output.data_ptr(), rows.shape[0],
+                                          out_padded, rows.shape[1])
     return output
 
 
@@ -211,4 +214,4 @@ def check_kernel(out_features: int, in_features: int, seed: int = 0,
 
 
 def kernel_isa() -> str:
-    return compiled_kernel().specdec_w8a32_isa().decode()
+    return native.library().specdec_w8a32_isa().decode()

@@ -1,6 +1,6 @@
 // IEEE binary16 and bfloat16 <-> binary32 for the compiled kernels (int4_matmul.cpp's float16
-// scales, layer_ops.cpp's 16-bit keys and values): plain integer and float operations, the same bits
-// on every instruction-set path. Included by both; specdec/models/int4.py hashes it with them.
+// scales, attention.cpp's 16-bit keys and values): plain integer and float operations, the same bits
+// on every instruction-set path. Included by both; specdec/models/native.py hashes it with them.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,5 @@
-// int8 activations x 4-bit weights -> float32, for specdec's Int4Linear (specdec/models/int4.py).
+// int8 activations x 4-bit weights -> float32, for specdec's Int4Linear (specdec/models/int4.py; the
+// library: specdec/models/native.py).
 //
 // y[m, n] = xscale[m] * sum over groups g (in order) of
 //           (float(dot[m, n, g]) * scale[n, g] + min[n, g] * xsum[m, g])
@@ -21,9 +22,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "float16.h"
+#include "specdec_kernels.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -290,20 +291,13 @@ const char* specdec_int4_isa() {
 // y [M, N] = x [M, K] float32 rows, quantized here (quantize_rows), times the packed weights w
 // (N / 16 blocks of K / 32 records; N a multiple of 16, K of 32).
 void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
-  // Scratch kept per calling thread up to a verify block's size: a fresh vector each call zeroed
-  // (and, past glibc's mmap threshold, faulted in) megabytes per block; a long prefill's is freed.
-  thread_local std::vector<int8_t> kept_q;
-  thread_local std::vector<float> kept_sums, kept_scales;
-  std::vector<int8_t> long_q;
-  std::vector<float> long_sums, long_scales;
+  // Scratch kept per calling thread up to a verify block's size; a long prefill's is freed.
+  using specdec::Scratch, specdec::ScratchFor;
   const bool keep = M * K <= (int64_t(1) << 22);
-  std::vector<int8_t>& q = keep ? kept_q : long_q;
-  std::vector<float>& sums = keep ? kept_sums : long_sums;
-  std::vector<float>& scales = keep ? kept_scales : long_scales;
-  q.resize(std::max<size_t>(q.size(), M * K));
-  sums.resize(std::max<size_t>(sums.size(), M * (K / kGroup)));
-  scales.resize(std::max<size_t>(scales.size(), M));
-  quantize_rows(x, q.data(), sums.data(), scales.data(), M, K);
-  matmul(q.data(), sums.data(), scales.data(), w, y, M, N, K);
+  const Scratch<int8_t, ScratchFor::kInt4Activations> q(M * K, keep);
+  const Scratch<float, ScratchFor::kInt4GroupSums> sums(M * (K / kGroup), keep);
+  const Scratch<float, ScratchFor::kInt4RowScales> scales(M, keep);
+  quantize_rows(x, q.get(), sums.get(), scales.get(), M, K);
+  matmul(q.get(), sums.get(), scales.get(), w, y, M, N, K);
 }
 }

@@ -1,54 +1,14 @@
 // The decoder stack in one call: every layer of a forward whose layers all run compiled (FusedDecoderLayer)
 // and whose attention is all compiled (chains over their rows, per-query lists), with no Python between
-// layers (specdec/models/layer_stack.py). Each layer makes exactly the calls the per-layer path makes, in
-// the same order and on the same buffers' contents, so its bits are the per-layer path's.
+// layers (specdec/models/layer_stack.py; the layers' StackLayer is in specdec_kernels.h). Each layer makes
+// exactly the calls the per-layer path makes, in the same order and on the same buffers' contents, so its
+// bits are the per-layer path's.
 #include <cstdint>
 #include <cstring>
 
+#include "specdec_kernels.h"
+
 extern "C" {
-void specdec_layer_qkv(int64_t format, const float* x, const float* norm_weight, float eps, const uint8_t* w,
-                       const float* bias, const float* q_norm, const float* k_norm, int64_t q_norm_size,
-                       int64_t k_norm_size, const float* cos, const float* sin, float* qkv, int64_t M, int64_t N,
-                       int64_t K, int64_t width, int64_t heads, int64_t kv_heads, int64_t d, int64_t rotary);
-void specdec_layer_mlp(int64_t format, const float* x, const float* attended, const uint8_t* o_w, const float* o_bias,
-                       const float* o_norm, const float* norm_weight, float eps, const uint8_t* gate_up_w,
-                       const float* gate_up_bias, const uint8_t* down_w, const float* down_bias, const float* down_norm,
-                       int64_t activation, float* out, int64_t M, int64_t hidden, int64_t attn_width, int64_t inter,
-                       int64_t hidden_padded, int64_t gate_up_padded);
-void specdec_attend(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
-                    int64_t row_stride, int64_t head_stride, const int64_t* tokens, const int64_t* rows,
-                    const int64_t* slots, const int64_t* counts, int64_t slots_stride, int64_t queries, int64_t heads,
-                    int64_t kv_heads, int64_t d, float scale, float* out, int64_t kv_format, float softcap);
-void specdec_attend_chain(const float* q, const float* k, const float* v, int64_t q_stride, void* keys, void* values,
-                          int64_t row_base, int64_t head_stride, const int64_t* list, int64_t committed, int64_t first,
-                          int64_t count, int64_t heads, int64_t kv_heads, int64_t d, float scale, float* out,
-                          int64_t kv_format, float softcap);
-
-// One layer's weights and shapes, set once at load (layer_stack.StackLayer: every field 8 bytes).
-struct StackLayer {
-  int64_t format;
-  const float* input_norm;  // null: no input norm
-  const uint8_t* qkv_w;
-  const float* qkv_bias;
-  const float* q_norm;
-  const float* k_norm;
-  int64_t q_norm_size, k_norm_size, qkv_padded, qkv_width, qkv_in;
-  int64_t heads, kv_heads, d, rotary;
-  int64_t rope_table;  // which of the forward's cos/sin tables, -1: no RoPE
-  int64_t query_list;  // which of the forward's query lists (its attention window's)
-  const uint8_t* o_w;
-  const float* o_bias;
-  const float* o_norm;
-  const float* post_norm;  // the MLP's input norm
-  const uint8_t* gate_up_w;
-  const float* gate_up_bias;
-  const uint8_t* down_w;
-  const float* down_bias;
-  const float* down_norm;
-  int64_t activation, inter, hidden_padded, gate_up_padded;
-  double eps, scale, softcap;
-};
-
 // x [M, hidden] in place: through every layer. cos, sin [tables, M, rope_width]; keys[l], values[l]: layer
 // l's cache; chains [num_chains, 4]: (first token, count, committed, row base) with chain_slots[c] the row's
 // slots; query list j: tokens, rows, slots (slots_stride apart), counts, queries; hidden_at[l] >= 0: copy

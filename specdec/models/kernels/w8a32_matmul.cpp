@@ -1,4 +1,5 @@
-// float32 activations x 8-bit weight groups -> float32, for specdec's W8A32Linear (specdec/models/w8a32.py).
+// float32 activations x 8-bit weight groups -> float32, for specdec's W8A32Linear (specdec/models/w8a32.py;
+// the library: specdec/models/native.py).
 //
 // A weight is scale * q + min per group of 32 inputs (q int8; scale and min float32, per output and
 // group). That holds a 4- or 8-bit GGUF's weights (Q4_0, Q4_1, Q8_0) exactly, so the model then
@@ -19,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "specdec_kernels.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
