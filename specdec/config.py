@@ -279,7 +279,7 @@ def check(config: SpeculationConfig) -> None:
     if config.tree and not any(part in TREE_KINDS for part in base_kinds(kind)):
         raise ValueError(f"--tree does not apply to --drafter {kind}: it turns one of {', '.join(TREE_KINDS)} "
                          "into its tree (auto drafts chains)")
-    if config.policy == AUTO and kind != AUTO:
+    if config.policy == AUTO and kind not in (AUTO, GIVEN):  # (a drafter object may choose its own lengths)
         raise ValueError(f"--policy {AUTO} is the auto drafter's own (it chooses each step's draft and length); "
                          f"give --drafter {AUTO}, or another --policy for --drafter {kind}")
     if kind == AUTO and config.policy not in (None, AUTO):

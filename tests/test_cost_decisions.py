@@ -216,7 +216,7 @@ def test_one_cost_model_per_engine(tiny_pair):
     target = load(tiny_pair["target"], dtype="float64")
     decoder = SpeculativeDecoder(target, "auto")
     assert decoder.engine.costs is decoder.drafter.costs
-    with pytest.raises(ValueError, match="does not apply to the auto drafter"):
+    with pytest.raises(ValueError, match="does not apply to --drafter auto"):
         SpeculativeDecoder(target, "auto", policy="cost")
     with pytest.raises(ValueError, match="different cost models"):
         SpeculativeDecoder(target, AutoDrafter({"ngram": NGramDrafter(3)}, ("ngram",)), costs=CostModel())
