@@ -28,16 +28,17 @@ def _saturating_case(out_features: int, in_features: int, rows: int, seed: int):
     return weight, x
 
 
-@pytest.mark.parametrize("shape", [(16, 32), (40, 96), (512, 1536)])
+@pytest.mark.parametrize("shape", [(16, 32), (40, 96), (512, 1536), (48, 576)])
 def test_the_kernel_returns_the_references_bits_on_saturation_prone_inputs(shape):
     """Every integer dot at its largest (127 x 15 x 32 a group) and the float sum in the
     kernel's order: the same bits as reference_matmul, and close to the float product.
-    Mutation checked: summing a group into the AVX-512 accumulator as (acc + p1) + p2 instead of
-    acc + (p1 + p2) fails this test and four others."""
+    Shapes with super-blocks of 8 groups, a short last one (96: 3 groups; 1568: 6 + 1 + ... ).
+    Mutation checked: summing a super-block into the AVX-512 accumulator as (acc + t1) - t2 instead
+    of acc + (t1 - t2) fails this test and others."""
     weight, x = _saturating_case(*shape, rows=5, seed=0)
-    records, q, scale, minimum = pack_weight(weight)
-    got = kernel_linear(x, records, q.shape[0])
-    assert torch.equal(got, int4.reference_matmul(*quantize_rows(x), q, scale, minimum))
+    packed = pack_weight(weight)
+    got = kernel_linear(x, packed.records, packed.q.shape[0])
+    assert torch.equal(got, int4.reference_matmul(*quantize_rows(x), packed))
     exact = (x.double() @ weight.double().t()).float()
     error = (got[:, : shape[0]] - exact).norm() / exact.norm()
     assert error < 0.1, error  # 4-bit groups of 32: a few percent on random weights
@@ -48,13 +49,14 @@ BLOCK_SIZES = range(1, 34)  # every verify block up to 32 tokens, and one past t
 
 def test_a_row_gets_the_same_bits_in_any_block():
     weight, x = _saturating_case(48, 64, rows=max(BLOCK_SIZES), seed=1)
-    records, q, scale, minimum = pack_weight(weight)
-    block = kernel_linear(x, records, q.shape[0])
-    assert torch.equal(block, int4.reference_matmul(*quantize_rows(x), q, scale, minimum))
+    packed = pack_weight(weight)
+    records, outputs = packed.records, packed.q.shape[0]
+    block = kernel_linear(x, records, outputs)
+    assert torch.equal(block, int4.reference_matmul(*quantize_rows(x), packed))
     for start, stop in ((0, 1), (3, 8), (5, 19), (18, 19), (7, 33)):
-        assert torch.equal(kernel_linear(x[start:stop], records, q.shape[0]), block[start:stop])
+        assert torch.equal(kernel_linear(x[start:stop], records, outputs), block[start:stop])
     for rows in BLOCK_SIZES:  # every block size: its rows tiled one way (20 = 10 + 10), alone another
-        assert torch.equal(kernel_linear(x[:rows], records, q.shape[0]), block[:rows]), rows
+        assert torch.equal(kernel_linear(x[:rows], records, outputs), block[:rows]), rows
 
 
 @pytest.mark.parametrize("rows", [257, 600])
@@ -64,21 +66,28 @@ def test_a_long_prompts_rows_go_through_in_panels_with_their_bits(rows):
     256 with tiles of 16; 600 rows: tiles of 15 and 16 around them) included. Mutation checked:
     panels that skip a tile between them leave rows unwritten, and fail it."""
     weight, x = _saturating_case(48, 64, rows=rows, seed=rows)
-    records, q, scale, minimum = pack_weight(weight)
-    block = kernel_linear(x, records, q.shape[0])
-    assert torch.equal(block, int4.reference_matmul(*quantize_rows(x), q, scale, minimum))
+    packed = pack_weight(weight)
+    records, outputs = packed.records, packed.q.shape[0]
+    block = kernel_linear(x, records, outputs)
+    assert torch.equal(block, int4.reference_matmul(*quantize_rows(x), packed))
     for start in (0, 200, 250, 255, 256, rows - 1):
-        assert torch.equal(kernel_linear(x[start:start + 1], records, q.shape[0]), block[start:start + 1])
+        assert torch.equal(kernel_linear(x[start:start + 1], records, outputs), block[start:start + 1])
 
 
-def test_packing_round_trips_the_weights_within_half_a_step():
-    weight = torch.randn(20, 64)
-    _, q, scale, minimum = pack_weight(weight)
-    grouped = q.float().reshape(q.shape[0], -1, GROUP) * scale[..., None] + minimum[..., None]
-    dequantized = grouped.reshape(q.shape[0], -1)
-    assert q.shape[0] == 32 and torch.all(dequantized[20:] == 0)  # outputs padded to blocks of 16 with zeros
-    step = scale.repeat_interleave(GROUP, dim=1)[:20]
-    assert torch.all((dequantized[:20] - weight).abs() <= step * 0.5 + 1e-3 * weight.abs().max())
+@pytest.mark.parametrize("in_features", [64, 320])  # one short super-block; one full and a short one
+def test_packing_round_trips_the_weights_within_half_a_step(in_features):
+    """Every weight within half its group's step of the original: the integer sub-scales and
+    sub-mins, rounded up to whole steps of the super-block's float16 ones, cover each group's range
+    (nothing clipped), the groups' ranges differing by up to 1000x within a super-block."""
+    weight = torch.randn(20, in_features) * 10 ** -(3 * torch.rand(20, in_features // GROUP, 1)).repeat_interleave(
+        GROUP, dim=2).reshape(20, in_features)
+    packed = pack_weight(weight)
+    dequantized = packed.dequantized()
+    assert packed.q.shape[0] == 32 and torch.all(dequantized[20:] == 0)  # outputs padded to blocks of 16 with zeros
+    steps = packed.sub_scales.float() * packed.scale.repeat_interleave(int4.SUPER, dim=1)[:, :in_features // GROUP]
+    step = steps.repeat_interleave(GROUP, dim=1)[:20]
+    assert torch.all((dequantized[:20] - weight).abs() <= step * 0.5 * (1 + 1e-5))
+    assert packed.records.shape == (2, in_features // GROUP * 288 + -(-in_features // 256) * 64)  # 4.625 bits
 
 
 def test_int4_linear_matches_the_float_linear_closely():
@@ -95,9 +104,9 @@ def test_int4_linear_matches_the_float_linear_closely():
 # the comparison across builds.
 EVERY_BLOCK_SIZE = (
     "import sys, torch; from specdec.models import int4; w, x = torch.load(sys.argv[2]); "
-    "x = torch.cat([x] * 4)[:33]; r, q, s, m = int4.pack_weight(w); n = q.shape[0]; "
+    "x = torch.cat([x] * 4)[:33]; p = int4.pack_weight(w); r, n = p.records, p.q.shape[0]; "
     "full = int4.kernel_linear(x, r, n); "
-    "assert torch.equal(full, int4.reference_matmul(*int4.quantize_rows(x), q, s, m)); "
+    "assert torch.equal(full, int4.reference_matmul(*int4.quantize_rows(x), p)); "
     "sizes = [k for k in range(1, 34) if not torch.equal(int4.kernel_linear(x[:k], r, n), full[:k])]; "
     "alone = torch.cat([int4.kernel_linear(x[i:i + 1], r, n) for i in range(33)]); "
     "torch.save((int4.kernel_isa(), full, sizes, torch.equal(alone, full)), sys.argv[1])"

@@ -4,6 +4,8 @@ verify blocks, trees, ragged batches, a head's hidden layers), for each family's
 int4 and w8a32; forwards that need SDPA's masks take the per-layer path; the check at load refuses
 a stack that differs."""
 
+import re
+
 import pytest
 import torch
 from test_families import FAMILY_SETTINGS, save_family
@@ -97,7 +99,8 @@ def test_the_load_time_check_passes_here_and_refuses_a_wrong_or_idle_stack(monke
         return stacked
 
     monkeypatch.setattr(LayerStack, "__call__", one_ulp_off)
-    assert check_stack(format) == "forward 1: logits differ from the layers one by one"
+    # (an ulp in the last hidden state may vanish in int4's rounding of the head's input: the next forward catches it)
+    assert re.fullmatch(r"forward \d: logits differ from the layers one by one", check_stack(format) or "")
     monkeypatch.setattr(LayerStack, "__call__", lambda self, *arguments: None)
     assert check_stack(format) == "the one call declined forward 1 of 4"
 

@@ -58,5 +58,5 @@ def test_the_library_and_its_checks_carry_their_names(tmp_path, monkeypatch):
     checks = (tmp_path / "kernel-checks.json").read_text()
     assert f"{native.library_key()}:32x64" in checks
     rows = torch.randn(3, 64)
-    records = int4.pack_weight(torch.randn(32, 64))[0]
+    records = int4.pack_weight(torch.randn(32, 64)).records
     assert torch.equal(int4.kernel_linear(rows, records, 32)[1:2], int4.kernel_linear(rows[1:2], records, 32))

@@ -98,6 +98,8 @@ def test_requests_preempted_when_the_pool_runs_dry_get_the_text_they_get_alone(t
     request's tokens are what it gets alone (greedy and seeded). Mutation checked: resuming
     without feeding the generated tokens again (Engine.refill stopping at the prompt) fails it."""
     scheduler, alone = scheduler_with_pool(tiny_pair, pool_tokens=7 * BLOCK_SIZE, max_batch=6, prefix_rows=0)
+    # Every request runs its 50 tokens, whatever it samples: no early end token leaves the pool room.
+    scheduler.engine.target.eos_token_ids = ()
     prompts = [[(7 * i + 3 * k) % 90 + 3 for i in range(20 + 9 * k)] for k in range(6)]
     samplings = [SamplingParams(max_new_tokens=50, temperature=temperature, seed=k) for k in range(6)]
     preempted = []  # running requests preempted, or prefilling ones deferred (the youngest goes, either way)

@@ -6,6 +6,8 @@ best of 7 per source. Both kernels' outputs are compared: equal bits, or the lar
 
     python benchmarks/cpu/int4_kernel_ab.py [--base REV] [--rows 1,2,4,8,12,16,32] [--layers 4]
         [--out FILE.json]
+Both sources must read the same records: revisions before the 4.625-bit records (super-blocks
+of 8 groups) read 5-bit ones, so compare those with benchmarks/compare_checkouts.sh instead.
 """
 
 import argparse
@@ -56,7 +58,8 @@ def main() -> None:
                 (Path(folder) / header.name).write_bytes(text)
         kernels = {"base": build(base, Path(folder), "base"), "tree": build(SOURCE, Path(folder), "tree")}
         torch.manual_seed(0)
-        weights = [(int4.pack_weight(torch.randn(n, k) * 0.02)[0], n, k) for n, k in SHAPES for _ in range(args.layers)]
+        weights = [(int4.pack_weight(torch.randn(n, k) * 0.02).records, n, k)
+                   for n, k in SHAPES for _ in range(args.layers)]
         rows_table = []
         for rows in [int(r) for r in args.rows.split(",")]:
             inputs = [torch.randn(rows, k) for _, _, k in weights]

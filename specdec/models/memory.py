@@ -3,7 +3,7 @@ in the asked precision is refused up front, with one line naming the size it nee
 fits, never left to an out-of-memory kill halfway through a load.
 
 The figures are estimates from the config (parameters by kind, bytes a parameter in each precision,
-as packed: int4's 5 bits with its group scales, w8a32's 10, int8's 8), with a margin for the
+as packed: int4's 4.625 bits with its group and super-block scales, w8a32's 10, int8's 8), with a margin for the
 runtime; a packed model read from disk needs only its packed bytes, packing it the first time also
 one part's float32 weights (the output head, usually the largest)."""
 
@@ -15,7 +15,7 @@ from specdec.machine import available_memory
 
 # Bytes a weight of a linear takes in each precision, scales included (int4: 4-bit q, float16 scale
 # and min per 32 inputs; w8a32: 8-bit q, float32 scale and min per 32; int8: a scale per row).
-LINEAR_BYTES = {None: 4.0, "int4": 0.625, "w8a32": 1.25, "int8": 1.0}
+LINEAR_BYTES = {None: 4.0, "int4": 0.578125, "w8a32": 1.25, "int8": 1.0}
 RUNTIME_BYTES = 600 << 20  # torch, the tokenizer and the first forward's scratch, measured ~0.5 GB
 MARGIN = 1.1
 

@@ -1,23 +1,26 @@
 // int8 activations x 4-bit weights -> float32, for specdec's Int4Linear (specdec/models/int4.py; the
 // library: specdec/models/native.py).
 //
-// y[m, n] = xscale[m] * sum over groups g (in order) of
-//           (float(dot[m, n, g]) * scale[n, g] + min[n, g] * xsum[m, g])
-// where dot is the exact integer dot product of the row's int8 activations with the 4-bit weights
-// (0..15) of group g (32 inputs), xsum the sum of the row's activations in the group, and every
-// float operation is one IEEE float32 multiply or add in exactly this order (compiled with
-// -ffp-contract=off): specdec.models.int4.reference_matmul computes the same bits with torch.
-// One fused multiply-add is written out where it cannot change a bit: min * xsum is exact in
-// float32 (a float16's 11 significant bits times an integer below 2^12: at most 23 bits), so
-// fma(min, xsum, p1) rounds once, exactly as p1 + (min * xsum) does, with one instruction fewer.
-// Each row is computed alone by the same instructions whatever else is in the call, so a token
-// scores the same inside a verify block as alone.
+// Weights w ~ d[n, s] * sc[n, g] * q - dmin[n, s] * mn[n, g]: 4-bit codes q (0..15) in groups g of 32
+// inputs, each group's scale and min as 8-bit integers sc, mn under a float16 scale d, dmin per
+// super-block s of 8 groups (256 inputs; the last may be shorter): 4.625 bits a weight.
 //
-// Weights (specdec.models.int4.pack_weight): column blocks of 16 outputs; per (block, group) a record of 320 bytes: 4 steps of 64
-// bytes (step s: byte 4c + j holds column c's weight for input 8s + j in its low nibble and for
-// input 8s + 4 + j in its high nibble), then 16 float16 scales, then 16 float16 mins.
-// Integer products: u8 weight x s8 activation, at most 15 x 127 x 2 per pair: no saturation even
-// on AVX2's int16 pair sums (vpmaddubsw).
+// y[m, n] = xscale[m] * sum over super-blocks s (in order) of
+//           (float(isum[m, n, s]) * d[n, s] - float(msum[m, n, s]) * dmin[n, s])
+// isum = sum over the super-block's groups of sc[n, g] * dot[m, n, g], msum = sum of mn[n, g] * xsum[m, g]:
+// dot is the exact integer dot product of the row's int8 activations with the group's codes, xsum
+// the sum of the row's activations in the group; both sums are exact in int32 (|isum| <= 8 x 255 x
+// 15 x 127 x 32 < 2^27). Every float operation is one IEEE float32 multiply, subtract or add in
+// exactly this order (compiled with -ffp-contract=off): specdec.models.int4.reference_matmul
+// computes the same bits with torch. Each row is computed alone by the same instructions whatever
+// else is in the call, so a token scores the same inside a verify block as alone.
+//
+// Weights (specdec.models.int4.pack_weight): column blocks of 16 outputs; per (block, super-block),
+// for each group 288 bytes: 4 steps of 64 bytes (step s: byte 4c + j holds column c's code for input
+// 8s + j in its low nibble and for input 8s + 4 + j in its high nibble), then the 16 columns'
+// sub-scales sc and sub-mins mn (a byte each); after the super-block's groups, its 16 float16 d and
+// 16 float16 dmin. Integer products: u8 code x s8 activation, at most 15 x 127 x 2 per pair: no
+// saturation even on AVX2's int16 pair sums (vpmaddubsw).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,18 +33,23 @@
 #endif
 
 namespace {
-constexpr int kCols = 16, kGroup = 32, kRecord = 320;
+constexpr int kCols = 16, kGroup = 32, kSuper = 8;
+// A group's bytes (256 of 4-bit codes, 16 sub-scales, 16 sub-mins) and a super-block's tail (16
+// float16 scales, 16 float16 min scales).
+constexpr int kGroupBytes = 288, kTailBytes = 64;
 // Software prefetch distance in bytes (8 groups ahead). Why: a block's records span several 4 KiB
 // pages and the hardware prefetchers stop at page boundaries; once a verify block of 8 rows makes
 // the kernel compute-bound, each such miss stalled it (VNNI, 1.5B int4, 8 rows: 62 -> 44 ms of
 // matmuls a step, benchmarks/cpu/roofline.py).
-constexpr int kAhead = 8 * kRecord;
+constexpr int kAhead = 8 * kGroupBytes;
+
+// The bytes of one column block's records over K inputs: every group's, and a tail per super-block.
+inline int64_t block_bytes(int64_t groups) { return groups * kGroupBytes + (groups + kSuper - 1) / kSuper * kTailBytes; }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// 16 rows a tile, so that a verify block of up to 16 tokens unpacks each weight once. The rows'
-// float sums (accf) stay in registers; past 8 rows their integer dots run 4 rows at a time, two
-// chains a row (low and high nibbles), so that 8 independent vpdpbusd chains hide the
-// instruction's latency without 16 rows' chains in registers at once.
+// 16 rows a tile, so that a verify block of up to 16 tokens unpacks each weight once. Past 8 rows
+// the integer dots run 4 rows at a time, two chains a row (low and high nibbles), so that 8
+// independent vpdpbusd chains hide the instruction's latency without 16 rows' chains in registers.
 constexpr int kRows = 16;
 constexpr int kQuad = 4;
 // acc + the 16 u8 x s8 dot products of 4 bytes: w's in each 32-bit lane with the 4 bytes at x in
@@ -52,58 +60,72 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* x) {
   return acc;
 }
 template <int rows>
-void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 accf[rows];
   for (int r = 0; r < rows; ++r) accf[r] = _mm512_setzero_ps();
-  const uint8_t* record = w + block * groups * kRecord;
+  const uint8_t* record = w + block * block_bytes(groups);
   const int8_t* xg = x;
-  for (int64_t g = 0; g < groups; ++g, record += kRecord, xg += rows * kGroup) {
-    for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + kAhead + line, _MM_HINT_T0);
-    __m512i low[4], high[4];
-    for (int s = 0; s < 4; ++s) {
-      const __m512i packed = _mm512_loadu_si512(record + 64 * s);
-      low[s] = _mm512_and_si512(packed, nibble);
-      high[s] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-    }
-    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 256)));
-    const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 288)));
-    if constexpr (rows <= 8) {  // one chain a row, all rows in flight: what measured fastest up to 8
-      __m512i acci[rows];
-      for (int r = 0; r < rows; ++r) acci[r] = _mm512_setzero_si512();
-      for (int s = 0; s < 4; ++s)
-        for (int r = 0; r < rows; ++r) {
-          const int8_t* xs = xg + r * kGroup + 8 * s;
-          int32_t x0, x1;
-          std::memcpy(&x0, xs, 4);
-          std::memcpy(&x1, xs + 4, 4);
-          acci[r] = _mm512_dpbusd_epi32(acci[r], low[s], _mm512_set1_epi32(x0));
-          acci[r] = _mm512_dpbusd_epi32(acci[r], high[s], _mm512_set1_epi32(x1));
-        }
-      for (int r = 0; r < rows; ++r) {
-        const __m512 p1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acci[r]), scale);
-        accf[r] = _mm512_add_ps(accf[r], _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[g * rows + r]), p1));
+  for (int64_t first = 0; first < groups; first += kSuper) {
+    const int count = int(std::min<int64_t>(kSuper, groups - first));
+    const uint8_t* super_block = record;
+    __m512i isum[rows];  // the super-block's sum of sub-scale x dot, exact in int32
+    for (int r = 0; r < rows; ++r) isum[r] = _mm512_setzero_si512();
+    for (int g = 0; g < count; ++g, record += kGroupBytes, xg += rows * kGroup) {
+      for (int line = 0; line < kGroupBytes; line += 64) _mm_prefetch((const char*)record + kAhead + line, _MM_HINT_T0);
+      __m512i low[4], high[4];
+      for (int s = 0; s < 4; ++s) {
+        const __m512i packed = _mm512_loadu_si512(record + 64 * s);
+        low[s] = _mm512_and_si512(packed, nibble);
+        high[s] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
       }
-      continue;
-    }
+      const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(record + 256)));
+      if constexpr (rows <= 8) {  // one chain a row, all rows in flight: what measured fastest up to 8
+        __m512i acci[rows];
+        for (int r = 0; r < rows; ++r) acci[r] = _mm512_setzero_si512();
+        for (int s = 0; s < 4; ++s)
+          for (int r = 0; r < rows; ++r) {
+            const int8_t* xs = xg + r * kGroup + 8 * s;
+            int32_t x0, x1;
+            std::memcpy(&x0, xs, 4);
+            std::memcpy(&x1, xs + 4, 4);
+            acci[r] = _mm512_dpbusd_epi32(acci[r], low[s], _mm512_set1_epi32(x0));
+            acci[r] = _mm512_dpbusd_epi32(acci[r], high[s], _mm512_set1_epi32(x1));
+          }
+        for (int r = 0; r < rows; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(acci[r], scale));
+      } else {
 #pragma GCC unroll 4
-    for (int r0 = 0; r0 < rows; r0 += kQuad) {
-      const int n = rows - r0 < kQuad ? rows - r0 : kQuad;
-      __m512i lo[kQuad], hi[kQuad];
-      for (int j = 0; j < n; ++j) lo[j] = hi[j] = _mm512_setzero_si512();
-      for (int s = 0; s < 4; ++s)
-        for (int j = 0; j < n; ++j) {
-          const int8_t* xs = xg + (r0 + j) * kGroup + 8 * s;
-          lo[j] = dpbusd_broadcast(lo[j], low[s], xs);
-          hi[j] = dpbusd_broadcast(hi[j], high[s], xs + 4);
+        for (int r0 = 0; r0 < rows; r0 += kQuad) {
+          const int n = rows - r0 < kQuad ? rows - r0 : kQuad;
+          __m512i lo[kQuad], hi[kQuad];
+          for (int j = 0; j < n; ++j) lo[j] = hi[j] = _mm512_setzero_si512();
+          for (int s = 0; s < 4; ++s)
+            for (int j = 0; j < n; ++j) {
+              const int8_t* xs = xg + (r0 + j) * kGroup + 8 * s;
+              lo[j] = dpbusd_broadcast(lo[j], low[s], xs);
+              hi[j] = dpbusd_broadcast(hi[j], high[s], xs + 4);
+            }
+          for (int j = 0; j < n; ++j)
+            isum[r0 + j] = _mm512_add_epi32(isum[r0 + j], _mm512_mullo_epi32(_mm512_add_epi32(lo[j], hi[j]), scale));
         }
-      for (int j = 0; j < n; ++j) {
-        const int r = r0 + j;
-        const __m512 p1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo[j], hi[j])), scale);
-        accf[r] = _mm512_add_ps(accf[r], _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[g * rows + r]), p1));
       }
+    }
+    // The mins' side once a super-block: sum of sub-min x the row's group sums (exact in int32),
+    // the sub-mins read again from the records just streamed (in L1).
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)record));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 32)));
+    record += kTailBytes;
+    for (int r = 0; r < rows; ++r) {
+      __m512i msum = _mm512_setzero_si512();
+      for (int g = 0; g < count; ++g) {
+        const __m512i mins = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(super_block + g * kGroupBytes + 272)));
+        msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(mins, _mm512_set1_epi32(xsum[(first + g) * rows + r])));
+      }
+      const __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
+      const __m512 t2 = _mm512_mul_ps(_mm512_cvtepi32_ps(msum), dmin);
+      accf[r] = _mm512_add_ps(accf[r], _mm512_sub_ps(t1, t2));
     }
   }
   for (int r = 0; r < rows; ++r)
@@ -115,51 +137,64 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
 // 59.3 ms, T(8) 104 vs 117; docs/benchmarks/archive/cpu/flat-blocks-epyc-vnni).
 constexpr int kRows = 4;
 template <int rows>
-void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 accf[rows][2];  // a ymm register holds 8 of the block's 16 columns: two halves
   for (int r = 0; r < rows; ++r) accf[r][0] = accf[r][1] = _mm256_setzero_ps();
-  const uint8_t* record = w + block * groups * kRecord;
-  for (int64_t g = 0; g < groups; ++g, record += kRecord) {
-    for (int line = 0; line < kRecord; line += 64) _mm_prefetch((const char*)record + kAhead + line, _MM_HINT_T0);
-    // Each int16 lane sums 8 pair sums of the group: at most 16 x 15 x 127 = 30480 < 2^15, so
-    // the lanes are exact in int16 and widen to int32 once per group (one vpmaddwd, not eight).
-    __m256i acc16[rows][2];
-    for (int r = 0; r < rows; ++r) acc16[r][0] = acc16[r][1] = _mm256_setzero_si256();
-    for (int s = 0; s < 4; ++s) {
-      __m256i low[2], high[2];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i packed = _mm256_loadu_si256((const __m256i*)(record + 64 * s + 32 * h));
-        low[h] = _mm256_and_si256(packed, nibble);
-        high[h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+  const uint8_t* record = w + block * block_bytes(groups);
+  for (int64_t first = 0; first < groups; first += kSuper) {
+    const int count = int(std::min<int64_t>(kSuper, groups - first));
+    const uint8_t* super_block = record;
+    __m256i isum[rows][2];
+    for (int r = 0; r < rows; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
+    for (int g = 0; g < count; ++g, record += kGroupBytes) {
+      for (int line = 0; line < kGroupBytes; line += 64) _mm_prefetch((const char*)record + kAhead + line, _MM_HINT_T0);
+      // Each int16 lane sums 8 pair sums of the group: at most 16 x 15 x 127 = 30480 < 2^15, so
+      // the lanes are exact in int16; one vpmaddwd with the sub-scale in both halves of a column's
+      // 32-bit lane multiplies and widens them (at most 2 x 30480 x 255 < 2^31).
+      __m256i acc16[rows][2];
+      for (int r = 0; r < rows; ++r) acc16[r][0] = acc16[r][1] = _mm256_setzero_si256();
+      for (int s = 0; s < 4; ++s) {
+        __m256i low[2], high[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i packed = _mm256_loadu_si256((const __m256i*)(record + 64 * s + 32 * h));
+          low[h] = _mm256_and_si256(packed, nibble);
+          high[h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+        }
+        for (int r = 0; r < rows; ++r) {
+          const int8_t* xs = x + ((first + g) * rows + r) * kGroup + 8 * s;
+          int32_t x0, x1;
+          std::memcpy(&x0, xs, 4);
+          std::memcpy(&x1, xs + 4, 4);
+          const __m256i x0s = _mm256_set1_epi32(x0), x1s = _mm256_set1_epi32(x1);
+          for (int h = 0; h < 2; ++h)
+            acc16[r][h] = _mm256_add_epi16(
+                acc16[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], x0s), _mm256_maddubs_epi16(high[h], x1s)));
+        }
       }
-      for (int r = 0; r < rows; ++r) {
-        const int8_t* xs = x + (g * rows + r) * kGroup + 8 * s;
-        int32_t x0, x1;
-        std::memcpy(&x0, xs, 4);
-        std::memcpy(&x1, xs + 4, 4);
-        const __m256i x0s = _mm256_set1_epi32(x0), x1s = _mm256_set1_epi32(x1);
-        for (int h = 0; h < 2; ++h)
-          acc16[r][h] = _mm256_add_epi16(
-              acc16[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], x0s), _mm256_maddubs_epi16(high[h], x1s)));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(record + 256 + 8 * h)));
+        const __m256i scale_pairs = _mm256_or_si256(scale, _mm256_slli_epi32(scale, 16));
+        for (int r = 0; r < rows; ++r) isum[r][h] = _mm256_add_epi32(isum[r][h], _mm256_madd_epi16(acc16[r][h], scale_pairs));
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 256 + 16 * h)));
-      const __m256 mins = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 288 + 16 * h)));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 16 * h)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 32 + 16 * h)));
       for (int r = 0; r < rows; ++r) {
-        const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc16[r][h], ones)), scale);
-#if defined(__FMA__)
-        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_fmadd_ps(mins, _mm256_set1_ps(xsum[g * rows + r]), p1));
-#else
-        const __m256 p2 = _mm256_mul_ps(mins, _mm256_set1_ps(xsum[g * rows + r]));
-        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_add_ps(p1, p2));
-#endif
+        __m256i msum = _mm256_setzero_si256();
+        for (int g = 0; g < count; ++g) {
+          const __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(super_block + g * kGroupBytes + 272 + 8 * h)));
+          msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(mins, _mm256_set1_epi32(xsum[(first + g) * rows + r])));
+        }
+        const __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][h]), d);
+        const __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(msum), dmin);
+        accf[r][h] = _mm256_add_ps(accf[r][h], _mm256_sub_ps(t1, t2));
       }
     }
+    record += kTailBytes;
   }
   for (int r = 0; r < rows; ++r)
     for (int h = 0; h < 2; ++h)
@@ -169,27 +204,34 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
 constexpr int kRows = 1;
 using specdec16::half_to_float;
 template <int rows>
-void block_rows(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < kCols; ++c) {
       float accf = 0.0f;
-      const uint8_t* record = w + block * groups * kRecord;
-      for (int64_t g = 0; g < groups; ++g, record += kRecord) {
-        int32_t dot = 0;
-        for (int s = 0; s < 4; ++s)
-          for (int j = 0; j < 4; ++j) {
-            const uint8_t byte = record[64 * s + 4 * c + j];
-            const int8_t* xs = x + (g * rows + r) * kGroup + 8 * s;
-            dot += int32_t(byte & 0x0F) * xs[j] + int32_t(byte >> 4) * xs[4 + j];
-          }
-        uint16_t scale_bits, min_bits;
-        std::memcpy(&scale_bits, record + 256 + 2 * c, 2);
-        std::memcpy(&min_bits, record + 288 + 2 * c, 2);
-        const float p1 = float(dot) * half_to_float(scale_bits);
-        const float p2 = half_to_float(min_bits) * xsum[g * rows + r];
-        accf = accf + (p1 + p2);
+      const uint8_t* record = w + block * block_bytes(groups);
+      for (int64_t first = 0; first < groups; first += kSuper) {
+        const int count = int(std::min<int64_t>(kSuper, groups - first));
+        int32_t isum = 0, msum = 0;
+        for (int g = 0; g < count; ++g, record += kGroupBytes) {
+          int32_t dot = 0;
+          for (int s = 0; s < 4; ++s)
+            for (int j = 0; j < 4; ++j) {
+              const uint8_t byte = record[64 * s + 4 * c + j];
+              const int8_t* xs = x + ((first + g) * rows + r) * kGroup + 8 * s;
+              dot += int32_t(byte & 0x0F) * xs[j] + int32_t(byte >> 4) * xs[4 + j];
+            }
+          isum += int32_t(record[256 + c]) * dot;
+          msum += int32_t(record[272 + c]) * xsum[(first + g) * rows + r];
+        }
+        uint16_t d_bits, dmin_bits;
+        std::memcpy(&d_bits, record + 2 * c, 2);
+        std::memcpy(&dmin_bits, record + 32 + 2 * c, 2);
+        const float t1 = float(isum) * half_to_float(d_bits);
+        const float t2 = float(msum) * half_to_float(dmin_bits);
+        accf = accf + (t1 - t2);
+        record += kTailBytes;
       }
       y[r * N + block * kCols + c] = accf * xscale[r];
     }
@@ -198,7 +240,7 @@ void block_rows(const int8_t* x, const float* xsum, const float* xscale, const u
 #endif
 
 template <int rows>
-void rows_of_block(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+void rows_of_block(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
                    int left, int64_t N, int64_t K, int64_t block) {
   if constexpr (rows > 1) {
     if (left < rows) return rows_of_block<rows - 1>(x, xsum, xscale, w, y, left, N, K, block);
@@ -219,7 +261,7 @@ void tile_of(int64_t m, int64_t M, int64_t& start, int64_t& rows) {
 // Written tiled as block_rows reads them: the rows in tiles (tile_of), and within a tile group by group, the tile's rows' 32 values (and sums) side by side. Why: the
 // kernel then reads one sequential stream of activations, not one per row (measured: 5-7% of a
 // verify block's matmuls on VNNI at 8-16 rows).
-void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_t M, int64_t K) {
+void quantize_rows(const float* x, int8_t* q, int32_t* sums, float* scales, int64_t M, int64_t K) {
   const int64_t groups = K / kGroup;
   // Rows on both cores when there are several (a verify block): alone, this loop kept one core
   // waiting (measured: ~4% of a 16-token step). Each row's arithmetic is the same either way.
@@ -241,7 +283,7 @@ void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_
         into[k] = int8_t(value);
         sum += value;
       }
-      sums[tile * groups + g * rows + r] = float(sum);
+      sums[tile * groups + g * rows + r] = sum;
     }
   }
 }
@@ -254,9 +296,9 @@ void quantize_rows(const float* x, int8_t* q, float* sums, float* scales, int64_
 // VNNI): 0.144 ms a row at 256 rows, 0.156 at 1,257 and 0.168 at 4,096 in one pass.
 constexpr int64_t kPanelRows = 256;
 
-// x, xsum: M rows tiled (quantize_rows), xscale [M], w: N / 16 blocks of K / 32 records, y [M, N]
+// x, xsum: M rows tiled (quantize_rows), xscale [M], w: N / 16 column blocks (block_bytes each), y [M, N]
 // float32. N a multiple of 16, K of 32.
-void matmul(const int8_t* x, const float* xsum, const float* xscale, const uint8_t* w, float* y,
+void matmul(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
             int64_t M, int64_t N, int64_t K) {
   const int64_t blocks = N / kCols, groups = K / kGroup, panel_tiles = std::max<int64_t>(1, kPanelRows / kRows);
   for (int64_t first = 0, end = 0; first < M; first = end) {
@@ -289,13 +331,13 @@ const char* specdec_int4_isa() {
 }
 
 // y [M, N] = x [M, K] float32 rows, quantized here (quantize_rows), times the packed weights w
-// (N / 16 blocks of K / 32 records; N a multiple of 16, K of 32).
+// (N / 16 column blocks of block_bytes(K / 32) bytes; N a multiple of 16, K of 32).
 void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
   // Scratch kept per calling thread up to a verify block's size; a long prefill's is freed.
   using specdec::Scratch, specdec::ScratchFor;
   const bool keep = M * K <= (int64_t(1) << 22);
   const Scratch<int8_t, ScratchFor::kInt4Activations> q(M * K, keep);
-  const Scratch<float, ScratchFor::kInt4GroupSums> sums(M * (K / kGroup), keep);
+  const Scratch<int32_t, ScratchFor::kInt4GroupSums> sums(M * (K / kGroup), keep);
   const Scratch<float, ScratchFor::kInt4RowScales> scales(M, keep);
   quantize_rows(x, q.get(), sums.get(), scales.get(), M, K);
   matmul(q.get(), sums.get(), scales.get(), w, y, M, N, K);
