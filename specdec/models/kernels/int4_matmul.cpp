@@ -60,7 +60,7 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* x) {
   return acc;
 }
 template <int rows>
-void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
+void block_rows(const int8_t* x, const int16_t* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -113,15 +113,26 @@ void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const
       }
     }
     // The mins' side once a super-block: sum of sub-min x the row's group sums (exact in int32),
-    // the sub-mins read again from the records just streamed (in L1).
+    // two groups a vpdpwssd (the sub-mins of a pair of groups as int16 pairs in each column's lane,
+    // read again from the records just streamed, in L1; the row's two group sums side by side).
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)record));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(record + 32)));
     record += kTailBytes;
+    const int pairs = (count + 1) / 2;
+    __m512i min_pairs[kSuper / 2];
+    for (int j = 0; j < pairs; ++j) {
+      const uint8_t* even = super_block + 2 * j * kGroupBytes + 272;
+      const __m512i odd = 2 * j + 1 < count ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(even + kGroupBytes)))
+                                            : _mm512_setzero_si512();
+      min_pairs[j] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)even)), _mm512_slli_epi32(odd, 16));
+    }
+    const int16_t* pair_sums = xsum + first * rows;  // (first / 2) pairs of rows x 2 sums
     for (int r = 0; r < rows; ++r) {
       __m512i msum = _mm512_setzero_si512();
-      for (int g = 0; g < count; ++g) {
-        const __m512i mins = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(super_block + g * kGroupBytes + 272)));
-        msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(mins, _mm512_set1_epi32(xsum[(first + g) * rows + r])));
+      for (int j = 0; j < pairs; ++j) {
+        int32_t two;
+        std::memcpy(&two, pair_sums + (j * rows + r) * 2, 4);
+        msum = _mm512_dpwssd_epi32(msum, min_pairs[j], _mm512_set1_epi32(two));
       }
       const __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
       const __m512 t2 = _mm512_mul_ps(_mm512_cvtepi32_ps(msum), dmin);
@@ -137,7 +148,7 @@ void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const
 // 59.3 ms, T(8) 104 vs 117; docs/benchmarks/archive/cpu/flat-blocks-epyc-vnni).
 constexpr int kRows = 4;
 template <int rows>
-void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
+void block_rows(const int8_t* x, const int16_t* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
@@ -180,14 +191,25 @@ void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const
         for (int r = 0; r < rows; ++r) isum[r][h] = _mm256_add_epi32(isum[r][h], _mm256_madd_epi16(acc16[r][h], scale_pairs));
       }
     }
+    const int pairs = (count + 1) / 2;
+    const int16_t* pair_sums = xsum + first * rows;  // (first / 2) pairs of rows x 2 sums
     for (int h = 0; h < 2; ++h) {
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 16 * h)));
       const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(record + 32 + 16 * h)));
+      __m256i min_pairs[kSuper / 2];  // a pair of groups' sub-mins as int16 pairs in each column's lane
+      for (int j = 0; j < pairs; ++j) {
+        const uint8_t* even = super_block + 2 * j * kGroupBytes + 272 + 8 * h;
+        const __m256i odd = 2 * j + 1 < count ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(even + kGroupBytes)))
+                                              : _mm256_setzero_si256();
+        min_pairs[j] = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)even)),
+                                       _mm256_slli_epi32(odd, 16));
+      }
       for (int r = 0; r < rows; ++r) {
         __m256i msum = _mm256_setzero_si256();
-        for (int g = 0; g < count; ++g) {
-          const __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(super_block + g * kGroupBytes + 272 + 8 * h)));
-          msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(mins, _mm256_set1_epi32(xsum[(first + g) * rows + r])));
+        for (int j = 0; j < pairs; ++j) {
+          int32_t two;
+          std::memcpy(&two, pair_sums + (j * rows + r) * 2, 4);
+          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(min_pairs[j], _mm256_set1_epi32(two)));
         }
         const __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][h]), d);
         const __m256 t2 = _mm256_mul_ps(_mm256_cvtepi32_ps(msum), dmin);
@@ -204,7 +226,7 @@ void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const
 constexpr int kRows = 1;
 using specdec16::half_to_float;
 template <int rows>
-void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
+void block_rows(const int8_t* x, const int16_t* xsum, const float* xscale, const uint8_t* w, float* y,
                 int64_t N, int64_t K, int64_t block) {
   const int64_t groups = K / kGroup;
   for (int r = 0; r < rows; ++r) {
@@ -223,7 +245,7 @@ void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const
               dot += int32_t(byte & 0x0F) * xs[j] + int32_t(byte >> 4) * xs[4 + j];
             }
           isum += int32_t(record[256 + c]) * dot;
-          msum += int32_t(record[272 + c]) * xsum[(first + g) * rows + r];
+          msum += int32_t(record[272 + c]) * xsum[(((first + g) / 2) * rows + r) * 2 + (first + g) % 2];
         }
         uint16_t d_bits, dmin_bits;
         std::memcpy(&d_bits, record + 2 * c, 2);
@@ -240,7 +262,7 @@ void block_rows(const int8_t* x, const int32_t* xsum, const float* xscale, const
 #endif
 
 template <int rows>
-void rows_of_block(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
+void rows_of_block(const int8_t* x, const int16_t* xsum, const float* xscale, const uint8_t* w, float* y,
                    int left, int64_t N, int64_t K, int64_t block) {
   if constexpr (rows > 1) {
     if (left < rows) return rows_of_block<rows - 1>(x, xsum, xscale, w, y, left, N, K, block);
@@ -258,11 +280,13 @@ void tile_of(int64_t m, int64_t M, int64_t& start, int64_t& rows) {
 
 // Per-row int8 activations, as torch computes them in specdec.models.int4.quantize_rows:
 // scale = max|x| / 127 (at least 1e-12 / 127), q = round-half-even(x / scale), and each group's sum.
-// Written tiled as block_rows reads them: the rows in tiles (tile_of), and within a tile group by group, the tile's rows' 32 values (and sums) side by side. Why: the
-// kernel then reads one sequential stream of activations, not one per row (measured: 5-7% of a
-// verify block's matmuls on VNNI at 8-16 rows).
-void quantize_rows(const float* x, int8_t* q, int32_t* sums, float* scales, int64_t M, int64_t K) {
-  const int64_t groups = K / kGroup;
+// Written tiled as block_rows reads them: the rows in tiles (tile_of), and within a tile group by
+// group, the tile's rows' 32 values side by side; the sums (int16: at most 32 x 127) a pair of
+// groups at a time, each row's two side by side (one vpdpwssd multiplies them by two groups'
+// sub-mins). Why: the kernel then reads one sequential stream of activations, not one per row
+// (measured: 5-7% of a verify block's matmuls on VNNI at 8-16 rows).
+void quantize_rows(const float* x, int8_t* q, int16_t* sums, float* scales, int64_t M, int64_t K) {
+  const int64_t groups = K / kGroup, pairs = (groups + 1) / 2;
   // Rows on both cores when there are several (a verify block): alone, this loop kept one core
   // waiting (measured: ~4% of a 16-token step). Each row's arithmetic is the same either way.
 #pragma omp parallel for schedule(static) if (M > 1)
@@ -283,8 +307,9 @@ void quantize_rows(const float* x, int8_t* q, int32_t* sums, float* scales, int6
         into[k] = int8_t(value);
         sum += value;
       }
-      sums[tile * groups + g * rows + r] = sum;
+      sums[tile * 2 * pairs + ((g / 2) * rows + r) * 2 + g % 2] = int16_t(sum);  // |sum| <= 32 x 127
     }
+    if (groups % 2) sums[tile * 2 * pairs + ((groups / 2) * rows + r) * 2 + 1] = 0;  // an odd count's pad
   }
 }
 
@@ -298,9 +323,10 @@ constexpr int64_t kPanelRows = 256;
 
 // x, xsum: M rows tiled (quantize_rows), xscale [M], w: N / 16 column blocks (block_bytes each), y [M, N]
 // float32. N a multiple of 16, K of 32.
-void matmul(const int8_t* x, const int32_t* xsum, const float* xscale, const uint8_t* w, float* y,
+void matmul(const int8_t* x, const int16_t* xsum, const float* xscale, const uint8_t* w, float* y,
             int64_t M, int64_t N, int64_t K) {
-  const int64_t blocks = N / kCols, groups = K / kGroup, panel_tiles = std::max<int64_t>(1, kPanelRows / kRows);
+  const int64_t blocks = N / kCols, pairs = (K / kGroup + 1) / 2;
+  const int64_t panel_tiles = std::max<int64_t>(1, kPanelRows / kRows);
   for (int64_t first = 0, end = 0; first < M; first = end) {
     for (int64_t tile = 0; tile < panel_tiles && end < M; ++tile) {  // the panel: up to panel_tiles tiles
       int64_t start, rows;
@@ -312,7 +338,7 @@ void matmul(const int8_t* x, const int32_t* xsum, const float* xscale, const uin
       for (int64_t r0 = first, rows = 0; r0 < end; r0 += rows) {
         int64_t start;
         tile_of(r0, M, start, rows);
-        rows_of_block<kRows>(x + r0 * K, xsum + r0 * groups, xscale + r0, w, y + r0 * N, int(rows), N, K, block);
+        rows_of_block<kRows>(x + r0 * K, xsum + r0 * 2 * pairs, xscale + r0, w, y + r0 * N, int(rows), N, K, block);
       }
   }
 }
@@ -337,7 +363,7 @@ void specdec_int4_linear(const float* x, const uint8_t* w, float* y, int64_t M, 
   using specdec::Scratch, specdec::ScratchFor;
   const bool keep = M * K <= (int64_t(1) << 22);
   const Scratch<int8_t, ScratchFor::kInt4Activations> q(M * K, keep);
-  const Scratch<int32_t, ScratchFor::kInt4GroupSums> sums(M * (K / kGroup), keep);
+  const Scratch<int16_t, ScratchFor::kInt4GroupSums> sums(M * 2 * ((K / kGroup + 1) / 2), keep);
   const Scratch<float, ScratchFor::kInt4RowScales> scales(M, keep);
   quantize_rows(x, q.get(), sums.get(), scales.get(), M, K);
   matmul(q.get(), sums.get(), scales.get(), w, y, M, N, K);
