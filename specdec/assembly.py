@@ -53,7 +53,7 @@ def build_engine(
     head found for the target where one may draft; ``corpus``: datastores; ``drafter_options``:
     keywords of make_drafter, e.g. ``suffix_cache_tokens=0``); given (a Drafter, a draft
     LanguageModel, or None for the target alone), it is used as it is. ``policy``: a policy object
-    in place of the config's (its name checked against the config's rules). ``costs``: the one cost
+    in place of the config's (engine_of puts its name in the config, which checks it). ``costs``: the one cost
     model (None: the drafter's or the policy's own, else a fresh one). ``requests_choose_lengths``:
     False for a server, whose controller chooses every step's draft lengths (no request gets a
     policy). ``say``: told, in one line, of a head found for the target."""
