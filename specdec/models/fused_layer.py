@@ -21,7 +21,6 @@ keeps the torch layer.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -31,7 +30,6 @@ from torch import nn
 import specdec.models.native as native
 from specdec.models.attention import AttentionPlan, QueryList, attend_planned, attend_segments, query_list
 from specdec.models.int4 import Int4Linear, PackedLinear
-from specdec.models.native import KernelUnavailable
 from specdec.models.paged_cache import OwnCache
 from specdec.models.primitives import AttendingLayer, RMSNorm, scaled_dot_product
 from specdec.models.transformer import DecoderLayer, TransformerConfig
@@ -279,17 +277,7 @@ def layer_problem(format: int = 4) -> str | None:
     """None if the compiled layer on linears of ``format`` (4: int4, 8: w8a32) matches the torch
     layer closely and scores every row of a block as alone, on this machine (check_layer, cached per
     machine and library), else why not."""
-    try:
-        key = native.library_key()
-        native.library()
-    except KernelUnavailable as error:
-        return str(error)
-    return _cached_layer_problem(key, format)
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_layer_problem(key: str, format: int) -> str | None:
-    return native.cached_check(key, "layer" + ("" if format == 4 else f":w{format}"), lambda: check_layer(0, format))
+    return native.library_check("layer" + ("" if format == 4 else f":w{format}"), lambda: check_layer(0, format))
 
 
 # The layer variants the load-time self-check runs: the Llama layer with qwen2's biases, gemma3's

@@ -14,7 +14,6 @@ proves it again on the machine that runs it, once per compiled library, before a
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 from typing import cast
 
@@ -25,7 +24,6 @@ from specdec.models.attention import AttentionPlan
 from specdec.models.base import Attention, Segment
 from specdec.models.fused_layer import ACTIVATION_CODES, KV_FORMATS, FusedDecoderLayer, FusedOutput
 from specdec.models.int4 import Int4Linear
-from specdec.models.native import KernelUnavailable
 from specdec.models.paged_cache import OwnCache
 from specdec.models.transformer import DEFAULT_ROPE, DecoderLayer, LlamaFamilyModel, TransformerConfig
 from specdec.models.w8a32 import W8A32Linear
@@ -134,17 +132,7 @@ class LayerStack:
 def stack_problem(format: int) -> str | None:
     """None if the one call gives the per-layer path's bits on this machine (check_stack, cached per
     machine and compiled library), else why not: the model's layers then run one by one."""
-    try:
-        key = native.library_key()
-        native.library()
-    except KernelUnavailable as error:
-        return str(error)
-    return _cached_stack_problem(key, format)
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_stack_problem(key: str, format: int) -> str | None:
-    return native.cached_check(key, f"stack:w{format}", lambda: check_stack(format))
+    return native.library_check(f"stack:w{format}", lambda: check_stack(format))
 
 
 def check_stack(format: int, seed: int = 0) -> str | None:

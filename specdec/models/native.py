@@ -131,3 +131,19 @@ def cached_check(key: str, name: str, check: Callable[[], str | None]) -> str | 
     """check()'s problem (None: none) for the library of ``key`` under ``name``: run once per key
     and machine, then read back from $SPECDEC_CACHE/kernel-checks.json."""
     return cached_measurement(cache_root() / CHECKS_FILE, f"{key}:{name}", lambda: {"problem": check()})["problem"]
+
+
+_library_checks: dict[tuple[str, str], str | None] = {}  # (library key, name) -> problem, this process
+
+
+def library_check(name: str, check: Callable[[], str | None]) -> str | None:
+    """None if the library builds here and passes ``check`` (cached_check: once per library and
+    machine, then read once a process), else why not."""
+    try:
+        key = library_key()
+        library()
+    except KernelUnavailable as error:
+        return str(error)
+    if (key, name) not in _library_checks:
+        _library_checks[key, name] = cached_check(key, name, check)
+    return _library_checks[key, name]
