@@ -12,20 +12,14 @@ tokens per second of each gamma.
 
 from __future__ import annotations
 
-import argparse
 import collections
-from pathlib import Path
 
-import torch
+from real_pair import PROMPT, load_pair, pair_parser  # (this folder: the script's own path comes first)
 
-from specdec import SpeculativeDecoder, load
+from specdec import SpeculativeDecoder
 from specdec.core.estimates import CostModel, tokens_per_second
 from specdec.core.policy import CostModelPolicy, DraftShape
 from specdec.drafting import make_drafter
-
-PROMPT = (
-    "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
-)
 
 
 class WatchedCostPolicy(CostModelPolicy):
@@ -46,17 +40,9 @@ class WatchedCostPolicy(CostModelPolicy):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="?", default="/work/models", help="the folder holding the real pair")
-    parser.add_argument("--target", help="the target's folder (default: MODELS/qwen2.5-coder-1.5b)")
-    parser.add_argument("--draft", help="the draft's folder (default: MODELS/qwen2.5-coder-0.5b)")
-    parser.add_argument("--quantize", default="int8", type=lambda name: None if name == "none" else name,
-                        help="both models' precision (none: their float dtype)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser = pair_parser(__doc__.splitlines()[0], max_new_tokens=64)
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    target = load(args.target or Path(args.models) / "qwen2.5-coder-1.5b", quantize=args.quantize)
-    draft = load(args.draft or Path(args.models) / "qwen2.5-coder-0.5b", quantize=args.quantize)
+    target, draft = load_pair(args)
     costs = CostModel()
     decoder = SpeculativeDecoder(target, make_drafter("staged", draft, target=target), gamma=4,
                                  policy=WatchedCostPolicy(gamma=4, costs=costs), costs=costs)

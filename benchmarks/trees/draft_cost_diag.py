@@ -11,19 +11,13 @@ the policy's update.
 
 from __future__ import annotations
 
-import argparse
 import collections
-from pathlib import Path
 
-import torch
+from real_pair import PROMPT, load_pair, pair_parser  # (this folder: the script's own path comes first)
 
-from specdec import SpeculativeDecoder, load
+from specdec import SpeculativeDecoder
 from specdec.core.policy import DraftShape, FixedPolicy
 from specdec.drafting import make_drafter
-
-PROMPT = (
-    "Write a Python function that parses a CSV file and returns a list of dicts, with type hints and a docstring.\n"
-)
 
 
 class RecordingPolicy(FixedPolicy):
@@ -42,18 +36,10 @@ class RecordingPolicy(FixedPolicy):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="?", default="/work/models", help="the folder holding the real pair")
-    parser.add_argument("--target", help="the target's folder (default: MODELS/qwen2.5-coder-1.5b)")
-    parser.add_argument("--draft", help="the draft's folder (default: MODELS/qwen2.5-coder-0.5b)")
-    parser.add_argument("--quantize", default="int8", type=lambda name: None if name == "none" else name,
-                        help="both models' precision (none: their float dtype)")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser = pair_parser(__doc__.splitlines()[0], max_new_tokens=48)
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    target = load(args.target or Path(args.models) / "qwen2.5-coder-1.5b", quantize=args.quantize)
-    draft = load(args.draft or Path(args.models) / "qwen2.5-coder-0.5b", quantize=args.quantize)
+    target, draft = load_pair(args)
     for kind in ("model", "staged"):
         for gamma in args.gammas:
             seen: dict[int, list[float]] = collections.defaultdict(list)
