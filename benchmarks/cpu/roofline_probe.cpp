@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -29,9 +32,15 @@ const char* specdec_probe_isa() {
 #endif
 }
 
-// Best GB/s of `repeats` parallel reads of a `bytes` buffer (make it several times the LLC).
+// Best GB/s of `repeats` parallel reads of a `bytes` buffer (make it several times the LLC), in
+// 2 MB pages where Linux grants them, as specdec's packed weights are (specdec/models/huge_pages.py).
 double specdec_probe_read_gbs(int64_t bytes, int repeats) {
-  auto* buffer = static_cast<uint8_t*>(std::aligned_alloc(64, size_t(bytes)));
+  constexpr size_t kHugePage = size_t(2) << 20;
+  bytes = int64_t((size_t(bytes) + kHugePage - 1) / kHugePage * kHugePage);
+  auto* buffer = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, size_t(bytes)));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(buffer, size_t(bytes), MADV_HUGEPAGE);  // before memset's first touch
+#endif
   std::memset(buffer, 1, size_t(bytes));
   double best = 0.0;
   for (int repeat = 0; repeat < repeats; ++repeat) {

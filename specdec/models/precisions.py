@@ -18,6 +18,7 @@ import specdec.models.int4 as int4
 import specdec.models.layer_stack as layer_stack
 import specdec.models.w8a32 as w8a32
 from specdec.models.fused_layer import FusedDecoderLayer, FusedOutput, packed_format
+from specdec.models.huge_pages import into_huge_pages
 from specdec.models.int4 import GROUP, Int4Linear, PackedLinear, checked_shapes
 from specdec.models.layer_stack import LayerStack
 from specdec.models.quantize import KERNELS, Int8Linear, int8_parts
@@ -124,6 +125,14 @@ class Packer:
             finish_network(module, self.layer_problem)
 
 
+def move_into_huge_pages(network: nn.Module) -> None:
+    """Every packed linear's records copied into 2 MB pages (huge_pages.py), before anything holds
+    their addresses (the one-call stack takes them once)."""
+    linears = [module for module in network.modules() if isinstance(module, PackedLinear)]
+    for linear, records in zip(linears, into_huge_pages([linear.records for linear in linears]), strict=True):
+        linear.records = records
+
+
 def finish_network(network: LlamaFamilyModel, layer_problem: str | None) -> None:
     """What a packed own forward runs besides its layers (Packer.finish; packed_store after a load):
     ``layer_problem`` is why its layers do not run compiled (None: they do)."""
@@ -131,6 +140,7 @@ def finish_network(network: LlamaFamilyModel, layer_problem: str | None) -> None
     format = PACKED_FORMATS.get(str(network.quantized))
     if format is None:
         return
+    move_into_huge_pages(network)
     stack_problem: str | None = None  # why the layers are not called in one call, where they run compiled
     if layer_problem is None:
         head = network.lm_head
