@@ -88,11 +88,8 @@ void block_rows(const int8_t* x, const int16_t* xsum, const float* xscale, const
         for (int s = 0; s < 4; ++s)
           for (int r = 0; r < rows; ++r) {
             const int8_t* xs = xg + r * kGroup + 8 * s;
-            int32_t x0, x1;
-            std::memcpy(&x0, xs, 4);
-            std::memcpy(&x1, xs + 4, 4);
-            acci[r] = _mm512_dpbusd_epi32(acci[r], low[s], _mm512_set1_epi32(x0));
-            acci[r] = _mm512_dpbusd_epi32(acci[r], high[s], _mm512_set1_epi32(x1));
+            acci[r] = dpbusd_broadcast(acci[r], low[s], xs);
+            acci[r] = dpbusd_broadcast(acci[r], high[s], xs + 4);
           }
         for (int r = 0; r < rows; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(acci[r], scale));
       } else {
