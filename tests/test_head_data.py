@@ -11,8 +11,10 @@ import specdec
 from specdec import SamplingParams, SpeculativeDecoder, load
 from specdec.drafting.head import default_feature_layers
 from specdec.training import head_continuations
+from specdec.training.budget import Budget, BudgetSpent
 from specdec.training.head_continuations import continuation_features, record_continuations
 from specdec.training.head_data import extract_features
+from specdec.training.head_dataset import DataPlan, prepare
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +101,85 @@ def test_training_corpora_leave_out_files_that_quote_the_benchmark_suites(tmp_pa
     (tmp_path / "own.py").unlink()
     with pytest.raises(ValueError, match="quote the benchmark suites"):
         collect_files([tmp_path])
+
+
+class StopsAfter(Budget):
+    """A budget spent after ``pieces`` checks (a session ending at a known point)."""
+
+    def __init__(self, pieces: int) -> None:
+        super().__init__(None)
+        self.left = pieces
+
+    def spent(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+
+def small_plan(target) -> DataPlan:
+    return DataPlan((str(Path(specdec.__file__).parent / "core"),), 24, 8, 3, 2, 32,
+                    default_feature_layers(target.network.config.num_layers), "tiny:float64")
+
+
+def quiet_bar(label: str, total: int):
+    return lambda count: None
+
+
+def test_a_run_stopped_by_its_budget_goes_on_to_the_same_data(float64_target, tmp_path):
+    """Stopped after two of its four pieces (continuations, held-out continuations, windows,
+    held-out windows), then run again: the data of one uninterrupted run, bit for bit, and the
+    pieces saved before the stop are read, not made again."""
+    target, plan = float64_target, small_plan(float64_target)
+    with pytest.raises(BudgetSpent, match="after 0 of 8 windows"):
+        prepare(target, plan, tmp_path / "stopped", print, quiet_bar, StopsAfter(2))
+    saved = sorted(path.name for path in (tmp_path / "stopped").rglob("part-*"))
+    assert len(saved) == 2
+    checks = StopsAfter(10)
+    resumed = prepare(target, plan, tmp_path / "stopped", print, quiet_bar, checks)
+    assert checks.left == 10 - 2  # only the two pieces not saved were made
+    whole = prepare(target, plan, tmp_path / "whole", print, quiet_bar)
+    for got, expected in zip(resumed[:2], whole[:2], strict=True):
+        for name in ("tokens", "features", "final", "greedy"):
+            assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    assert torch.equal(resumed[2], whole[2])
+
+
+def test_training_stopped_by_its_budget_resumes_to_the_same_weights(float64_target, tmp_path, monkeypatch):
+    """A run whose budget ends at step 3 of 6 (after its four data pieces), then the same settings
+    again: the weights, optimizer and history of an uninterrupted run, bit for bit."""
+    import io
+
+    from rich.console import Console
+
+    from specdec.training import head_train
+    from specdec.training.head_settings import HeadTraining
+
+    def settings(out: Path) -> HeadTraining:
+        return HeadTraining(out=str(out), data=(str(Path(specdec.__file__).parent / "core"),), steps=6,
+                            draft_vocab=32, sequence_length=24, corpus_sequences=8, continuation_sequences=3,
+                            heldout_sequences=2, batch_size=4, eval_every=2, checkpoint_every=4, precision="float32")
+
+    head_train.train_head(float64_target, settings(tmp_path / "whole"), Console(file=io.StringIO()))
+    monkeypatch.setattr(head_train, "Budget", lambda hours: StopsAfter(4 + 3))
+    with pytest.raises(BudgetSpent, match="at step 3 of 6"):
+        head_train.train_head(float64_target, settings(tmp_path / "stopped"), Console(file=io.StringIO()))
+    assert torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=False)["step"] == 3
+    monkeypatch.undo()
+    head_train.train_head(float64_target, settings(tmp_path / "stopped"), Console(file=io.StringIO()))
+    whole, resumed = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=False) for run in ("whole", "stopped"))
+    assert resumed["step"] == whole["step"] == 6 and resumed["history"] == whole["history"]
+    for name, tensor in whole["head"].items():
+        assert torch.equal(resumed["head"][name], tensor), name
+
+
+def test_the_installed_files_the_long_and_edit_suites_send_are_left_out():
+    """rich/console.py (the long suite) and rich/align.py (predicted edits) never enter training
+    data taken from installed packages; rich's other modules do. Mutation: collect_files without
+    is_suite_source keeps them."""
+    from specdec.corpus_files import collect_files, installed_packages, suite_source_files
+
+    rich = next(root / "rich" for root in installed_packages() if (root / "rich" / "console.py").is_file())
+    assert {(rich / "console.py").resolve(), (rich / "align.py").resolve()} <= suite_source_files()
+    kept = collect_files([rich], skip_folders={"__pycache__"})
+    assert rich / "console.py" not in kept and rich / "align.py" not in kept
+    assert rich / "table.py" in kept
+    assert rich / "console.py" in collect_files([rich], skip_folders={"__pycache__"}, leave_out_suites=False)

@@ -109,8 +109,10 @@ def test_a_head_drafts_in_its_targets_quantization(tiny_pair, heads, tmp_path, q
 def test_the_compiled_head_drafts_what_the_torch_head_drafts(tiny_pair, heads, tmp_path, quantize):
     """A head with packed linears runs on the compiled layer calls (drafting/fused_head.py): its
     drafts are the torch head's, tokens equal and q within 1e-5 (other summation orders, float32
-    rounding), chain and tree, after the prefill and after steps. Mutation, checked: the compiled
-    qkv call norming the features with the embedding's norm weight fails it."""
+    rounding; int4: 1e-3, since an input one ulp apart can round one of its int8 activations the
+    other way, which moved q by 1e-4 for a head trained on this repository's code as it changed),
+    chain and tree, after the prefill and after steps. Mutation, checked: the compiled qkv call
+    norming the features with the embedding's norm weight fails it."""
     from lockstep_drafts import PROMPTS
 
     target = load(tiny_pair["target"], quantize=quantize)
@@ -128,7 +130,7 @@ def test_the_compiled_head_drafts_what_the_torch_head_drafts(tiny_pair, heads, t
             for fast, slow in zip(drafts["compiled"], drafts["torch"], strict=True):
                 assert fast.num_nodes and torch.equal(fast.tokens, slow.tokens), (kind, steps)
                 assert fast.probs is not None and slow.probs is not None
-                assert (fast.probs - slow.probs).abs().max() < 1e-5, (kind, steps)
+                assert (fast.probs - slow.probs).abs().max() < (1e-3 if quantize == "int4" else 1e-5), (kind, steps)
 
 
 def test_the_head_reads_the_features_that_predicted_each_token(float64_target):

@@ -15,11 +15,10 @@ import importlib
 import inspect
 
 from specdec.bench.runner import Prompt
+from specdec.suite_sources import LONG_SOURCES as SOURCES
 
 #: Approximate prompt lengths, in tokens, and the category each gives.
 LENGTHS = {"2k": 2048, "4k": 4096, "8k": 8192, "16k": 16384}
-#: Files of packages specdec itself installs (so every machine that runs it has them), each over 16k tokens.
-SOURCES = ("rich.console", "pydantic.main", "fastapi.routing")
 CHARS_PER_TOKEN = 4.8  # measured on these files with the Qwen2.5 and SmolLM2 tokenizers (4.6-5.3)
 TASKS = ("continue", "add-method", "question")
 

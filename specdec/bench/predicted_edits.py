@@ -23,16 +23,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from specdec.bench.runner import Prompt
+from specdec.suite_sources import EDIT_SOURCES as SOURCES
 
-#: Modules of several domains, each 60-400 lines (a module missing here is left out).
-SOURCES = (
-    "h11._util", "h11._receivebuffer", "h11._writers", "rich._ratio", "rich._wrap", "rich.align",
-    "rich._log_render", "starlette.convertors", "starlette.config", "starlette.authentication", "anyio.to_thread",
-    "prometheus_client.samples", "prometheus_client.validation", "prometheus_client.mmap_dict",
-    "fsspec.dircache", "fsspec.compression", "packaging._structures", "packaging._tokenizer",
-    "pygments.regexopt", "pygments.style", "markdown_it.token", "markdown_it.ruler", "yaml.composer",
-    "click._textwrap", "tqdm.utils", "huggingface_hub._revision",
-)
 KINDS = ("rename", "type-hints", "add-parameter", "dataclass", "off-by-one", "docstrings", "delete", "reorder")
 ANSWER = "Answer with the whole file, changed, in one ```python code block, and nothing else."
 

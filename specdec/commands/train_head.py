@@ -21,8 +21,11 @@ def add_parser(commands, add_model_options) -> None:
     parser.add_argument("--out", help="output folder (default: $SPECDEC_CACHE/heads/<target name>, where the "
                                       "auto drafter finds the head for this target by itself)")
     parser.add_argument(
-        "--data", nargs="+", default=(), help="files or folders of code (default: Python's standard library)"
-    )
+        "--data", nargs="+", default=(),
+        help="files or folders of code, or 'stdlib' (Python's standard library, the default) and 'site-packages' "
+             "(this environment's installed packages); a benchmark suite's files are always left out")
+    parser.add_argument("--hours", type=float, help="stop after this many hours, everything done so far saved; "
+                                                    "the same command goes on from there")
     defaults = HeadTraining(out="")
     for name in (
         "draft_vocab",
@@ -67,9 +70,14 @@ def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HeadTraining)
                if field.name not in ("data", "command")}
     settings = HeadTraining(**options, data=tuple(args.data), command=shlex.join(["specdec", *args.argv]))
+    from specdec.training.budget import BudgetSpent
     from specdec.training.head_train import train_head
 
-    folder = train_head(target, settings, errors)
+    try:
+        folder = train_head(target, settings, errors)
+    except BudgetSpent as stopped:
+        errors.print(f"stopped: {stopped}; run the same command again to go on", highlight=False, soft_wrap=True)
+        return 0
     errors.print(f"head saved to {folder}: --drafter auto finds it for this target (or --draft-head {folder})")
     return 0
 

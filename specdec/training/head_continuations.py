@@ -17,6 +17,7 @@ import torch
 
 from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
+from specdec.training.budget import UNLIMITED, Budget
 from specdec.training.data import code_prompts
 from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers
 
@@ -78,13 +79,15 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
 def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
                           feature_layers: tuple[int, ...], folder: Path,
                           progress: Callable[[int], None] | None = None, batch: int = 32,
-                          start: int = 0, say: Callable[[str], None] | None = None) -> HeadFeatures | None:
+                          start: int = 0, say: Callable[[str], None] | None = None,
+                          budget: Budget = UNLIMITED) -> HeadFeatures | None:
     """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
     lines before it, at most half the window), from prompt ``start`` on, with their features; each
     batch is saved in ``folder`` when done and read back from there on a later run (code_prompts'
     first N prompts are the same for any larger count: a run that asks for more reuses these).
     The data gives a limited number of prompts (two per file): none from ``start`` on is an error
-    (the run would train on corpus windows alone), fewer than ``count`` is told through ``say``."""
+    (the run would train on corpus windows alone), fewer than ``count`` is told through ``say``.
+    ``budget``: checked before each batch not yet saved (BudgetSpent once spent)."""
     available = code_prompts(files, start + count)
     if count and len(available) <= start:
         raise ValueError(f"--continuation-start {start}: the data gives {len(available)} prompts (two per file), "
@@ -102,6 +105,7 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
         if path.exists():
             part = HeadFeatures.load(path)
         else:
+            budget.check(f"after {first - start} of {len(prompts)} continuations")
             part = record_continuations(target, group, length, feature_layers)
             if part is not None:
                 part.save(path)

@@ -19,6 +19,7 @@ import torch
 from specdec.corpus_files import read_text
 from specdec.drafting.head_format import own_network, target_shape
 from specdec.models.base import Attention, LanguageModel, Segment
+from specdec.training.budget import UNLIMITED, Budget
 
 
 @dataclass
@@ -103,6 +104,29 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
     final = network.norm(states[:, :, -1].to(device=target.device, dtype=target.dtype))
     greedy = torch.stack([network.lm_head(row).argmax(-1).cpu() for row in final])  # a sequence at a time
     return features, final.float().half().cpu(), greedy
+
+
+def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
+                    folder: Path, progress: Callable[[int], None] | None = None, budget: Budget = UNLIMITED,
+                    part_size: int = 64) -> HeadFeatures:
+    """extract_features over ``windows``, ``part_size`` at a time, each part saved in ``folder`` when
+    done and read back on a later run (the caller keys the folder by what chose the windows);
+    ``budget`` is checked before each part not yet saved. The parts' batches are the ones a single
+    pass makes (``part_size`` a multiple of the batch), so the features are the same bits."""
+    parts = []
+    for first in range(0, len(windows), part_size):
+        chosen = windows[first : first + part_size]
+        path = folder / f"part-{first:06d}-{len(chosen)}.safetensors"
+        part = HeadFeatures.load(path) if path.exists() else None
+        if part is not None and part.tokens.tolist() == [list(window) for window in chosen]:
+            if progress is not None:
+                progress(len(chosen))
+        else:
+            budget.check(f"after {first} of {len(windows)} windows")
+            part = extract_features(target, chosen, feature_layers, progress)
+            part.save(path)
+        parts.append(part)
+    return HeadFeatures.cat(parts)
 
 
 @torch.inference_mode()

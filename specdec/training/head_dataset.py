@@ -11,16 +11,17 @@ from pathlib import Path
 
 import torch
 
-from specdec.corpus_files import collect_files, standard_library
+from specdec.corpus_files import training_files
 from specdec.models.base import LanguageModel
+from specdec.training.budget import UNLIMITED, Budget
 from specdec.training.data import split_files
 from specdec.training.head_continuations import continuation_features
-from specdec.training.head_data import HeadFeatures, corpus_windows, draft_vocabulary, extract_features
+from specdec.training.head_data import HeadFeatures, corpus_windows, draft_vocabulary, window_features
 
 
 @dataclass(frozen=True)
 class DataPlan:
-    data: tuple[str, ...]  # files or folders ("" = the standard library)
+    data: tuple[str, ...]  # files, folders, or the sources named in corpus_files.SOURCES (none: the standard library)
     sequence_length: int
     corpus_sequences: int
     continuation_sequences: int
@@ -39,16 +40,13 @@ class DataPlan:
 
 
 def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callable[[str], None],
-            progress_bar: Callable[[str, int], Callable[[int], None]],
+            progress_bar: Callable[[str, int], Callable[[int], None]], budget: Budget = UNLIMITED,
             ) -> tuple[HeadFeatures, HeadFeatures, torch.Tensor]:
-    """(train features, held-out features, draft vocabulary), from the cache when present."""
+    """(train features, held-out features, draft vocabulary). Every piece (a batch of continuations,
+    a part of windows) is saved under ``cache_dir`` when done and read back by a later run; the
+    ``budget`` is checked before each piece not yet saved (BudgetSpent once it is used up)."""
     folder = cache_dir / plan.key()
-    paths = [folder / name for name in ("train.safetensors", "heldout.safetensors", "draft_vocab.json")]
-    if all(path.exists() for path in paths):
-        say(f"target features from the cache: {folder}")
-        vocabulary = torch.tensor(json.loads(paths[2].read_text()), dtype=torch.long)
-        return HeadFeatures.load(paths[0]), HeadFeatures.load(paths[1]), vocabulary
-    files = collect_files([Path(p) for p in plan.data] if plan.data else standard_library())
+    files = training_files(plan.data)
     train_files, heldout_files = split_files(files, 0.05)
     length = plan.sequence_length
     windows = corpus_windows(target.tokenizer, train_files, length, plan.corpus_sequences)
@@ -70,17 +68,29 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
                 (train_parts, train_files, plan.continuation_start, plan.continuation_sequences, "continuations"),
                 (held_parts, heldout_files, 0, len(heldout), "heldout-continuations")):
             continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
-                                              progress_bar(f"target {name}", count), start=start, say=say)
+                                              progress_bar(f"target {name}", count), start=start, say=say,
+                                              budget=budget)
             if continued is not None:
                 parts.append(continued)
-    for parts, chosen, name in ((train_parts, windows, "target features"), (held_parts, heldout, "held-out features")):
+    # Windows are keyed by everything that chooses them (a larger count takes others from each file).
+    windows_key = plan.key("data", "sequence_length", "corpus_sequences", "heldout_sequences", "feature_layers",
+                           "target", "corpus_rule")
+    for parts, chosen, name, label in ((train_parts, windows, "windows", "target features"),
+                                       (held_parts, heldout, "heldout-windows", "held-out features")):
         if chosen:  # corpus windows ahead of continuations, as the cache has always held them
-            parts.insert(0, extract_features(target, chosen, plan.feature_layers, progress_bar(name, len(chosen))))
+            parts.insert(0, window_features(target, chosen, plan.feature_layers, cache_dir / f"{name}-{windows_key}",
+                                            progress_bar(label, len(chosen)), budget))
     if not train_parts:
         raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
     train, held = HeadFeatures.cat(train_parts), HeadFeatures.cat(held_parts)
     vocabulary = draft_vocabulary(train.tokens.tolist(), plan.draft_vocab, target.vocab_size)
-    train.save(paths[0])
-    held.save(paths[1])
-    paths[2].write_text(json.dumps(vocabulary.tolist()))
+    held.save(folder / "heldout.safetensors")  # what benchmarks/cpu/head_heldout.py reads
+    (folder / "draft_vocab.json").write_text(json.dumps(vocabulary.tolist()))
+    say(f"features: {len(train)} training sequences ({train.tokens.numel():,} tokens), {len(held)} held out; "
+        f"{disk_use(cache_dir) / 1e9:.2f} GB on disk in {cache_dir}")
     return train, held, vocabulary
+
+
+def disk_use(folder: Path) -> int:
+    """Bytes of every file under ``folder``."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

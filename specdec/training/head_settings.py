@@ -26,4 +26,5 @@ class HeadTraining:
     eval_every: int = 200
     checkpoint_every: int = 100
     seed: int = 0
+    hours: float | None = None  # this run's budget: it stops (all saved) when spent; the same command goes on
     command: str = ""

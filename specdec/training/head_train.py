@@ -17,6 +17,7 @@ from specdec.drafting.head import default_feature_layers
 from specdec.drafting.head_finder import target_identity, write_identity
 from specdec.drafting.head_format import load_head, new_head, save_head, target_shape
 from specdec.machine import has_fast_bfloat16, isa_summary
+from specdec.training.budget import Budget
 from specdec.training.head_settings import HeadTraining
 
 
@@ -34,7 +35,9 @@ def progress_bar(console: Console) -> Progress:
 
 
 def train_head(target, settings: HeadTraining, console: Console | None = None) -> Path:
-    """Train (or resume) a head for ``target``; returns the saved EAGLE-3 folder."""
+    """Train (or resume) a head for ``target``; returns the saved EAGLE-3 folder. Raises BudgetSpent
+    when ``settings.hours`` run out first (the data generated and the last step saved: the same
+    settings go on from there)."""
     from specdec.training.head_dataset import DataPlan, prepare
     from specdec.training.head_trainer import evaluate, learning_rate, sample_batch, unrolled_loss
 
@@ -54,6 +57,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         settings.continuation_start,
     )
     started = time.perf_counter()
+    budget = Budget(settings.hours)
     with progress_bar(console) as progress:
 
         def bar(label: str, total: int):
@@ -67,7 +71,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
 
             return advance
 
-        train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar)
+        train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar, budget)
         torch.manual_seed(settings.seed)
         head = initial_head(target, settings, vocabulary, layers).float().train()
         device = head.fc.weight.device
@@ -81,6 +85,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         step, history = resume(out, head, optimizer, generator, settings, console)
         task = progress.add_task("head", total=settings.steps, completed=step, info="")
         while step < settings.steps:
+            budget.check(f"at step {step} of {settings.steps} (checkpoint saved)", functools.partial(
+                save_checkpoint, out, head, optimizer, generator, step, history, settings))
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, settings.steps, settings.learning_rate)
             with autocast():
@@ -169,7 +175,7 @@ def training_identity(settings: HeadTraining) -> dict:
     return {
         key: value
         for key, value in asdict(settings).items()
-        if key not in ("steps", "command", "eval_every", "checkpoint_every", "precision")
+        if key not in ("steps", "command", "eval_every", "checkpoint_every", "precision", "hours")
     }
 
 
