@@ -11,11 +11,11 @@ actually granted).
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from roofline import probe  # (this folder: the script's own path comes first)
+from streaming_split import time_linears
 
 from specdec.machine import write_measurement
 from specdec.models.fused_layer import FusedDecoderLayer
@@ -78,12 +78,6 @@ def main() -> None:
             network.layer_stack = LayerStack([layer for layer in network.layers
                                               if isinstance(layer, FusedDecoderLayer)], network.rope_index)
 
-    def all_linears() -> float:
-        started = time.perf_counter()
-        for linear, row in zip(linears, rows, strict=True):
-            linear.multiply(row)
-        return time.perf_counter() - started
-
     linear_ms: dict[str, list[float]] = {name: [] for name in placements}
     forward_ms: dict[str, list[float]] = {name: [] for name in placements}
     read_gbs = []
@@ -91,7 +85,7 @@ def main() -> None:
         read_gbs.append(handle.specdec_probe_read_gbs(1 << 30, 2))
         for name, records in placements.items():
             place(records)
-            linear_ms[name].append(min(all_linears() for _ in range(2)) * 1e3)
+            linear_ms[name].append(min(time_linears(linears, rows) for _ in range(2)) * 1e3)
             forward_ms[name].append(time_block(model, cache, 1, 3) * 1e3)
         if round_index == 0:
             read_gbs.clear()

@@ -21,6 +21,14 @@ from specdec.models.loading import load
 from specdec.models.timing import prefilled_cache, time_block
 
 
+def time_linears(linears: list[PackedLinear], rows: list[torch.Tensor]) -> float:
+    """Seconds for every packed linear once with its one row (the weights a token streams)."""
+    started = time.perf_counter()
+    for linear, row in zip(linears, rows, strict=True):
+        linear.multiply(row)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
@@ -35,10 +43,7 @@ def main() -> None:
     handle, cache = probe(), prefilled_cache(model)
 
     def all_linears() -> float:
-        started = time.perf_counter()
-        for linear, row in zip(linears, rows, strict=True):
-            linear.multiply(row)
-        return time.perf_counter() - started
+        return time_linears(linears, rows)
 
     for _ in range(3):  # warm-up
         all_linears()

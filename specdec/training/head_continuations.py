@@ -10,6 +10,7 @@ they finish, so an interrupted run goes on from the last whole batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
 from specdec.training.budget import UNLIMITED, Budget
 from specdec.training.data import code_prompts
-from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers
+from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers, saved_piece
 
 
 class FeatureRecorder(BaseDrafter):
@@ -100,15 +101,9 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
     parts = []
     for first in range(start, start + len(prompts), batch):
         group = prompts[first - start : first - start + batch]
-        path = folder / f"part-{first:06d}-{len(group)}.safetensors"  # a short last batch is its own part
-        part: HeadFeatures | None = None
-        if path.exists():
-            part = HeadFeatures.load(path)
-        else:
-            budget.check(f"after {first - start} of {len(prompts)} continuations")
-            part = record_continuations(target, group, length, feature_layers)
-            if part is not None:
-                part.save(path)
+        part = saved_piece(folder / f"part-{first:06d}-{len(group)}.safetensors",  # a short last batch: its own part
+                           functools.partial(record_continuations, target, group, length, feature_layers),
+                           budget, f"after {first - start} of {len(prompts)} continuations")
         if part is not None:
             parts.append(part)
         if progress is not None:

@@ -10,6 +10,7 @@ training, so the cache stays small), and the target's greedy token (for top-1 ag
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,26 +107,35 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
     return features, final.float().half().cpu(), greedy
 
 
+def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Budget, where: str,
+                ) -> HeadFeatures | None:
+    """A piece of a head's data (a batch of continuations, a part of windows): read from ``path``
+    where a run saved it, else made (once ``budget`` allows it: BudgetSpent names ``where``) and saved."""
+    if path.exists():
+        return HeadFeatures.load(path)
+    budget.check(where)
+    part = make()
+    if part is not None:
+        part.save(path)
+    return part
+
+
 def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
                     folder: Path, progress: Callable[[int], None] | None = None, budget: Budget = UNLIMITED,
                     part_size: int = 64) -> HeadFeatures:
-    """extract_features over ``windows``, ``part_size`` at a time, each part saved in ``folder`` when
-    done and read back on a later run (the caller keys the folder by what chose the windows);
-    ``budget`` is checked before each part not yet saved. The parts' batches are the ones a single
-    pass makes (``part_size`` a multiple of the batch), so the features are the same bits."""
+    """extract_features over ``windows``, ``part_size`` at a time, each part a saved_piece in
+    ``folder`` (the caller keys the folder by what chose the windows). The parts' batches are the
+    ones a single pass makes (``part_size`` a multiple of the batch), so the features are the same bits."""
     parts = []
     for first in range(0, len(windows), part_size):
         chosen = windows[first : first + part_size]
-        path = folder / f"part-{first:06d}-{len(chosen)}.safetensors"
-        part = HeadFeatures.load(path) if path.exists() else None
-        if part is not None and part.tokens.tolist() == [list(window) for window in chosen]:
-            if progress is not None:
-                progress(len(chosen))
-        else:
-            budget.check(f"after {first} of {len(windows)} windows")
-            part = extract_features(target, chosen, feature_layers, progress)
-            part.save(path)
+        part = saved_piece(folder / f"part-{first:06d}-{len(chosen)}.safetensors",
+                           functools.partial(extract_features, target, chosen, feature_layers),
+                           budget, f"after {first} of {len(windows)} windows")
+        assert part is not None, "extract_features always makes a part"
         parts.append(part)
+        if progress is not None:
+            progress(len(chosen))
     return HeadFeatures.cat(parts)
 
 
