@@ -1,10 +1,10 @@
 """A/B of the int4 kernel's source: a git revision's int4_matmul.cpp against the working tree's, both
 compiled with the flags specdec uses on this machine, in one process, interleaved call by call; the
 linears of Qwen2.5-Coder-1.5B layers (fused gate/up, down, fused q/k/v, o: 47M random weights,
-29 MB of records a layer; 4 layers by default, more than a 2-core VM's L3) for each block size; the
+29 MB of records a layer in 2 MB pages; 4 layers by default, more than a 2-core VM's L3) for each block size; the
 best of 7 per source. Both kernels' outputs are compared: equal bits, or the largest difference.
 
-    python benchmarks/cpu/int4_kernel_ab.py [--base REV] [--rows 1,2,4,8,12,16,32] [--layers 4]
+    python benchmarks/cpu/int4_kernel_ab.py [--base REV | --base-file FILE.cpp] [--rows 1,2,4,8,12,16,32] [--layers 4]
         [--out FILE.json]
 Both sources must read the same records: revisions before the 4.625-bit records (super-blocks
 of 8 groups) read 5-bit ones, so compare those with benchmarks/compare_checkouts.sh instead.
@@ -21,6 +21,7 @@ import torch
 
 from specdec.machine import write_measurement
 from specdec.models import int4, native
+from specdec.models.huge_pages import into_huge_pages
 
 SOURCE = native.KERNELS / "int4_matmul.cpp"
 SHAPES = [(2 * 8960, 1536), (1536, 8960), (2048, 1536), (1536, 1536)]  # gate/up, down, q/k/v, o: [out, in]
@@ -41,6 +42,7 @@ def build(source: Path, folder: Path, name: str) -> ctypes.CDLL:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="git revision of the source to compare against")
+    parser.add_argument("--base-file", help="a source file to compare against instead of the revision's")
     parser.add_argument("--rows", default="1,2,4,8,12,16,32", help="block sizes (rows of activations)")
     parser.add_argument("--layers", type=int, default=4, help="layers of weights, each its own records")
     parser.add_argument("--out", default="runs/int4_kernel_ab.json")
@@ -48,7 +50,7 @@ def main() -> None:
     relative = SOURCE.relative_to(Path(__file__).resolve().parents[2])
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder) / "base.cpp"
-        source = at_revision(args.base, relative)
+        source = at_revision(args.base, relative) if not args.base_file else Path(args.base_file).read_bytes()
         if source is None:
             raise SystemExit(f"{relative} is not in {args.base}")
         base.write_bytes(source)
@@ -58,8 +60,10 @@ def main() -> None:
                 (Path(folder) / header.name).write_bytes(text)
         kernels = {"base": build(base, Path(folder), "base"), "tree": build(SOURCE, Path(folder), "tree")}
         torch.manual_seed(0)
-        weights = [(int4.pack_weight(torch.randn(n, k) * 0.02).records, n, k)
-                   for n, k in SHAPES for _ in range(args.layers)]
+        shapes = [(n, k) for n, k in SHAPES for _ in range(args.layers)]
+        # In 2 MB pages, as a loaded model's records are (finish_network).
+        records = into_huge_pages([int4.pack_weight(torch.randn(n, k) * 0.02).records for n, k in shapes])
+        weights = [(record, n, k) for record, (n, k) in zip(records, shapes, strict=True)]
         rows_table = []
         for rows in [int(r) for r in args.rows.split(",")]:
             inputs = [torch.randn(rows, k) for _, _, k in weights]

@@ -275,6 +275,40 @@ void tile_of(int64_t m, int64_t M, int64_t& start, int64_t& rows) {
   start = m < big ? m / rows * rows : big + (m - big) / rows * rows;
 }
 
+// max |x| over a row. Where a value is NaN, std::max(largest, NaN) keeps largest, as vmaxps(NaN, largest) does.
+inline float largest_magnitude(const float* row, int64_t K) {
+  float largest = 0.0f;
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  __m512 lanes = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) lanes = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(row + k)), lanes);
+  largest = _mm512_reduce_max_ps(lanes);
+#endif
+  for (; k < K; ++k) largest = std::max(largest, std::fabs(row[k]));
+  return largest;
+}
+
+// A group's 32 int8 codes round-half-even(x / scale) (one IEEE division each, the current rounding
+// mode: nearest-even, as std::nearbyint), written to into; returns their sum.
+inline int32_t quantize_group(const float* values, float scale, int8_t* into) {
+#if defined(__AVX512F__)
+  const __m512 divisor = _mm512_set1_ps(scale);
+  const __m512i low = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(values), divisor));
+  const __m512i high = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(values + 16), divisor));
+  _mm_storeu_si128((__m128i*)into, _mm512_cvtepi32_epi8(low));
+  _mm_storeu_si128((__m128i*)(into + 16), _mm512_cvtepi32_epi8(high));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(low, high));
+#else
+  int32_t sum = 0;
+  for (int k = 0; k < kGroup; ++k) {
+    const int32_t value = int32_t(std::nearbyint(values[k] / scale));
+    into[k] = int8_t(value);
+    sum += value;
+  }
+  return sum;
+#endif
+}
+
 // Per-row int8 activations, as torch computes them in specdec.models.int4.quantize_rows:
 // scale = max|x| / 127 (at least 1e-12 / 127), q = round-half-even(x / scale), and each group's sum.
 // Written tiled as block_rows reads them: the rows in tiles (tile_of), and within a tile group by
@@ -292,18 +326,10 @@ void quantize_rows(const float* x, int8_t* q, int16_t* sums, float* scales, int6
     int64_t tile, rows;
     tile_of(m, M, tile, rows);
     const int64_t r = m - tile;
-    float largest = 0.0f;
-    for (int64_t k = 0; k < K; ++k) largest = std::max(largest, std::fabs(row[k]));
-    const float scale = std::max(largest, 1e-12f) / 127.0f;
+    const float scale = std::max(largest_magnitude(row, K), 1e-12f) / 127.0f;
     scales[m] = scale;
     for (int64_t g = 0; g < groups; ++g) {
-      int8_t* into = q + tile * K + (g * rows + r) * kGroup;
-      int32_t sum = 0;
-      for (int64_t k = 0; k < kGroup; ++k) {
-        const int32_t value = int32_t(std::nearbyint(row[g * kGroup + k] / scale));
-        into[k] = int8_t(value);
-        sum += value;
-      }
+      const int32_t sum = quantize_group(row + g * kGroup, scale, q + tile * K + (g * rows + r) * kGroup);
       sums[tile * 2 * pairs + ((g / 2) * rows + r) * 2 + g % 2] = int16_t(sum);  // |sum| <= 32 x 127
     }
     if (groups % 2) sums[tile * 2 * pairs + ((groups / 2) * rows + r) * 2 + 1] = 0;  // an odd count's pad
