@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+import ahocorasick
+
 # folders whose files are not a project's own: installed packages and caches
 INSTALLED_FOLDERS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -68,9 +70,20 @@ def suite_lines() -> tuple[str, ...]:
     return tuple(sorted(line for line in lines if len(line) >= 30))
 
 
+@functools.cache
+def suite_line_matcher() -> ahocorasick.Automaton:
+    """Every suite line in one Aho-Corasick automaton: a file is read once for all of them (a
+    substring search per line, 1,189 of them through 15,000 installed files, took minutes)."""
+    matcher = ahocorasick.Automaton()
+    for line in suite_lines():
+        matcher.add_word(line, line)
+    matcher.make_automaton()
+    return matcher
+
+
 def quotes_the_suites(path: Path) -> bool:
-    text = read_text(path)
-    return any(line in text for line in suite_lines())
+    """The file's text holds one of suite_lines (anywhere: a substring, not only a whole line)."""
+    return next(suite_line_matcher().iter(read_text(path)), None) is not None
 
 
 @functools.cache

@@ -83,20 +83,22 @@ def code_prompts(files: Sequence[Path], count: int, context_lines: int = 8, seed
     ending where the model must write the body. Spread over files, deterministic."""
     import random
 
-    candidates: list[tuple[Path, int, list[str]]] = []
+    # Each candidate keeps its own few lines, not its file's: the files of site-packages held whole
+    # took gigabytes.
+    candidates: list[tuple[Path, int, str]] = []
     for file in files:
         lines = read_text(file).splitlines()
         for number, line in enumerate(lines):
             stripped = line.strip()
             if stripped.startswith("def ") and stripped.endswith(":") and number >= 2:
-                candidates.append((file, number, lines))
+                text = "\n".join(lines[max(0, number - context_lines) : number + 1]) + "\n"
+                candidates.append((file, number, text))
     random.Random(seed).shuffle(candidates)
     prompts, per_file = [], dict[Path, int]()
-    for file, number, lines in candidates:
+    for file, number, text in candidates:
         if per_file.get(file, 0) >= 2:
             continue
         per_file[file] = per_file.get(file, 0) + 1
-        text = "\n".join(lines[max(0, number - context_lines) : number + 1]) + "\n"
         prompts.append({"category": "code-completion", "id": f"{file.name}:{number + 1}", "prompt": text})
         if len(prompts) == count:
             break
