@@ -12,8 +12,9 @@ from specdec import SamplingParams, SpeculativeDecoder, load
 from specdec.drafting.head import default_feature_layers
 from specdec.training import head_continuations
 from specdec.training.budget import Budget, BudgetSpent
+from specdec.training.feature_parts import FeatureParts
 from specdec.training.head_continuations import continuation_features, record_continuations
-from specdec.training.head_data import extract_features
+from specdec.training.head_data import HeadFeatures, extract_features
 from specdec.training.head_dataset import DataPlan, prepare
 
 
@@ -48,8 +49,8 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
     target = float64_target
     layers = default_feature_layers(target.network.config.num_layers)
     files = [Path(specdec.__file__).parent / "core" / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
-    first = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
-    assert first is not None and len(first) >= 1
+    first = FeatureParts(continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)).whole()
+    assert len(first) >= 1
     parts = sorted(path.name for path in tmp_path.iterdir())
     assert parts == ["part-000000-2.safetensors", "part-000002-1.safetensors"]  # named by first prompt and count
 
@@ -57,18 +58,18 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
         raise AssertionError("a saved batch was generated again")
 
     monkeypatch.setattr(head_continuations, "record_continuations", no_generation)
-    again = continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)
-    assert again is not None and torch.equal(again.tokens, first.tokens)
+    again = FeatureParts(continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)).whole()
+    assert torch.equal(again.tokens, first.tokens)
     assert torch.equal(again.features, first.features)
     # Fewer: the first whole batch is reused as it is.
-    fewer = continuation_features(target, files, 24, 2, layers, tmp_path, batch=2)
-    assert fewer is not None and torch.equal(fewer.tokens, first.tokens[: len(fewer)])
+    fewer = FeatureParts(continuation_features(target, files, 24, 2, layers, tmp_path, batch=2))
+    assert torch.equal(fewer.tokens, first.tokens[: len(fewer)])
     # From a later prompt on (--continuation-start): the batch of prompts 2 and 3 is new and
     # named by its first prompt; prompt 2's continuation is the one generated before.
     monkeypatch.undo()
-    later = continuation_features(target, files, 24, 2, layers, tmp_path, batch=2, start=2)
+    later = FeatureParts(continuation_features(target, files, 24, 2, layers, tmp_path, batch=2, start=2))
     assert "part-000002-2.safetensors" in {path.name for path in tmp_path.iterdir()}
-    assert later is not None and torch.equal(later.tokens[0], first.tokens[-1])
+    assert torch.equal(later.tokens[0], first.tokens[-1])
 
 
 def test_a_continuation_start_past_the_datas_prompts_is_an_error(float64_target, tmp_path):
@@ -125,8 +126,8 @@ def quiet_bar(label: str, total: int):
 
 
 def test_a_run_stopped_by_its_budget_goes_on_to_the_same_data(float64_target, tmp_path):
-    """Stopped after two of its four pieces (continuations, held-out continuations, windows,
-    held-out windows), then run again: the data of one uninterrupted run, bit for bit, and the
+    """Stopped after two of its four pieces (held-out continuations, held-out windows, windows,
+    continuations), then run again: the data of one uninterrupted run, bit for bit, and the
     pieces saved before the stop are read, not made again."""
     target, plan = float64_target, small_plan(float64_target)
     with pytest.raises(BudgetSpent, match="after 0 of 8 windows"):
@@ -137,7 +138,7 @@ def test_a_run_stopped_by_its_budget_goes_on_to_the_same_data(float64_target, tm
     resumed = prepare(target, plan, tmp_path / "stopped", print, quiet_bar, checks)
     assert checks.left == 10 - 2  # only the two pieces not saved were made
     whole = prepare(target, plan, tmp_path / "whole", print, quiet_bar)
-    for got, expected in zip(resumed[:2], whole[:2], strict=True):
+    for got, expected in ((resumed[0].whole(), whole[0].whole()), (resumed[1], whole[1])):
         for name in ("tokens", "features", "final", "greedy"):
             assert torch.equal(getattr(got, name), getattr(expected, name)), name
     assert torch.equal(resumed[2], whole[2])
@@ -183,3 +184,26 @@ def test_the_installed_files_the_long_and_edit_suites_send_are_left_out():
     assert rich / "console.py" not in kept and rich / "align.py" not in kept
     assert rich / "table.py" in kept
     assert rich / "console.py" in collect_files([rich], skip_folders={"__pycache__"}, leave_out_suites=False)
+
+
+def test_feature_parts_read_the_sequences_their_parts_hold_in_order(tmp_path):
+    """Training draws batches from the saved parts without concatenating them: any selection (across
+    parts' borders, repeated, out of order, a slice) is what the concatenated data gives."""
+    generator = torch.Generator().manual_seed(0)
+
+    def random_part(count: int) -> HeadFeatures:
+        return HeadFeatures(torch.randint(0, 50, (count, 6), generator=generator),
+                            torch.randn(count, 6, 12, generator=generator).half(),
+                            torch.randn(count, 6, 4, generator=generator).half(),
+                            torch.randint(0, 50, (count, 6), generator=generator))
+
+    parts = [random_part(count) for count in (3, 1, 4)]
+    for index, part in enumerate(parts):
+        part.save(tmp_path / f"part-{index}.safetensors")
+    stored = FeatureParts([tmp_path / f"part-{index}.safetensors" for index in range(3)])
+    whole = HeadFeatures.cat(parts)
+    assert len(stored) == 8 and torch.equal(stored.tokens, whole.tokens)
+    for rows in (torch.tensor([7, 0, 3, 3, 2, 4]), slice(2, 5), slice(None)):
+        got, expected = stored.select(rows), whole.select(rows)
+        for name in ("tokens", "features", "final", "greedy"):
+            assert torch.equal(getattr(got, name), getattr(expected, name)), name

@@ -81,11 +81,12 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
                           feature_layers: tuple[int, ...], folder: Path,
                           progress: Callable[[int], None] | None = None, batch: int = 32,
                           start: int = 0, say: Callable[[str], None] | None = None,
-                          budget: Budget = UNLIMITED) -> HeadFeatures | None:
+                          budget: Budget = UNLIMITED) -> list[Path]:
     """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
-    lines before it, at most half the window), from prompt ``start`` on, with their features; each
-    batch is saved in ``folder`` when done and read back from there on a later run (code_prompts'
-    first N prompts are the same for any larger count: a run that asks for more reuses these).
+    lines before it, at most half the window), from prompt ``start`` on, with their features: the
+    paths of the saved batches, in order. Each batch is saved in ``folder`` when done and read back
+    from there on a later run (code_prompts' first N prompts are the same for any larger count: a
+    run that asks for more reuses these).
     The data gives a limited number of prompts (two per file): none from ``start`` on is an error
     (the run would train on corpus windows alone), fewer than ``count`` is told through ``say``.
     ``budget``: checked before each batch not yet saved (BudgetSpent once spent)."""
@@ -98,14 +99,14 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
             f"of the {count} asked for)")
     prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
                for p in available[start:]]
-    parts = []
+    paths = []
     for first in range(start, start + len(prompts), batch):
         group = prompts[first - start : first - start + batch]
-        part = saved_piece(folder / f"part-{first:06d}-{len(group)}.safetensors",  # a short last batch: its own part
+        path = saved_piece(folder / f"part-{first:06d}-{len(group)}.safetensors",  # a short last batch: its own part
                            functools.partial(record_continuations, target, group, length, feature_layers),
                            budget, f"after {first - start} of {len(prompts)} continuations")
-        if part is not None:
-            parts.append(part)
+        if path is not None:  # a batch whose every continuation stopped early saves nothing
+            paths.append(path)
         if progress is not None:
             progress(len(group))
-    return HeadFeatures.cat(parts) if parts else None
+    return paths

@@ -22,6 +22,8 @@ from specdec.drafting.head_format import own_network, target_shape
 from specdec.models.base import Attention, LanguageModel, Segment
 from specdec.training.budget import UNLIMITED, Budget
 
+FIELDS = ("tokens", "features", "final", "greedy")  # HeadFeatures' tensors, in order, as saved
+
 
 @dataclass
 class HeadFeatures:
@@ -42,16 +44,14 @@ class HeadFeatures:
     @staticmethod
     def cat(parts: Sequence[HeadFeatures]) -> HeadFeatures:
         """The sequences of every part, in order."""
-        return HeadFeatures(*(torch.cat([getattr(part, name) for part in parts])
-                              for name in ("tokens", "features", "final", "greedy")))
+        return HeadFeatures(*(torch.cat([getattr(part, name) for part in parts]) for name in FIELDS))
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
 
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        save_file({name: getattr(self, name).contiguous() for name in ("tokens", "features", "final", "greedy")},
-                  str(partial))
+        save_file({name: getattr(self, name).contiguous() for name in FIELDS}, str(partial))
         partial.replace(path)
 
     @staticmethod
@@ -59,7 +59,7 @@ class HeadFeatures:
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
-        return HeadFeatures(tensors["tokens"], tensors["features"], tensors["final"], tensors["greedy"])
+        return HeadFeatures(*(tensors[name] for name in FIELDS))
 
 
 def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: int) -> list[list[int]]:
@@ -107,36 +107,38 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
     return features, final.float().half().cpu(), greedy
 
 
-def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Budget, where: str,
-                ) -> HeadFeatures | None:
-    """A piece of a head's data (a batch of continuations, a part of windows): read from ``path``
-    where a run saved it, else made (once ``budget`` allows it: BudgetSpent names ``where``) and saved."""
+def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Budget, where: str) -> Path | None:
+    """A piece of a head's data (a batch of continuations, a part of windows): ``path`` where a run
+    saved it, else made (once ``budget`` allows it: BudgetSpent names ``where``) and saved there;
+    None where ``make`` gave nothing."""
     if path.exists():
-        return HeadFeatures.load(path)
+        return path
     budget.check(where)
     part = make()
-    if part is not None:
-        part.save(path)
-    return part
+    if part is None:
+        return None
+    part.save(path)
+    return path
 
 
 def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
                     folder: Path, progress: Callable[[int], None] | None = None, budget: Budget = UNLIMITED,
-                    part_size: int = 64) -> HeadFeatures:
+                    part_size: int = 64) -> list[Path]:
     """extract_features over ``windows``, ``part_size`` at a time, each part a saved_piece in
-    ``folder`` (the caller keys the folder by what chose the windows). The parts' batches are the
-    ones a single pass makes (``part_size`` a multiple of the batch), so the features are the same bits."""
-    parts = []
+    ``folder`` (the caller keys the folder by what chose the windows); the parts' paths, in order.
+    The parts' batches are the ones a single pass makes (``part_size`` a multiple of the batch), so
+    the features are the same bits."""
+    paths = []
     for first in range(0, len(windows), part_size):
         chosen = windows[first : first + part_size]
-        part = saved_piece(folder / f"part-{first:06d}-{len(chosen)}.safetensors",
+        path = saved_piece(folder / f"part-{first:06d}-{len(chosen)}.safetensors",
                            functools.partial(extract_features, target, chosen, feature_layers),
                            budget, f"after {first} of {len(windows)} windows")
-        assert part is not None, "extract_features always makes a part"
-        parts.append(part)
+        assert path is not None, "extract_features always makes a part"
+        paths.append(path)
         if progress is not None:
             progress(len(chosen))
-    return HeadFeatures.cat(parts)
+    return paths
 
 
 @torch.inference_mode()

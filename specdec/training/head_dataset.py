@@ -15,6 +15,7 @@ from specdec.corpus_files import training_files
 from specdec.models.base import LanguageModel
 from specdec.training.budget import UNLIMITED, Budget
 from specdec.training.data import split_files
+from specdec.training.feature_parts import FeatureParts
 from specdec.training.head_continuations import continuation_features
 from specdec.training.head_data import HeadFeatures, corpus_windows, draft_vocabulary, window_features
 
@@ -41,10 +42,12 @@ class DataPlan:
 
 def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callable[[str], None],
             progress_bar: Callable[[str, int], Callable[[int], None]], budget: Budget = UNLIMITED,
-            ) -> tuple[HeadFeatures, HeadFeatures, torch.Tensor]:
+            ) -> tuple[FeatureParts, HeadFeatures, torch.Tensor]:
     """(train features, held-out features, draft vocabulary). Every piece (a batch of continuations,
     a part of windows) is saved under ``cache_dir`` when done and read back by a later run; the
-    ``budget`` is checked before each piece not yet saved (BudgetSpent once it is used up)."""
+    ``budget`` is checked before each piece not yet saved (BudgetSpent once it is used up). The
+    training features stay in their parts on disk (FeatureParts: read a batch at a time); the
+    held-out set, small, is read whole."""
     folder = cache_dir / plan.key()
     files = training_files(plan.data)
     train_files, heldout_files = split_files(files, 0.05)
@@ -56,33 +59,35 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
             f"the data gives no {length}-token sequences to train on (or none held out): "
             "give more files with --data, or a shorter --sequence-length"
         )
-    train_parts: list[HeadFeatures] = []
-    held_parts: list[HeadFeatures] = []
-    # Continuations first: a start past the data's prompts fails before minutes of corpus features.
-    if plan.continuation_sequences:  # held out: as many continuations of held-out files as corpus windows
-        # Not keyed by the counts: the first N prompts are the same for any larger count, so a run
-        # asking for more continuations (or fewer) reuses every batch generated before.
-        prompts_key = plan.key("data", "sequence_length", "feature_layers", "target", "corpus_rule")
-        generated = cache_dir / f"continuations-{prompts_key}"
-        for parts, source, start, count, name in (
-                (train_parts, train_files, plan.continuation_start, plan.continuation_sequences, "continuations"),
-                (held_parts, heldout_files, 0, len(heldout), "heldout-continuations")):
-            continued = continuation_features(target, source, length, count, plan.feature_layers, generated / name,
-                                              progress_bar(f"target {name}", count), start=start, say=say,
-                                              budget=budget)
-            if continued is not None:
-                parts.append(continued)
+    # Continuations are not keyed by their counts: the first N prompts are the same for any larger
+    # count, so a run asking for more continuations (or fewer) reuses every batch generated before.
+    prompts_key = plan.key("data", "sequence_length", "feature_layers", "target", "corpus_rule")
     # Windows are keyed by everything that chooses them (a larger count takes others from each file).
     windows_key = plan.key("data", "sequence_length", "corpus_sequences", "heldout_sequences", "feature_layers",
                            "target", "corpus_rule")
-    for parts, chosen, name, label in ((train_parts, windows, "windows", "target features"),
-                                       (held_parts, heldout, "heldout-windows", "held-out features")):
-        if chosen:  # corpus windows ahead of continuations, as the cache has always held them
-            parts.insert(0, window_features(target, chosen, plan.feature_layers, cache_dir / f"{name}-{windows_key}",
-                                            progress_bar(label, len(chosen)), budget))
+
+    def continued(source: list[Path], start: int, count: int, name: str) -> list[Path]:
+        if not count:
+            return []
+        return continuation_features(target, source, length, count, plan.feature_layers,
+                                     cache_dir / f"continuations-{prompts_key}" / name,
+                                     progress_bar(f"target {name}", count), start=start, say=say, budget=budget)
+
+    def windowed(chosen: list[list[int]], name: str, label: str) -> list[Path]:
+        return window_features(target, chosen, plan.feature_layers, cache_dir / f"{name}-{windows_key}",
+                               progress_bar(label, len(chosen)), budget) if chosen else []
+
+    # The held-out pieces first (as many continuations of held-out files as held-out windows), so
+    # that a run its budget stops early can already be measured on them; then the training
+    # windows, then the continuations. Each set holds its windows ahead of its continuations.
+    held_continued = continued(heldout_files, 0, len(heldout) if plan.continuation_sequences else 0,
+                               "heldout-continuations")
+    held_parts = windowed(heldout, "heldout-windows", "held-out features") + held_continued
+    train_parts = windowed(windows, "windows", "target features")
+    train_parts += continued(train_files, plan.continuation_start, plan.continuation_sequences, "continuations")
     if not train_parts:
         raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
-    train, held = HeadFeatures.cat(train_parts), HeadFeatures.cat(held_parts)
+    train, held = FeatureParts(train_parts), FeatureParts(held_parts).whole()
     vocabulary = draft_vocabulary(train.tokens.tolist(), plan.draft_vocab, target.vocab_size)
     held.save(folder / "heldout.safetensors")  # what benchmarks/cpu/head_heldout.py reads
     (folder / "draft_vocab.json").write_text(json.dumps(vocabulary.tolist()))

@@ -89,10 +89,9 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                 save_checkpoint, out, head, optimizer, generator, step, history, settings))
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, settings.steps, settings.learning_rate)
+            batch = sample_batch(train, settings.batch_size, generator)  # outside autocast: its torch.cat of float16 fails inside
             with autocast():
-                result = unrolled_loss(
-                    head, sample_batch(train, settings.batch_size, generator), output_rows, settings.ttt_steps
-                )
+                result = unrolled_loss(head, batch, output_rows, settings.ttt_steps)
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 0.5)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafting.head import DraftHead
+from specdec.training.feature_parts import FeatureParts
 from specdec.training.head_data import HeadFeatures
 
 STEP_WEIGHT = 0.8
@@ -110,7 +111,9 @@ def evaluate(
     return HeadLoss(torch.tensor(sum(losses) / count), per_step)
 
 
-def sample_batch(data: HeadFeatures, size: int, generator: torch.Generator) -> HeadFeatures:
+def sample_batch(data: HeadFeatures | FeatureParts, size: int, generator: torch.Generator) -> HeadFeatures:
+    """``size`` sequences drawn with replacement (the same draws from a FeatureParts as from its
+    parts concatenated)."""
     return data.select(torch.randint(0, len(data), (size,), generator=generator))
 
 
