@@ -12,7 +12,7 @@ from specdec import SamplingParams, SpeculativeDecoder, load
 from specdec.drafting.head import default_feature_layers
 from specdec.training import head_continuations
 from specdec.training.budget import Budget, BudgetSpent
-from specdec.training.feature_parts import FeatureParts
+from specdec.training.feature_parts import FeatureParts, leading_parts
 from specdec.training.head_continuations import continuation_features, record_continuations
 from specdec.training.head_data import HeadFeatures, extract_features
 from specdec.training.head_dataset import DataPlan, prepare
@@ -207,3 +207,19 @@ def test_feature_parts_read_the_sequences_their_parts_hold_in_order(tmp_path):
         got, expected = stored.select(rows), whole.select(rows)
         for name in ("tokens", "features", "final", "greedy"):
             assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    # A learning curve's shares: the first parts holding at least N sequences.
+    paths = stored.paths
+    assert leading_parts(paths, 3) == paths[:1] and leading_parts(paths, 4) == paths[:2]
+    assert leading_parts(paths, 5) == leading_parts(paths, None) == leading_parts(paths, 100) == paths
+
+
+def test_training_on_a_share_of_the_data_reads_only_that_share(float64_target, tmp_path):
+    """--train-windows 0 trains on the continuations alone, --train-continuations 0 on the windows
+    alone; the data made and the draft vocabulary are the whole run's."""
+    target, plan = float64_target, small_plan(float64_target)
+    every, held, vocabulary = prepare(target, plan, tmp_path, print, quiet_bar)
+    windows, _, same_vocabulary = prepare(target, plan, tmp_path, print, quiet_bar, StopsAfter(0), (None, 0))
+    continued, _, _ = prepare(target, plan, tmp_path, print, quiet_bar, StopsAfter(0), (0, None))
+    assert len(windows) == 8 and len(windows) + len(continued) == len(every)
+    assert torch.equal(windows.tokens, every.tokens[:8]) and torch.equal(continued.tokens, every.tokens[8:])
+    assert torch.equal(same_vocabulary, vocabulary)

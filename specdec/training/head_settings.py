@@ -26,5 +26,9 @@ class HeadTraining:
     eval_every: int = 200
     checkpoint_every: int = 100
     seed: int = 0
+    # Train on only the first N windows / continuations of the data (whole saved parts; None: all),
+    # the rest made and kept: a learning curve's points from one data set.
+    train_windows: int | None = None
+    train_continuations: int | None = None
     hours: float | None = None  # this run's budget: it stops (all saved) when spent; the same command goes on
     command: str = ""

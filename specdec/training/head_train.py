@@ -71,7 +71,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
 
             return advance
 
-        train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar, budget)
+        train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar, budget,
+                                             (settings.train_windows, settings.train_continuations))
         torch.manual_seed(settings.seed)
         head = initial_head(target, settings, vocabulary, layers).float().train()
         device = head.fc.weight.device
@@ -89,7 +90,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                 save_checkpoint, out, head, optimizer, generator, step, history, settings))
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, settings.steps, settings.learning_rate)
-            batch = sample_batch(train, settings.batch_size, generator)  # outside autocast: its torch.cat of float16 fails inside
+            # Drawn outside autocast: its torch.cat of float16 parts fails inside it.
+            batch = sample_batch(train, settings.batch_size, generator)
             with autocast():
                 result = unrolled_loss(head, batch, output_rows, settings.ttt_steps)
             optimizer.zero_grad(set_to_none=True)
