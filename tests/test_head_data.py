@@ -201,7 +201,7 @@ def test_feature_parts_read_the_sequences_their_parts_hold_in_order(tmp_path):
     for index, part in enumerate(parts):
         part.save(tmp_path / f"part-{index}.safetensors")
     stored = FeatureParts([tmp_path / f"part-{index}.safetensors" for index in range(3)])
-    whole = HeadFeatures.cat(parts)
+    whole = HeadFeatures.cat([HeadFeatures.load(path) for path in stored.paths])
     assert len(stored) == 8 and torch.equal(stored.tokens, whole.tokens)
     for rows in (torch.tensor([7, 0, 3, 3, 2, 4]), slice(2, 5), slice(None)):
         got, expected = stored.select(rows), whole.select(rows)
@@ -223,3 +223,30 @@ def test_training_on_a_share_of_the_data_reads_only_that_share(float64_target, t
     assert len(windows) == 8 and len(windows) + len(continued) == len(every)
     assert torch.equal(windows.tokens, every.tokens[:8]) and torch.equal(continued.tokens, every.tokens[8:])
     assert torch.equal(same_vocabulary, vocabulary)
+
+
+def test_saved_parts_hold_hidden_states_in_float8_with_a_scale_per_layer_slice(tmp_path):
+    """A part keeps each token's layer slices to float8's precision relative to the slice's largest
+    value (a slice of huge outliers does not flatten another layer's small values); token ids and
+    greedy tokens exactly; and a float16 part saved before (no scales) reads as it was."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(1)
+    hidden = 16
+    features = torch.randn(2, 5, 3 * hidden, generator=generator)
+    features[..., :hidden] *= 1000.0  # the first layer's slice: outliers three orders larger
+    data = HeadFeatures(torch.randint(0, 50, (2, 5), generator=generator), features.half(),
+                        torch.randn(2, 5, hidden, generator=generator).half(),
+                        torch.randint(0, 50, (2, 5), generator=generator))
+    data.save(tmp_path / "part.safetensors")
+    back = HeadFeatures.load(tmp_path / "part.safetensors")
+    assert torch.equal(back.tokens, data.tokens) and torch.equal(back.greedy, data.greedy)
+    for name in ("features", "final"):
+        original = getattr(data, name).float().unflatten(-1, (-1, hidden))
+        error = (getattr(back, name).float().unflatten(-1, (-1, hidden)) - original).abs().amax(-1)
+        assert (error <= original.abs().amax(-1) / 16).all(), name  # e4m3: 3 mantissa bits
+    assert (back.features[..., hidden:].float() - data.features[..., hidden:].float()).abs().max() < 0.5
+    save_file({name: getattr(data, name).contiguous() for name in ("tokens", "features", "final", "greedy")},
+              str(tmp_path / "float16.safetensors"))
+    old = HeadFeatures.load(tmp_path / "float16.safetensors")
+    assert torch.equal(old.features, data.features) and torch.equal(old.final, data.final)

@@ -1,9 +1,9 @@
 """A head's data as the parts it was saved in, read a sequence at a time when a batch asks for it.
 
-Why: the features are ~12 KB a token (float16: three feature layers and the final state of a
-1.5B target), so a few million tokens are tens of gigabytes: more than the RAM of the machines
-that make them. The parts stay on disk (safetensors, memory-mapped); only the token ids, which
-the draft vocabulary is counted from, are read whole.
+Why: the features are ~6 KB a token (float8: three feature layers and the final state of a 1.5B
+target; 12 KB in the float16 parts saved before), so a few million tokens are tens of gigabytes:
+more than the RAM of the machines that make them. The parts stay on disk (safetensors,
+memory-mapped); only the token ids, which the draft vocabulary is counted from, are read whole.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specdec.training.head_data import FIELDS, HeadFeatures
+from specdec.training.head_data import HeadFeatures
 
 
 def sequences_in(path: Path) -> int:
@@ -56,15 +56,16 @@ class FeatureParts:
     def select(self, rows: torch.Tensor | slice) -> HeadFeatures:
         """These sequences (an index tensor or a slice), read from their parts."""
         indices = torch.arange(self._count)[rows] if isinstance(rows, slice) else rows
-        picked: dict[str, list[torch.Tensor]] = {name: [] for name in FIELDS}
+        rows_read: list[HeadFeatures] = []
         for index in indices.tolist():
             part = bisect.bisect_right(self._starts, index) - 1
             local = index - self._starts[part]
-            for name in FIELDS:
-                picked[name].append(self._files[part].get_slice(name)[local : local + 1])
-        if not picked["tokens"]:
+            handle = self._files[part]
+            rows_read.append(HeadFeatures.from_stored({name: handle.get_slice(name)[local : local + 1]
+                                                       for name in handle.keys()}))
+        if not rows_read:
             raise ValueError("no sequences selected")
-        return HeadFeatures(*(torch.cat(picked[name]) for name in FIELDS))
+        return HeadFeatures.cat(rows_read)
 
     def whole(self) -> HeadFeatures:
         """Every sequence in memory (held-out sets, tests)."""
