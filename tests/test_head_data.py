@@ -250,3 +250,28 @@ def test_saved_parts_hold_hidden_states_in_float8_with_a_scale_per_layer_slice(t
               str(tmp_path / "float16.safetensors"))
     old = HeadFeatures.load(tmp_path / "float16.safetensors")
     assert torch.equal(old.features, data.features) and torch.equal(old.final, data.final)
+
+
+def test_head_prompts_take_the_kinds_in_turn_two_a_file(tmp_path):
+    """Completions, docstrings, bodies, classes and chat requests in turn, never more than two from
+    a file, and a stream: the first N prompts are the same for any larger count (saved batches of
+    continuations are keyed by their first prompt's number)."""
+    from specdec.training.head_prompts import KINDS, head_prompts
+
+    source = (
+        "import os\n\n\nclass Box:\n    def __init__(self, size):\n        self.size = size\n\n"
+        "    def area(self, scale=1):\n        \"\"\"The box's area.\"\"\"\n"
+        "        width = self.size * scale\n        height = self.size * scale\n        return width * height\n"
+    )
+    files = []
+    for index in range(6):
+        files.append(tmp_path / f"module{index}.py")
+        files[-1].write_text(source.replace("Box", f"Box{index}"))
+    prompts = head_prompts(files, 100)
+    assert [prompt.kind for prompt in prompts[: len(KINDS)]] == list(KINDS)
+    assert all(sum(prompt.file == file for prompt in prompts) <= 2 for file in files)
+    assert len(prompts) == 12 and head_prompts(files, 7) == prompts[:7]
+    chat = next(prompt for prompt in prompts if prompt.kind == "chat")
+    assert "```python\n    def area(self, scale=1):\n        \"\"\"The box's area.\"\"\"\n```" in chat.request
+    docstring = next(prompt for prompt in prompts if prompt.kind == "docstring")
+    assert docstring.text.endswith('    def area(self, scale=1):\n        """')

@@ -18,9 +18,10 @@ import torch
 
 from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
+from specdec.text import chat_prompt_ids
 from specdec.training.budget import UNLIMITED, Budget
-from specdec.training.data import code_prompts
 from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers, saved_piece
+from specdec.training.head_prompts import HeadPrompt, head_prompts
 
 
 class FeatureRecorder(BaseDrafter):
@@ -77,28 +78,34 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
     return HeadFeatures(torch.tensor(windows, dtype=torch.long), features, final, greedy)
 
 
+def prompt_ids(tokenizer, prompt: HeadPrompt) -> list[int]:
+    """A prompt's token ids: a chat request through the target's chat template, else the text."""
+    if prompt.kind == "chat":
+        return chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt.request}])
+    return tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+
+
 def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
                           feature_layers: tuple[int, ...], folder: Path,
                           progress: Callable[[int], None] | None = None, batch: int = 32,
                           start: int = 0, say: Callable[[str], None] | None = None,
                           budget: Budget = UNLIMITED) -> list[Path]:
-    """Up to ``count`` continuations of code prompts from ``files`` (a function's signature and the
-    lines before it, at most half the window), from prompt ``start`` on, with their features: the
-    paths of the saved batches, in order. Each batch is saved in ``folder`` when done and read back
-    from there on a later run (code_prompts' first N prompts are the same for any larger count: a
-    run that asks for more reuses these).
+    """Up to ``count`` continuations of prompts from ``files`` (head_prompts: completions, docstrings,
+    class bodies, chat requests; at most half the window, its end kept), from prompt ``start`` on,
+    with their features: the paths of the saved batches, in order. Each batch is saved in
+    ``folder`` when done and read back from there on a later run (head_prompts' first N prompts are
+    the same for any larger count: a run that asks for more reuses these).
     The data gives a limited number of prompts (two per file): none from ``start`` on is an error
     (the run would train on corpus windows alone), fewer than ``count`` is told through ``say``.
     ``budget``: checked before each batch not yet saved (BudgetSpent once spent)."""
-    available = code_prompts(files, start + count)
+    available = head_prompts(files, start + count)
     if count and len(available) <= start:
         raise ValueError(f"--continuation-start {start}: the data gives {len(available)} prompts (two per file), "
                          "none from there on; give more files with --data, or a smaller --continuation-start")
     if len(available) < start + count and say is not None:
         say(f"continuations: prompts {start}-{len(available) - 1}, the last the data gives ({len(available) - start} "
             f"of the {count} asked for)")
-    prompts = [target.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"][-(length // 2):]
-               for p in available[start:]]
+    prompts = [prompt_ids(target.tokenizer, prompt)[-(length // 2):] for prompt in available[start:]]
     paths = []
     for first in range(start, start + len(prompts), batch):
         group = prompts[first - start : first - start + batch]

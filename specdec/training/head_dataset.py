@@ -18,6 +18,7 @@ from specdec.training.data import split_files
 from specdec.training.feature_parts import FeatureParts, leading_parts
 from specdec.training.head_continuations import continuation_features
 from specdec.training.head_data import HeadFeatures, corpus_windows, draft_vocabulary, window_features
+from specdec.training.head_prompts import PROMPT_RULE
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class DataPlan:
     continuation_start: int = 0  # the training continuations' first prompt (held-out ones start at 0)
     # The file list's rule: another rule gives other prompts under the same numbers (cache keys).
     corpus_rule: str = "suite quotes left out"
+    prompt_rule: str = PROMPT_RULE  # the continuations' prompts (head_prompts)
 
     def key(self, *fields: str) -> str:
         """A short hash of these fields (all when none are named)."""
@@ -64,7 +66,7 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
         )
     # Continuations are not keyed by their counts: the first N prompts are the same for any larger
     # count, so a run asking for more continuations (or fewer) reuses every batch generated before.
-    prompts_key = plan.key("data", "sequence_length", "feature_layers", "target", "corpus_rule")
+    prompts_key = plan.key("data", "sequence_length", "feature_layers", "target", "corpus_rule", "prompt_rule")
     # Windows are keyed by everything that chooses them (a larger count takes others from each file).
     windows_key = plan.key("data", "sequence_length", "corpus_sequences", "heldout_sequences", "feature_layers",
                            "target", "corpus_rule")
