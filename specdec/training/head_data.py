@@ -114,13 +114,12 @@ def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: i
     return windows[:max_windows]
 
 
-def draft_vocabulary(windows: Sequence[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:  # [size] int64
-    """The ``size`` most frequent tokens of the data (ties: lower id first), as EAGLE-3 chooses."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for window in windows:
-        counts += torch.bincount(torch.tensor(window), minlength=vocab_size)
+def draft_vocabulary(tokens: torch.Tensor, size: int, vocab_size: int) -> torch.Tensor:  # [size] int64
+    """The ``size`` most frequent of ``tokens`` (any shape, int64; ties: lower id first), as EAGLE-3
+    chooses."""
+    counts = torch.bincount(tokens.flatten(), minlength=vocab_size).tolist()  # one pass: millions of tokens
     size = min(size, vocab_size)
-    order = sorted(range(vocab_size), key=lambda token: (-int(counts[token]), token))
+    order = sorted(range(vocab_size), key=lambda token: (-counts[token], token))
     return torch.tensor(sorted(order[:size]), dtype=torch.long)
 
 

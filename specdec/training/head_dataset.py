@@ -94,7 +94,7 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     if not train_parts:
         raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
     every, held = FeatureParts(train_parts), FeatureParts(held_parts).whole()
-    vocabulary = draft_vocabulary(every.tokens.tolist(), plan.draft_vocab, target.vocab_size)
+    vocabulary = draft_vocabulary(every.tokens, plan.draft_vocab, target.vocab_size)
     share = leading_parts(window_parts, train_on[0]) + leading_parts(continuation_parts, train_on[1])
     train = every if share == train_parts else FeatureParts(share)
     held.save(folder / "heldout.safetensors")  # what benchmarks/cpu/head_heldout.py reads
