@@ -272,6 +272,6 @@ def test_head_prompts_take_the_kinds_in_turn_two_a_file(tmp_path):
     assert all(sum(prompt.file == file for prompt in prompts) <= 2 for file in files)
     assert len(prompts) == 12 and head_prompts(files, 7) == prompts[:7]
     chat = next(prompt for prompt in prompts if prompt.kind == "chat")
-    assert "```python\n    def area(self, scale=1):\n        \"\"\"The box's area.\"\"\"\n```" in chat.request
+    assert "```python\ndef area(self, scale=1):\n    \"\"\"The box's area.\"\"\"\n```" in chat.request  # dedented
     docstring = next(prompt for prompt in prompts if prompt.kind == "docstring")
     assert docstring.text.endswith('    def area(self, scale=1):\n        """')

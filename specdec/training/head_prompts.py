@@ -11,6 +11,7 @@ requests (an original and an instruction) are not made here: a file gives no ins
 from __future__ import annotations
 
 import random
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from specdec.corpus_files import read_text
 KINDS = ("signature", "docstring", "body", "class", "chat")
 # What DataPlan keys continuations by: other kinds (or another mix) give other prompts under the
 # same numbers.
-PROMPT_RULE = "kinds " + " ".join(KINDS) + ", in turn, two a file"
+PROMPT_RULE = "kinds " + " ".join(KINDS) + ", in turn, two a file; chat blocks dedented"
 CONTEXT_LINES = 8  # lines before the cut: what the file says before the function
 CHAT_BLOCK_LINES = 16  # a chat request's code block at most (a signature and its docstring)
 # Chat requests in several wordings (none of them a benchmark suite's).
@@ -73,7 +74,7 @@ def prompts_of_file(path: Path, generator: random.Random) -> dict[str, list[Head
         if closing is not None:
             opened = lines[number + 1][: len(lines[number + 1]) - len(lines[number + 1].lstrip())] + '"""'
             found["docstring"].append(HeadPrompt("docstring", *where, before + opened))
-            block = "\n".join(lines[number : closing + 1])
+            block = textwrap.dedent("\n".join(lines[number : closing + 1]))  # a method's, as a function's
             wording = CHAT_REQUESTS[generator.randrange(len(CHAT_REQUESTS))]
             found["chat"].append(HeadPrompt("chat", *where, request=f"{wording}\n\n```python\n{block}\n```"))
         body_start = number + 1 if closing is None else closing + 1
