@@ -223,6 +223,10 @@ def test_training_on_a_share_of_the_data_reads_only_that_share(float64_target, t
     assert len(windows) == 8 and len(windows) + len(continued) == len(every)
     assert torch.equal(windows.tokens, every.tokens[:8]) and torch.equal(continued.tokens, every.tokens[8:])
     assert torch.equal(same_vocabulary, vocabulary)
+    from safetensors import safe_open
+
+    with safe_open(str(next(tmp_path.rglob("heldout.safetensors"))), framework="pt") as handle:
+        assert handle.metadata() == {"windows": "2"}  # head_heldout.py's split: windows first
 
 
 def test_saved_parts_hold_hidden_states_in_float8_with_a_scale_per_layer_slice(tmp_path):

@@ -1,6 +1,7 @@
 """Held-out top-1 agreement per depth of one or more heads on a train-head feature cache's
 held-out set, its library windows and its target continuations apart (with
-`--continuation-sequences`, train-head holds out as many of each, windows first):
+`--continuation-sequences`, train-head holds out as many continuations as windows, windows first,
+less those that stopped early; the file's header says how many windows):
 
     python benchmarks/cpu/head_heldout.py --target $M/qwen2.5-coder-1.5b --dtype bfloat16 --inexact \\
         --heldout /work/runs/head-qwen15-cont/features/*/heldout.safetensors --heads OLD NEW
@@ -12,6 +13,7 @@ import argparse
 import json
 
 import torch
+from safetensors import safe_open
 
 from specdec import load
 from specdec.drafting import load_head
@@ -33,8 +35,9 @@ def main() -> None:
     target = load(args.target, dtype=args.dtype, exact=not args.inexact,
                   quantize=None if args.quantize == "none" else args.quantize)
     held = HeadFeatures.load(args.heldout)
-    half = len(held) // 2
-    halves = {"library": held.select(slice(0, half)), "continuations": held.select(slice(half, None))}
+    with safe_open(args.heldout, framework="pt") as handle:  # the count of windows, where train-head wrote it
+        windows = int((handle.metadata() or {}).get("windows", len(held) // 2))
+    halves = {"library": held.select(slice(0, windows)), "continuations": held.select(slice(windows, None))}
     rows = target_output_rows(target)  # [vocab, hidden]
     for path in args.heads:
         head = load_head(path, target).float()

@@ -83,12 +83,14 @@ class HeadFeatures:
 
         return HeadFeatures(*(value(name) for name in FIELDS))
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, metadata: dict[str, str] | None = None) -> None:
+        """Written whole or not at all; ``metadata``: the file header's (such as a held-out set's
+        count of windows)."""
         from safetensors.torch import save_file
 
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        save_file(self.stored(), str(partial))
+        save_file(self.stored(), str(partial), metadata=metadata)
         partial.replace(path)
 
     @staticmethod

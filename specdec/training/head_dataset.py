@@ -97,7 +97,9 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     vocabulary = draft_vocabulary(every.tokens, plan.draft_vocab, target.vocab_size)
     share = leading_parts(window_parts, train_on[0]) + leading_parts(continuation_parts, train_on[1])
     train = every if share == train_parts else FeatureParts(share)
-    held.save(folder / "heldout.safetensors")  # what benchmarks/cpu/head_heldout.py reads
+    # What benchmarks/cpu/head_heldout.py reads; its windows come first (continuations may be fewer:
+    # those that stopped early are left out).
+    held.save(folder / "heldout.safetensors", {"windows": str(len(heldout))})
     (folder / "draft_vocab.json").write_text(json.dumps(vocabulary.tolist()))
     say(f"features: {len(train)} training sequences ({train.tokens.numel():,} tokens"
         + (f" of the {len(every)} made" if train is not every else "") + f"), {len(held)} held out; "
