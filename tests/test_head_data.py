@@ -12,9 +12,9 @@ from specdec import SamplingParams, SpeculativeDecoder, load
 from specdec.drafting.head import default_feature_layers
 from specdec.training import head_continuations
 from specdec.training.budget import Budget, BudgetSpent
-from specdec.training.feature_parts import FeatureParts, leading_parts
+from specdec.training.feature_parts import FeatureParts
 from specdec.training.head_continuations import continuation_features, record_continuations
-from specdec.training.head_data import HeadFeatures, extract_features
+from specdec.training.head_data import HeadFeatures, draft_vocabulary, extract_features
 from specdec.training.head_dataset import DataPlan, prepare
 
 
@@ -207,22 +207,30 @@ def test_feature_parts_read_the_sequences_their_parts_hold_in_order(tmp_path):
         got, expected = stored.select(rows), whole.select(rows)
         for name in ("tokens", "features", "final", "greedy"):
             assert torch.equal(getattr(got, name), getattr(expected, name)), name
-    # A learning curve's shares: the first parts holding at least N sequences.
-    paths = stored.paths
-    assert leading_parts(paths, 3) == paths[:1] and leading_parts(paths, 4) == paths[:2]
-    assert leading_parts(paths, 5) == leading_parts(paths, None) == leading_parts(paths, 100) == paths
 
 
-def test_training_on_a_share_of_the_data_reads_only_that_share(float64_target, tmp_path):
-    """--train-windows 0 trains on the continuations alone, --train-continuations 0 on the windows
-    alone; the data made and the draft vocabulary are the whole run's."""
+def test_training_on_a_share_of_the_data_makes_only_that_share(float64_target, tmp_path, monkeypatch):
+    """--train-windows / --train-continuations: only the share's pieces are made (whole pieces: the
+    same ones a run of the whole plan makes, so they serve it later), and the draft vocabulary is
+    the share's. Windows alone plus continuations alone are the whole plan's data."""
+    from specdec.training import head_data, head_dataset
+
     target, plan = float64_target, small_plan(float64_target)
-    every, held, vocabulary = prepare(target, plan, tmp_path, print, quiet_bar)
-    windows, _, same_vocabulary = prepare(target, plan, tmp_path, print, quiet_bar, StopsAfter(0), (None, 0))
+    monkeypatch.setattr(head_dataset, "WINDOWS_A_PART", 4)  # 8 windows: two parts
+    monkeypatch.setattr(head_data, "WINDOWS_A_PART", 4)
+    checks = StopsAfter(10)
+    first, _, vocabulary = prepare(target, plan, tmp_path, print, quiet_bar, checks, (3, 0))
+    assert checks.left == 10 - 3  # held-out continuations, held-out windows, one part of windows
+    assert len(first) == 4 and torch.equal(vocabulary, draft_vocabulary(first.tokens, 32, target.vocab_size))
+    checks = StopsAfter(10)
+    every, held, _ = prepare(target, plan, tmp_path, print, quiet_bar, checks)
+    assert checks.left == 10 - 2  # the share's parts serve the whole plan: only the second part and
+    # the continuations are made
     continued, _, _ = prepare(target, plan, tmp_path, print, quiet_bar, StopsAfter(0), (0, None))
+    windows, _, _ = prepare(target, plan, tmp_path, print, quiet_bar, StopsAfter(0), (None, 0))
     assert len(windows) == 8 and len(windows) + len(continued) == len(every)
-    assert torch.equal(windows.tokens, every.tokens[:8]) and torch.equal(continued.tokens, every.tokens[8:])
-    assert torch.equal(same_vocabulary, vocabulary)
+    assert torch.equal(first.tokens, every.tokens[:4]) and torch.equal(windows.tokens, every.tokens[:8])
+    assert torch.equal(continued.tokens, every.tokens[8:])
     from safetensors import safe_open
 
     with safe_open(str(next(tmp_path.rglob("heldout.safetensors"))), framework="pt") as handle:

@@ -44,8 +44,8 @@ def add_parser(commands, add_model_options) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name, what in (("windows", "corpus windows"), ("continuations", "continuations")):
         parser.add_argument(f"--train-{name}", type=int, metavar="N",
-                            help=f"train on only the first N {what} of the data (whole saved parts; the rest is "
-                                 "made and kept): a learning curve's points from one data set, each with its own --out")
+                            help=f"make and train on only the first N {what} of the plan (whole saved parts, the "
+                                 "ones the whole plan reads): a learning curve's points, each with its own --out")
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument(
         "--precision", default=defaults.precision, choices=["auto", "float32", "bfloat16"],

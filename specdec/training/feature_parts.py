@@ -18,33 +18,13 @@ from safetensors import safe_open
 from specdec.training.head_data import HeadFeatures
 
 
-def sequences_in(path: Path) -> int:
-    """The sequences a saved part holds (read from its header)."""
-    with safe_open(str(path), framework="pt") as handle:
-        return handle.get_slice("tokens").get_shape()[0]
-
-
-def leading_parts(paths: Sequence[Path], sequences: int | None) -> list[Path]:
-    """The first parts that hold at least ``sequences`` sequences (all of them where None, or where
-    they hold fewer): a learning curve's shares of one data set, in whole parts."""
-    if sequences is None:
-        return list(paths)
-    chosen, held = [], 0
-    for path in paths:
-        if held >= sequences:
-            break
-        chosen.append(path)
-        held += sequences_in(path)
-    return chosen
-
-
 class FeatureParts:
     """The sequences of ``paths`` (saved HeadFeatures), in order, as one data set."""
 
     def __init__(self, paths: Sequence[Path]) -> None:
         self.paths = list(paths)
         self._files = [safe_open(str(path), framework="pt") for path in self.paths]
-        sizes = [handle.get_slice("tokens").get_shape()[0] for handle in self._files]  # as sequences_in
+        sizes = [handle.get_slice("tokens").get_shape()[0] for handle in self._files]
         self._starts = [sum(sizes[:index]) for index in range(len(sizes))]  # each part's first sequence
         self._count = sum(sizes)
         self.tokens = (torch.cat([handle.get_tensor("tokens") for handle in self._files])  # [N, S] int64

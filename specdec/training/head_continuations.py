@@ -78,6 +78,9 @@ def record_continuations(target: LanguageModel, prompts: Sequence[Sequence[int]]
     return HeadFeatures(torch.tensor(windows, dtype=torch.long), features, final, greedy)
 
 
+CONTINUATIONS_A_BATCH = 32  # prompts generated and saved together
+
+
 def prompt_ids(tokenizer, prompt: HeadPrompt) -> list[int]:
     """A prompt's token ids: a chat request through the target's chat template, else the text."""
     if prompt.kind == "chat":
@@ -87,7 +90,7 @@ def prompt_ids(tokenizer, prompt: HeadPrompt) -> list[int]:
 
 def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
                           feature_layers: tuple[int, ...], folder: Path,
-                          progress: Callable[[int], None] | None = None, batch: int = 32,
+                          progress: Callable[[int], None] | None = None, batch: int = CONTINUATIONS_A_BATCH,
                           start: int = 0, say: Callable[[str], None] | None = None,
                           budget: Budget = UNLIMITED) -> list[Path]:
     """Up to ``count`` continuations of prompts from ``files`` (head_prompts: completions, docstrings,

@@ -158,13 +158,17 @@ def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Bud
     return path
 
 
+WINDOWS_A_PART = 64  # corpus windows saved together (a multiple of extract_features' batch)
+
+
 def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
                     folder: Path, progress: Callable[[int], None] | None = None, budget: Budget = UNLIMITED,
-                    part_size: int = 64) -> list[Path]:
-    """extract_features over ``windows``, ``part_size`` at a time, each part a saved_piece in
+                    part_size: int | None = None) -> list[Path]:
+    """extract_features over ``windows``, ``part_size`` (default WINDOWS_A_PART) at a time, each part a saved_piece in
     ``folder`` (the caller keys the folder by what chose the windows); the parts' paths, in order.
     The parts' batches are the ones a single pass makes (``part_size`` a multiple of the batch), so
     the features are the same bits."""
+    part_size = part_size or WINDOWS_A_PART
     paths = []
     for first in range(0, len(windows), part_size):
         chosen = windows[first : first + part_size]

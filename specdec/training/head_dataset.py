@@ -15,9 +15,15 @@ from specdec.corpus_files import training_files
 from specdec.models.base import LanguageModel
 from specdec.training.budget import UNLIMITED, Budget
 from specdec.training.data import split_files
-from specdec.training.feature_parts import FeatureParts, leading_parts
-from specdec.training.head_continuations import continuation_features
-from specdec.training.head_data import HeadFeatures, corpus_windows, draft_vocabulary, window_features
+from specdec.training.feature_parts import FeatureParts
+from specdec.training.head_continuations import CONTINUATIONS_A_BATCH, continuation_features
+from specdec.training.head_data import (
+    WINDOWS_A_PART,
+    HeadFeatures,
+    corpus_windows,
+    draft_vocabulary,
+    window_features,
+)
 from specdec.training.head_prompts import PROMPT_RULE
 
 
@@ -50,9 +56,10 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     a part of windows) is saved under ``cache_dir`` when done and read back by a later run; the
     ``budget`` is checked before each piece not yet saved (BudgetSpent once it is used up). The
     training features stay in their parts on disk (FeatureParts: read a batch at a time); the
-    held-out set, small, is read whole. ``train_on``: train on only the first (windows,
-    continuations) of the data, in whole parts (None: all); everything is made all the same.
-    The draft vocabulary is counted over all of the training data either way."""
+    held-out set, small, is read whole. ``train_on``: only the first (windows, continuations' prompts)
+    of the plan are made and trained on, in whole parts (None: all); they are the same parts a run
+    of the whole plan makes and reads, so a learning curve's points can be trained while the rest is
+    still to be made. The draft vocabulary is counted over the training data trained on."""
     folder = cache_dir / plan.key()
     files = training_files(plan.data)
     train_files, heldout_files = split_files(files, 0.05)
@@ -88,23 +95,26 @@ def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callabl
     held_continued = continued(heldout_files, 0, len(heldout) if plan.continuation_sequences else 0,
                                "heldout-continuations")
     held_parts = windowed(heldout, "heldout-windows", "held-out features") + held_continued
-    window_parts = windowed(windows, "windows", "target features")
-    continuation_parts = continued(train_files, plan.continuation_start, plan.continuation_sequences, "continuations")
-    train_parts = window_parts + continuation_parts
+    window_parts = windowed(windows[: share(len(windows), train_on[0], WINDOWS_A_PART)], "windows", "target features")
+    train_parts = window_parts + continued(
+        train_files, plan.continuation_start,
+        share(plan.continuation_sequences, train_on[1], CONTINUATIONS_A_BATCH), "continuations")
     if not train_parts:
         raise ValueError("the target stopped (EOS) before every continuation reached --sequence-length tokens")
-    every, held = FeatureParts(train_parts), FeatureParts(held_parts).whole()
-    vocabulary = draft_vocabulary(every.tokens, plan.draft_vocab, target.vocab_size)
-    share = leading_parts(window_parts, train_on[0]) + leading_parts(continuation_parts, train_on[1])
-    train = every if share == train_parts else FeatureParts(share)
+    train, held = FeatureParts(train_parts), FeatureParts(held_parts).whole()
+    vocabulary = draft_vocabulary(train.tokens, plan.draft_vocab, target.vocab_size)
     # What benchmarks/cpu/head_heldout.py reads; its windows come first (continuations may be fewer:
     # those that stopped early are left out).
     held.save(folder / "heldout.safetensors", {"windows": str(len(heldout))})
     (folder / "draft_vocab.json").write_text(json.dumps(vocabulary.tolist()))
-    say(f"features: {len(train)} training sequences ({train.tokens.numel():,} tokens"
-        + (f" of the {len(every)} made" if train is not every else "") + f"), {len(held)} held out; "
+    say(f"features: {len(train)} training sequences ({train.tokens.numel():,} tokens), {len(held)} held out; "
         f"{disk_use(cache_dir) / 1e9:.2f} GB on disk in {cache_dir}")
     return train, held, vocabulary
+
+
+def share(count: int, limit: int | None, piece: int) -> int:
+    """The first ``limit`` of ``count`` (None: all), rounded up to whole pieces of ``piece``."""
+    return count if limit is None else min(count, -(-limit // piece) * piece)
 
 
 def disk_use(folder: Path) -> int:

@@ -26,8 +26,8 @@ class HeadTraining:
     eval_every: int = 200
     checkpoint_every: int = 100
     seed: int = 0
-    # Train on only the first N windows / continuations of the data (whole saved parts; None: all),
-    # the rest made and kept: a learning curve's points from one data set.
+    # Make and train on only the first N windows / continuations' prompts of the plan (whole saved
+    # parts, the ones the whole plan reads; None: all): a learning curve's points.
     train_windows: int | None = None
     train_continuations: int | None = None
     hours: float | None = None  # this run's budget: it stops (all saved) when spent; the same command goes on
