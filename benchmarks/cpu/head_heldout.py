@@ -11,15 +11,32 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from specdec import load
 from specdec.drafting import load_head
+from specdec.machine import has_fast_bfloat16
 from specdec.training.head_data import HeadFeatures
 from specdec.training.head_train import target_output_rows
 from specdec.training.head_trainer import evaluate
+
+
+def heldout_agreement(target, head_path: str, heldout_path: str, depths: int = 4,
+                      rows: torch.Tensor | None = None) -> dict[str, list[float]]:
+    """The head's top-1 agreement by depth on the held-out set's windows and continuations apart
+    (rows: target_output_rows(target), where the caller has them)."""
+    held = HeadFeatures.load(Path(heldout_path))
+    with safe_open(heldout_path, framework="pt") as handle:  # the count of windows, where train-head wrote it
+        windows = int((handle.metadata() or {}).get("windows", len(held) // 2))
+    halves = {"library": held.select(slice(0, windows)), "continuations": held.select(slice(windows, None))}
+    rows = target_output_rows(target) if rows is None else rows  # [vocab, hidden]
+    head = load_head(head_path, target).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=has_fast_bfloat16()):
+        return {name: [round(a, 4) for a in evaluate(head, part, rows[head.draft_token_ids.cpu()], depths).agreement]
+                for name, part in halves.items() if len(part)}
 
 
 def main() -> None:
@@ -34,18 +51,10 @@ def main() -> None:
     args = parser.parse_args()
     target = load(args.target, dtype=args.dtype, exact=not args.inexact,
                   quantize=None if args.quantize == "none" else args.quantize)
-    held = HeadFeatures.load(args.heldout)
-    with safe_open(args.heldout, framework="pt") as handle:  # the count of windows, where train-head wrote it
-        windows = int((handle.metadata() or {}).get("windows", len(held) // 2))
-    halves = {"library": held.select(slice(0, windows)), "continuations": held.select(slice(windows, None))}
-    rows = target_output_rows(target)  # [vocab, hidden]
+    rows = target_output_rows(target)
     for path in args.heads:
-        head = load_head(path, target).float()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            scores = {name: evaluate(head, part, rows[head.draft_token_ids.cpu()], args.depths).agreement
-                      for name, part in halves.items()}
-        rounded = {name: [round(a, 3) for a in agreement] for name, agreement in scores.items()}
-        print(json.dumps({"head": path, **rounded}), flush=True)
+        scores = heldout_agreement(target, path, args.heldout, args.depths, rows)
+        print(json.dumps({"head": path, **scores}), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ training-time-test loop with checkpoints and progress, the saved folder and its 
 from __future__ import annotations
 
 import functools
+import json
 import platform
 import time
 from dataclasses import asdict
@@ -18,6 +19,7 @@ from specdec.drafting.head_finder import target_identity, write_identity
 from specdec.drafting.head_format import load_head, new_head, save_head, target_shape
 from specdec.machine import has_fast_bfloat16, isa_summary
 from specdec.training.budget import Budget
+from specdec.training.head_dataset import DataPlan
 from specdec.training.head_settings import HeadTraining
 
 
@@ -38,24 +40,13 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     """Train (or resume) a head for ``target``; returns the saved EAGLE-3 folder. Raises BudgetSpent
     when ``settings.hours`` run out first (the data generated and the last step saved: the same
     settings go on from there)."""
-    from specdec.training.head_dataset import DataPlan, prepare
+    from specdec.training.head_dataset import prepare
     from specdec.training.head_trainer import evaluate, learning_rate, sample_batch, unrolled_loss
 
     console = console or Console(stderr=True)
     out = Path(settings.out)
-    shape = target_shape(target)
-    layers = default_feature_layers(shape.num_layers)
-    plan = DataPlan(
-        settings.data,
-        settings.sequence_length,
-        settings.corpus_sequences,
-        settings.continuation_sequences,
-        settings.heldout_sequences,
-        settings.draft_vocab,
-        layers,
-        f"{target.name}:{target.precision}:{target.path}",  # int8 and float32 targets share a dtype
-        settings.continuation_start,
-    )
+    plan = data_plan(target, settings)
+    layers = plan.feature_layers
     started = time.perf_counter()
     budget = Budget(settings.hours)
     with progress_bar(console) as progress:
@@ -118,10 +109,30 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     hours = (time.perf_counter() - started) / 3600
     card = model_card(target, settings, history, hours, len(train), plan, str(matmuls).removeprefix("torch."))
     folder = save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
+    # The model card's facts for programs (benchmarks/cpu/head_curve.py): what it was trained on.
+    (folder / "training.json").write_text(json.dumps({
+        "sequences": len(train), "tokens": int(train.tokens.numel()), "steps": settings.steps,
+        "hours_this_run": round(hours, 4), "history": history}, indent=1))
     identity = target_identity(target)
     if identity is not None:  # so that `auto` finds the head for this target by itself
         write_identity(folder, identity)
     return folder
+
+
+def data_plan(target, settings: HeadTraining) -> DataPlan:
+    """What the data of ``settings`` is for ``target`` (its cache key: heldout.safetensors lies in
+    ``--out/features/<plan.key()>``)."""
+    return DataPlan(
+        settings.data,
+        settings.sequence_length,
+        settings.corpus_sequences,
+        settings.continuation_sequences,
+        settings.heldout_sequences,
+        settings.draft_vocab,
+        default_feature_layers(target_shape(target).num_layers),
+        f"{target.name}:{target.precision}:{target.path}",  # int8 and float32 targets share a dtype
+        settings.continuation_start,
+    )
 
 
 def initial_head(target, settings: HeadTraining, vocabulary: torch.Tensor, layers: tuple[int, ...]):
