@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from roofline import probe  # (this folder: the script's own path comes first)
-from streaming_split import time_linears
+from streaming_split import split_line, time_linears
 
 from specdec.machine import write_measurement
 from specdec.models.fused_layer import FusedDecoderLayer
@@ -94,9 +94,7 @@ def main() -> None:
     gbs = statistics.median(read_gbs)
     print(f"{len(linears)} packed linears, {weight_bytes / 1e9:.3f} GB; probe {gbs:.1f} GB/s (median of {args.rounds})")
     for name in placements:
-        linear, forward = statistics.median(linear_ms[name]), statistics.median(forward_ms[name])
-        print(f"{name}: linears alone {linear:.2f} ms ({weight_bytes / linear / 1e6:.1f} GB/s, "
-              f"{weight_bytes / linear / 1e6 / gbs:.2f} of the probe); T(1) {forward:.2f} ms")
+        print(f"{name}: {split_line(weight_bytes, linear_ms[name], forward_ms[name], gbs)}")
     path = write_measurement(args.out, {"model": args.model, "quantize": args.quantize, "weight_bytes": weight_bytes,
                                         "read_gbs": read_gbs, "linear_ms": linear_ms, "forward_ms": forward_ms})
     print(f"-> {path}")

@@ -30,6 +30,14 @@ def time_linears(linears: list[PackedLinear], rows: list[torch.Tensor]) -> float
     return time.perf_counter() - started
 
 
+def split_line(weight_bytes: int, linear_ms: list[float], forward_ms: list[float], gbs: float, k: int = 1) -> str:
+    """The medians of the linears alone and of T(k), the linears' read rate against the probe's."""
+    linear, forward = statistics.median(linear_ms), statistics.median(forward_ms)
+    return (f"linears alone {linear:.2f} ms ({weight_bytes / linear / 1e6:.1f} GB/s, "
+            f"{weight_bytes / linear / 1e6 / gbs:.2f} of the probe); T({k}) {forward:.2f} ms "
+            f"(the forward adds {forward - linear:.2f} ms)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
@@ -59,10 +67,7 @@ def main() -> None:
     gbs = statistics.median(read_gbs)
     print(f"{len(linears)} packed linears, {weight_bytes / 1e9:.3f} GB; probe {gbs:.1f} GB/s")
     for k in blocks:
-        linear, forward = statistics.median(linear_ms[k]), statistics.median(forward_ms[k])
-        print(f"k={k}: linears alone {linear:.2f} ms ({weight_bytes / linear / 1e6:.1f} GB/s, "
-              f"{weight_bytes / linear / 1e6 / gbs:.2f} of the probe); T({k}) {forward:.2f} ms "
-              f"(the forward adds {forward - linear:.2f} ms)")
+        print(f"k={k}: {split_line(weight_bytes, linear_ms[k], forward_ms[k], gbs, k)}")
     path = write_measurement(args.out, {"model": args.model, "quantize": args.quantize, "weight_bytes": weight_bytes,
                                         "read_gbs": read_gbs, "linear_ms": linear_ms, "forward_ms": forward_ms})
     print(f"-> {path}")

@@ -9,6 +9,7 @@ memory-mapped); only the token ids, which the draft vocabulary is counted from, 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +26,7 @@ class FeatureParts:
         self.paths = list(paths)
         self._files = [safe_open(str(path), framework="pt") for path in self.paths]
         sizes = [handle.get_slice("tokens").get_shape()[0] for handle in self._files]
-        self._starts = [sum(sizes[:index]) for index in range(len(sizes))]  # each part's first sequence
+        self._starts = [0, *itertools.accumulate(sizes)][:-1]  # each part's first sequence
         self._count = sum(sizes)
         self.tokens = (torch.cat([handle.get_tensor("tokens") for handle in self._files])  # [N, S] int64
                        if self._files else torch.empty(0, 0, dtype=torch.long))
