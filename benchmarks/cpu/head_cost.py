@@ -4,9 +4,11 @@
         [--head-quantize auto|none|int8|int4] [--out FILE.json]
 
 Times, after a 200-token context (medians of --repeats): the target's one-token forward T(1), one
-chain draft step of the head (a one-token head forward and the mapping of its logits into the
-target's vocabulary, as HeadDrafter does), and one tree depth of 4 nodes; for a head with packed
-linears, both its compiled layer calls and the torch layer, interleaved. Prints a table, writes JSON.
+greedy chain draft step of the head (a one-token head forward and the pick of its token, as
+HeadDrafter does: the argmax over the draft vocabulary, mapped to the target's id) and one greedy
+tree depth of 4 nodes (4 nodes' forward, the softmax over the draft vocabulary and each node's top
+4), each also as the head's forward alone (the rest is the pick); for a head with packed linears,
+both its compiled layer calls and the torch layer, interleaved. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -58,29 +61,33 @@ def main() -> None:
         del heads["compiled"]
     t1 = time_block(target, prefilled_cache(target, 1, args.context), 1, args.repeats)
     steps = {name: head_steps(head, target, args.context) for name, head in heads.items()}
-    times: dict[str, dict[str, list[float]]] = {name: {"chain": [], "tree": []} for name in steps}
+    times: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in timed} for name, timed in steps.items()}
     for _ in range(5):  # interleaved rounds: the machine's drift touches both alike
-        for name, (chain_step, tree_depth) in steps.items():
-            times[name]["chain"].append(median_seconds(chain_step, args.repeats))
-            times[name]["tree"].append(median_seconds(tree_depth, args.repeats))
+        for name, timed in steps.items():
+            for kind, run in timed.items():
+                times[name][kind].append(median_seconds(run, args.repeats))
     result: dict = {"target": target.name, "quantize": args.quantize, "head": str(args.head),
                     "head_quantize": head_quantize, "draft_vocab": next(iter(heads.values())).config.draft_vocab_size,
                     "target_T1_ms": 1000 * t1, "layers": {}}
-    print("| head layer | target T(1) ms | head chain step ms | c = step / T(1) | tree depth of 4 nodes ms | / T(1) |\n"
-          "|---|---|---|---|---|---|")
+    print("| head layer | target T(1) ms | head chain step ms | of which the head's forward | c = step / T(1) "
+          "| tree depth of 4 nodes ms | of which the head's forward | / T(1) |\n|---|---|---|---|---|---|---|---|")
     for name, measured in times.items():
-        chain, tree = statistics.median(measured["chain"]), statistics.median(measured["tree"])
-        result["layers"][name] = {"head_chain_step_ms": 1000 * chain, "head_tree_depth4_ms": 1000 * tree,
-                                  "chain_step_over_T1": chain / t1, "tree_depth4_over_T1": tree / t1}
-        print(f"| {name} | {1000 * t1:.2f} | {1000 * chain:.2f} | {chain / t1:.3f} | {1000 * tree:.2f} | "
-              f"{tree / t1:.3f} |")
+        ms = {kind: 1000 * statistics.median(samples) for kind, samples in measured.items()}
+        result["layers"][name] = {"head_chain_step_ms": ms["chain"], "head_chain_forward_ms": ms["chain_forward"],
+                                  "head_tree_depth4_ms": ms["tree"], "head_tree_forward_ms": ms["tree_forward"],
+                                  "chain_step_over_T1": ms["chain"] / 1000 / t1,
+                                  "tree_depth4_over_T1": ms["tree"] / 1000 / t1}
+        print(f"| {name} | {1000 * t1:.2f} | {ms['chain']:.2f} | {ms['chain_forward']:.2f} | "
+              f"{ms['chain'] / 1000 / t1:.3f} | {ms['tree']:.2f} | {ms['tree_forward']:.2f} | "
+              f"{ms['tree'] / 1000 / t1:.3f} |")
     write_measurement(args.out, result)
     print(f"wrote {args.out} ({isa_summary()})")
 
 
-def head_steps(head, target, context_length: int):
-    """(one chain draft step, one tree depth of 4 nodes) of ``head``, as the drafters run them for
-    one request (batch-invariant, as every draft is), after a fed context."""
+def head_steps(head, target, context_length: int) -> dict[str, Callable[[], object]]:
+    """One chain draft step and one tree depth of 4 nodes of ``head`` as the drafters run them for
+    one request (batch-invariant, as every draft is), after a fed context, and the head's forward
+    of each alone."""
     drafter = HeadDrafter(head, target.max_context)
     context = torch.arange(context_length) % target.vocab_size
     state = drafter.start(context)
@@ -88,19 +95,23 @@ def head_steps(head, target, context_length: int):
     drafter.feed([state])
     token, position = torch.tensor([5]), torch.tensor([state.fed])
 
+    def chain_forward():
+        return head(token, state.root_features, position, drafter.cache, Attention.chain(1, state.row))[0]
+
     def chain_step():
-        logits, _ = head(token, state.root_features, position, drafter.cache, Attention.chain(1, state.row))
-        drafter.to_target(logits).argmax(-1).tolist()
+        return drafter.columns.token_ids[chain_forward().argmax(-1)].tolist()
 
     nodes = torch.tensor([5, 6, 7, 8])
     segment = Segment(state.row, 4, (-1, -1, -1, -1))
 
-    def tree_depth():
-        logits, _ = head(nodes, state.root_features.expand(4, -1), position.expand(4), drafter.cache,
-                         Attention((segment,)))
-        drafter.to_target(logits).softmax(-1).topk(4, dim=-1).values.tolist()
+    def tree_forward():
+        return head(nodes, state.root_features.expand(4, -1), position.expand(4), drafter.cache,
+                    Attention((segment,)))[0]
 
-    return chain_step, tree_depth
+    def tree_depth():
+        return drafter.columns.token_ids[tree_forward().softmax(-1).topk(4, dim=-1).indices].tolist()
+
+    return {"chain": chain_step, "chain_forward": chain_forward, "tree": tree_depth, "tree_forward": tree_forward}
 
 
 if __name__ == "__main__":

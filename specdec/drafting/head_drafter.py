@@ -2,7 +2,8 @@
 dynamic tree (EAGLE-2: the nodes with the highest cumulative draft probability, tree_steps).
 
 q is the head's softmax over its draft vocabulary mapped into the target's (zero outside it), after
-the request's sampling settings, so verification stays exact; greedy drafts take the argmax.
+the request's sampling settings, so verification stays exact; greedy drafts take the argmax over the
+draft vocabulary's logits alone (LogitColumns), mapped to the target's token ids.
 
 Every request of an engine step drafts in lockstep (drafting/lockstep.py): one head forward feeds
 them all the target's new features, then one head forward per depth scores every request's next
@@ -25,9 +26,10 @@ from collections.abc import Sequence
 import torch
 
 from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
+from specdec.core.sampling import SamplingParams
 from specdec.drafting.head import DraftHead
 from specdec.drafting.lockstep import run_in_lockstep
-from specdec.drafting.model import chain_steps
+from specdec.drafting.model import LogitColumns, chain_steps
 from specdec.drafting.tree import NewNodes, check_tree_shape, draft_distribution, tree_steps
 from specdec.models.base import Attention, Segment, tree_depths
 from specdec.models.cache import RowPool
@@ -46,10 +48,10 @@ class HeadState:
         self.fed = 0
         self.pending_tokens: list[torch.Tensor] = []  # [m] int64 pieces
         self.pending_hidden: list[torch.Tensor] = []  # [m, features] pieces, the target's
-        self.root_logits: torch.Tensor | None = None  # [1, vocab]
+        self.root_logits: torch.Tensor | None = None  # [1, draft_vocab]
         self.root_features: torch.Tensor | None = None  # [1, hidden]
 
-    def root(self) -> tuple[torch.Tensor, torch.Tensor]:  # logits [1, vocab], features [1, hidden]
+    def root(self) -> tuple[torch.Tensor, torch.Tensor]:  # logits [1, draft_vocab], features [1, hidden]
         """What the last feed left: the first draft token's logits, the features the next position reads."""
         if self.root_logits is None or self.root_features is None:
             raise RuntimeError("a head drafts from a request only after a feed")
@@ -79,6 +81,7 @@ class HeadDrafter(BaseDrafter):
         self.rows = RowPool(head.new_cache(max_context))  # one row per request drafting; more as needed
         self.cache = self.rows.cache
         self.device = head.d2t.device
+        self.columns = LogitColumns(head.draft_token_ids, head.config.vocab_size)  # what the head's logits are over
 
     def describe(self) -> str:
         return f"EAGLE-3 head ({self.head.config.draft_vocab_size}-token draft vocabulary)"
@@ -92,11 +95,6 @@ class HeadDrafter(BaseDrafter):
 
     def observe(self, request: DraftRequest, outcome: StepOutcome) -> None:
         request.draft_state.queue(outcome.emitted, outcome.hidden)
-
-    def to_target(self, draft_logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab]
-        """Logits over the target's vocabulary: -inf outside the draft vocabulary (q = 0 there)."""
-        logits = draft_logits.new_full((draft_logits.shape[0], self.head.config.vocab_size), float("-inf"))
-        return logits.index_copy_(1, self.head.draft_token_ids, draft_logits)
 
     def feed(self, states: Sequence[HeadState]) -> None:
         """Drop each row's last draft and feed every request's queued pairs, in one forward (committed)."""
@@ -118,7 +116,7 @@ class HeadDrafter(BaseDrafter):
             self.cache.commit(state.row, block.shape[0])
             state.fed += block.shape[0]
             state.pending_tokens, state.pending_hidden = [], []
-            state.root_logits, state.root_features = self.to_target(logits[index : index + 1]), features[end - 1 : end]
+            state.root_logits, state.root_features = logits[index : index + 1], features[end - 1 : end]
 
     def drafting(self, requests: Sequence[DraftRequest], gammas: Sequence[int],
                  budget: int | None = None) -> list[tuple[int, int]]:
@@ -142,10 +140,10 @@ class HeadDrafter(BaseDrafter):
         drafting = self.drafting(requests, gammas)
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
         features = [state.root()[1] for state in states]  # [1, hidden] each: what the next position reads
-        routines = [chain_steps(state.root()[0], gamma, requests[index])
+        routines = [chain_steps(state.root()[0], gamma, requests[index], self.columns)
                     for state, (index, gamma) in zip(states, drafting, strict=True)]
 
-        def score(asking: list[int], blocks: list[torch.Tensor]) -> list[torch.Tensor]:  # blocks [k] -> [1, vocab]
+        def score(asking: list[int], blocks: list[torch.Tensor]) -> list[torch.Tensor]:  # [k] -> [1, draft_vocab]
             # A block of forced tokens goes one token per forward: each position reads the output before it.
             logits: list[torch.Tensor] = [torch.empty(0)] * len(asking)
             for depth in range(max(block.shape[0] for block in blocks)):
@@ -158,7 +156,7 @@ class HeadDrafter(BaseDrafter):
                 for j, (i, row) in enumerate(zip(live, rows, strict=True)):
                     self.cache.commit(row, 1)  # dropped again by the next feed
                     features[asking[i]], logits[i] = out[j : j + 1], draft_logits[j : j + 1]
-            return list(self.to_target(torch.cat(logits)).split(1))  # one mapping for the batch
+            return logits
 
         for (index, _), draft in zip(drafting, run_in_lockstep(routines, score), strict=True):
             drafts[index] = draft
@@ -178,17 +176,23 @@ class HeadTreeDrafter(HeadDrafter):
     def describe(self) -> str:
         return f"{super().describe()} tree, up to {self.budget} nodes"
 
+    def draft_q(self, draft_logits: torch.Tensor,  # [k, draft_vocab]
+                sampling: SamplingParams) -> torch.Tensor:  # [k, draft_vocab] greedy, [k, vocab] sampling
+        """draft_distribution over the draft vocabulary when greedy (the tree's top children are the
+        same tokens), over the target's when sampling (verification reads q there)."""
+        return draft_distribution(draft_logits if sampling.greedy else self.columns.widen(draft_logits), sampling)
+
     def propose_many(self, requests: Sequence[DraftRequest], gammas: Sequence[int]) -> list[Draft]:
         drafts = [Draft.empty(request.context.device) for request in requests]
         drafting = self.drafting(requests, gammas, self.budget)
         states: list[HeadState] = [requests[index].draft_state for index, _ in drafting]
         samplings = [requests[index].sampling for index, _ in drafting]
         node_features: list[list[torch.Tensor]] = [[] for _ in drafting]  # [hidden] per node: the head's output
-        routines = [tree_steps(draft_distribution(state.root()[0], sampling), gammas[index], budget,
-                               self.branching, requests[index])
+        routines = [tree_steps(self.draft_q(state.root()[0], sampling), gammas[index], budget, self.branching,
+                               requests[index], self.columns if sampling.greedy else None)
                     for state, sampling, (index, budget) in zip(states, samplings, drafting, strict=True)]
 
-        def score(asking: list[int], questions: list[NewNodes]) -> list[torch.Tensor]:  # -> q [new, vocab] each
+        def score(asking: list[int], questions: list[NewNodes]) -> list[torch.Tensor]:  # -> q at the new nodes each
             blocks, positions, features, segments = [], [], [], []
             for i, (tokens, parents, new_nodes) in zip(asking, questions, strict=True):
                 state, written, depths = states[i], new_nodes[0], tree_depths(parents)
@@ -200,11 +204,10 @@ class HeadTreeDrafter(HeadDrafter):
             attention = Attention(tuple(segments))
             draft_logits, out = self.head(torch.cat(blocks), torch.cat(features), torch.cat(positions), self.cache,
                                           attention)
-            target_logits = self.to_target(draft_logits)  # one mapping for the batch
             scores = []
             for i, start, end in zip(asking, attention.offsets, attention.offsets[1:], strict=False):
                 node_features[i].extend(out[start:end])
-                scores.append(draft_distribution(target_logits[start:end], samplings[i]))
+                scores.append(self.draft_q(draft_logits[start:end], samplings[i]))
             return scores
 
         for (index, _), draft in zip(drafting, run_in_lockstep(routines, score), strict=True):

@@ -136,6 +136,22 @@ def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
     return count
 
 
+@dataclass(frozen=True)
+class LogitColumns:
+    """The target tokens a draft's logits are over, where that is a draft vocabulary (a head's):
+    a greedy pick needs only those columns (an argmax over 8,192 logits, not over the target's
+    151,936 with -inf in the rest: measured ~0.4 ms of a 0.9 ms head draft step on the 1.5B);
+    q for sampling and grammar masks are over the whole vocabulary (``widen``)."""
+
+    token_ids: torch.Tensor  # [columns] int64, ascending: ties pick the same token as in the wide logits
+    vocab_size: int
+
+    def widen(self, logits: torch.Tensor) -> torch.Tensor:  # [n, columns] -> [n, vocab]
+        """Logits over the target's vocabulary: -inf outside the columns (q = 0 there)."""
+        wide = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return wide.index_copy_(1, self.token_ids, logits)
+
+
 def sample_from_logits(
     logits: torch.Tensor,  # [1, vocab]
     request: DraftRequest,
@@ -161,10 +177,11 @@ def token_confidence(
 
 
 def chain_steps(
-    logits: torch.Tensor,  # [1, vocab]: the draft's logits for the first token
+    logits: torch.Tensor,  # [1, vocab] (or [1, columns]): the draft's logits for the first token
     gamma: int,
     request: DraftRequest,
-) -> DraftSteps[torch.Tensor]:  # yields token blocks [k], is sent the logits [1, vocab] after each block's last
+    columns: LogitColumns | None = None,  # what the logits are over, where not the whole vocabulary
+) -> DraftSteps[torch.Tensor]:  # yields token blocks [k], is sent the next logits (as the first's) after each
     """Up to gamma tokens, one at a time, each drawn from q (or the argmax when greedy); the
     request's policy may stop it early (stop_early, on the chain's probability under the draft).
     A constrained request's q is masked to what its grammar allows along the chain (the matcher
@@ -173,12 +190,16 @@ def chain_steps(
     mass, as the masked p is there) and the draft reads them in one forward. A generator
     (drafting/lockstep.py), so that a batch of requests can draft in lockstep."""
     sampling, stop_early, matcher = request.sampling, request.stop_early, request.matcher
+    # A greedy pick without a grammar reads the columns alone; q and masks need the whole vocabulary.
+    narrow_ids = columns.token_ids if columns is not None and sampling.greedy and matcher is None else None
     first_position = request.context.shape[0]
     tokens: list[torch.Tensor] = []  # [1] each
     probs: list[torch.Tensor] = []  # q rows: [1, vocab] each, or [k, vocab] for forced blocks
     chain_probability = 1.0
     try:
         while True:
+            if columns is not None and narrow_ids is None:
+                logits = columns.widen(logits)
             forced = matcher.forced()[: gamma - len(tokens)] if matcher is not None and matcher.draft_forced else []
             if forced:
                 block = torch.tensor(forced, dtype=torch.long, device=logits.device)
@@ -193,13 +214,16 @@ def chain_steps(
             if matcher is not None:
                 logits = matcher.mask_draft_logits(logits)
             token, step_probs = sample_from_logits(logits, request, first_position + len(tokens))
+            column = token  # the token's column in the logits
+            if narrow_ids is not None:
+                token = narrow_ids[column]
             tokens.append(token)
             if step_probs is not None:
                 probs.append(step_probs)
             if len(tokens) == gamma or (matcher is not None and not matcher.look_ahead(int(token))):
                 break
             if stop_early is not None:
-                chain_probability *= token_confidence(logits, step_probs, token, sampling)
+                chain_probability *= token_confidence(logits, step_probs, column, sampling)
                 if stop_early(len(tokens), chain_probability):
                     break
             logits = yield token

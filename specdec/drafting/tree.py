@@ -22,7 +22,7 @@ import torch
 from specdec.core.drafts import Draft, DraftRequest
 from specdec.core.sampling import SamplingParams, logits_to_probs
 from specdec.drafting.lockstep import DraftSteps, relay
-from specdec.drafting.model import DraftModelDrafter, DraftModelState, RowBlock
+from specdec.drafting.model import DraftModelDrafter, DraftModelState, LogitColumns, RowBlock
 from specdec.models.base import LanguageModel, tree_depths
 
 
@@ -48,17 +48,22 @@ NewNodes = tuple[list[int], list[int], list[int]]
 
 
 def tree_steps(
-    root_q: torch.Tensor,  # [1, vocab]: draft_distribution at the root
+    root_q: torch.Tensor,  # [1, vocab] (or [1, columns]): draft_distribution at the root
     depth_limit: int,
     budget: int,
     branching: int,
     request: DraftRequest,
-) -> DraftSteps[NewNodes]:  # yields each depth's NewNodes, is sent q at them [new, vocab]
+    columns: LogitColumns | None = None,  # what q is over, where a draft vocabulary (greedy only)
+) -> DraftSteps[NewNodes]:  # yields each depth's NewNodes, is sent q at them [new, vocab] (or [new, columns])
     """A tree of at most ``budget`` nodes and ``depth_limit`` depths, ``branching`` children per
     node at most; each depth gets an equal share of the budget (at least one node), so trees
     are as deep as the policy asks, not wide and shallow. One question per depth; a generator
-    (drafting/lockstep.py), so that a batch of requests can draft in lockstep."""
+    (drafting/lockstep.py), so that a batch of requests can draft in lockstep. A greedy tree may
+    score over a draft vocabulary's columns (its top children are the same tokens); a sampled
+    one's q is over the whole vocabulary, as verification reads it."""
     device, sampling = root_q.device, request.sampling
+    if columns is not None and not sampling.greedy:
+        raise ValueError("a sampled tree's q is over the target's whole vocabulary (widen it first)")
     first_position = request.context.shape[0]  # the output position of the root's children
     frontier = [-1]  # nodes whose children are drawn next (-1 = the root)
     frontier_q = root_q  # [frontier, vocab]
@@ -77,6 +82,8 @@ def tree_steps(
                 continue
             if sampling.greedy:  # the top tokens (any tree is exact when greedy)
                 children, child_q = top.indices[row, :count], top.values[row, :count]
+                if columns is not None:
+                    children = columns.token_ids[children]
             else:  # drawn one after another without replacement, as verification assumes
                 q_rows[node] = frontier_q[row]
                 children = request.rule.draw_distinct(frontier_q[row], first_position + depth, count)
