@@ -139,9 +139,10 @@ def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
 @dataclass(frozen=True)
 class LogitColumns:
     """The target tokens a draft's logits are over, where that is a draft vocabulary (a head's):
-    a greedy pick needs only those columns (an argmax over 8,192 logits, not over the target's
-    151,936 with -inf in the rest: measured ~0.4 ms of a 0.9 ms head draft step on the 1.5B);
-    q for sampling and grammar masks are over the whole vocabulary (``widen``)."""
+    a greedy pick needs only those columns (an argmax over a head's 8,192 logits, not over the
+    1.5B target's 151,936 with -inf in the rest: that mapping and pick were most of a draft step
+    beside the head's forward, docs/benchmarks/stack-epyc-vnni); q for sampling and grammar masks
+    are over the whole vocabulary (``widen``)."""
 
     token_ids: torch.Tensor  # [columns] int64, ascending: ties pick the same token as in the wide logits
     vocab_size: int
