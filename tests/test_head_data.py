@@ -287,3 +287,11 @@ def test_head_prompts_take_the_kinds_in_turn_two_a_file(tmp_path):
     assert "```python\ndef area(self, scale=1):\n    \"\"\"The box's area.\"\"\"\n```" in chat.request  # dedented
     docstring = next(prompt for prompt in prompts if prompt.kind == "docstring")
     assert docstring.text.endswith('    def area(self, scale=1):\n        """')
+
+
+def test_a_draft_vocabulary_keeps_a_heads_tokens_then_adds_the_most_frequent():
+    tokens = torch.tensor([[5, 5, 5, 7, 7, 2, 9, 9, 9, 9], [1, 1, 7, 0, 3, 3, 3, 3, 3, 8]])  # 3: 5x, 9: 4x, 5 and 7: 3x
+    assert draft_vocabulary(tokens, 3, 12).tolist() == [3, 5, 9]  # the most frequent (5 before 7: lower id)
+    # A head's tokens (even unseen ones: 11) stay; the rest go by frequency, ties to the lower id.
+    assert draft_vocabulary(tokens, 5, 12, keep=torch.tensor([0, 11])).tolist() == [0, 3, 5, 9, 11]
+    assert draft_vocabulary(tokens, 6, 12, keep=torch.tensor([0, 11])).tolist() == [0, 3, 5, 7, 9, 11]

@@ -18,7 +18,7 @@ from specdec.commands.train_head import HeadTraining
 from specdec.drafting.fused_head import FusedHeadLayer, fuse_head
 from specdec.drafting.head import DraftHead
 from specdec.drafting.head_drafter import HeadDrafter
-from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head
+from specdec.drafting.head_format import eagle3_tensors, load_head, new_head, save_head, widened_head
 from specdec.models.base import Segment
 from specdec.training.head_train import train_head
 
@@ -418,6 +418,43 @@ def test_training_goes_on_from_a_saved_head(float64_target, heads, tmp_path):
         expected = tensor.float().to(torch.bfloat16) if tensor.is_floating_point() else tensor  # saved as bf16
         assert torch.equal(eagle3_tensors(head)[name].to(expected.dtype), expected), name
     assert "started from the head at" in (saved / "README.md").read_text()
+
+
+def test_a_widened_head_keeps_its_weights_and_rows(heads):
+    head = heads["trained"]  # 64 of the tiny target's 96 tokens
+    old_ids = head.draft_token_ids
+    others = [token for token in range(head.config.vocab_size) if token not in set(old_ids.tolist())]
+    new_ids = torch.cat([old_ids, torch.tensor(others[:16])]).sort().values
+    wider = widened_head(head, new_ids)
+    assert wider.config.draft_vocab_size == 80 and torch.equal(wider.draft_token_ids, new_ids)
+    at = torch.searchsorted(new_ids, old_ids)
+    assert torch.equal(wider.lm_head.weight[at], head.lm_head.weight)
+    added = torch.ones(80, dtype=torch.bool)
+    added[at] = False
+    assert torch.equal(wider.lm_head.weight[added], head.lm_head.weight.mean(0).expand(16, -1))
+    for name, tensor in head.state_dict().items():
+        if name not in ("lm_head.weight", "d2t", "t2d"):
+            assert torch.equal(wider.state_dict()[name], tensor), name
+    assert wider.t2d.sum() == 80 and wider.lm_head.weight.dtype == head.lm_head.weight.dtype
+    with pytest.raises(ValueError, match="every token of the head's"):
+        widened_head(head, torch.tensor(others[:80]))
+
+
+def test_training_widens_a_saved_heads_draft_vocabulary(float64_target, heads, tmp_path):
+    """--init-head with a larger --draft-vocab: the head's 64 tokens and the data's most frequent
+    others up to 80; with a zero learning rate the saved rows are the widened head's."""
+    start = save_head(heads["trained"], tmp_path / "start", dtype=torch.float32)
+    settings = HeadTraining(out=str(tmp_path / "run"), data=(str(Path(specdec.__file__).parent),), steps=3,
+                            draft_vocab=80, sequence_length=48, corpus_sequences=8, heldout_sequences=2, batch_size=4,
+                            learning_rate=0.0, eval_every=3, checkpoint_every=3, init_head=str(start))
+    saved = train_head(float64_target, settings, Console(file=io.StringIO()))
+    head = load_head(saved, float64_target, dtype=torch.float64)
+    old_ids = heads["trained"].draft_token_ids
+    assert head.config.draft_vocab_size == 80 and torch.isin(old_ids, head.draft_token_ids).all()
+    at = torch.searchsorted(head.draft_token_ids, old_ids)
+    expected = heads["trained"].lm_head.weight.float().to(torch.bfloat16)  # saved as bf16
+    assert torch.equal(head.lm_head.weight[at].to(torch.bfloat16), expected)
+    assert "widened to 80" in (saved / "README.md").read_text()
 
 
 def test_training_precision_follows_the_option_and_the_hardware():

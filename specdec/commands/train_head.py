@@ -54,7 +54,10 @@ def add_parser(commands, add_model_options) -> None:
     )
     parser.add_argument("--intermediate-size", type=int, help="the head's MLP width (default: the target's)")
     parser.add_argument("--init-head", help="an EAGLE-3 head folder to start from (its draft vocabulary and sizes), "
-                                            "e.g. to go on training a head on the target's own continuations")
+                                            "e.g. to go on training a head on the target's own continuations; "
+                                            "a --draft-vocab larger than its vocabulary widens that with the "
+                                            "data's most frequent other tokens (their output rows start at the "
+                                            "mean of the head's)")
 
 
 def run(args: argparse.Namespace, console: Console, errors: Console) -> int:

@@ -13,6 +13,7 @@ Here q/k/v and gate/up are fused into one matmul each (as the target's forward d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -209,6 +210,27 @@ def own_network(target: LanguageModel) -> LlamaFamilyModel:
     if not isinstance(target.network, LlamaFamilyModel):
         raise ValueError(f"a draft head's data is read from a target on specdec's own forward, not {target.backend}")
     return target.network
+
+
+def widened_head(head: DraftHead, draft_token_ids: torch.Tensor) -> DraftHead:  # [draft_vocab] int64
+    """``head`` over a larger draft vocabulary that holds all of its own tokens: the same weights,
+    its output rows for its tokens, and for each new token the mean of its rows (at first the
+    logits of an average token, not of a random one: training moves them from there)."""
+    old_ids = head.draft_token_ids.cpu()
+    new_ids = draft_token_ids.cpu().sort().values
+    if new_ids.unique().shape != new_ids.shape or not torch.isin(old_ids, new_ids).all():
+        raise ValueError("a widened draft vocabulary holds every token of the head's, each once")
+    state = {name: tensor for name, tensor in head.state_dict().items() if name not in ("d2t", "t2d")}
+    old_rows = state["lm_head.weight"]  # [old draft_vocab, hidden]
+    wider = DraftHead(dataclasses.replace(head.config, draft_vocab_size=int(new_ids.shape[0])), head.embed_weight)
+    wider = wider.to(device=old_rows.device, dtype=old_rows.dtype)
+    wider.set_draft_vocab(new_ids.to(old_rows.device))
+    rows = old_rows.mean(0, keepdim=True).repeat(new_ids.shape[0], 1)
+    rows[torch.searchsorted(new_ids, old_ids)] = old_rows  # each old token's row where it now sits
+    state["lm_head.weight"] = rows
+    state.update(d2t=wider.d2t, t2d=wider.t2d)
+    wider.load_state_dict(state)
+    return wider
 
 
 def new_head(target: LanguageModel, draft_token_ids: torch.Tensor | None = None, intermediate_size: int | None = None,

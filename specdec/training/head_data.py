@@ -116,12 +116,15 @@ def corpus_windows(tokenizer, files: Sequence[Path], length: int, max_windows: i
     return windows[:max_windows]
 
 
-def draft_vocabulary(tokens: torch.Tensor, size: int, vocab_size: int) -> torch.Tensor:  # [size] int64
+def draft_vocabulary(tokens: torch.Tensor, size: int, vocab_size: int,
+                     keep: torch.Tensor | None = None) -> torch.Tensor:  # [size] int64, ascending
     """The ``size`` most frequent of ``tokens`` (any shape, int64; ties: lower id first), as EAGLE-3
-    chooses."""
+    chooses; with ``keep`` (a head's draft vocabulary, widened), those first, then the most
+    frequent others up to ``size``."""
     counts = torch.bincount(tokens.flatten(), minlength=vocab_size).tolist()  # one pass: millions of tokens
     size = min(size, vocab_size)
-    order = sorted(range(vocab_size), key=lambda token: (-counts[token], token))
+    kept = set() if keep is None else set(keep.tolist())
+    order = sorted(range(vocab_size), key=lambda token: (token not in kept, -counts[token], token))
     return torch.tensor(sorted(order[:size]), dtype=torch.long)
 
 

@@ -14,11 +14,12 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specdec.drafting.head import default_feature_layers
+from specdec.drafting.head import DraftHead, default_feature_layers
 from specdec.drafting.head_finder import target_identity, write_identity
-from specdec.drafting.head_format import load_head, new_head, save_head, target_shape
+from specdec.drafting.head_format import load_head, new_head, save_head, target_shape, widened_head
 from specdec.machine import has_fast_bfloat16, isa_summary
 from specdec.training.budget import Budget
+from specdec.training.head_data import draft_vocabulary
 from specdec.training.head_dataset import DataPlan
 from specdec.training.head_settings import HeadTraining
 
@@ -65,7 +66,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
         train, heldout, vocabulary = prepare(target, plan, out / "features", console.print, bar, budget,
                                              (settings.train_windows, settings.train_continuations))
         torch.manual_seed(settings.seed)
-        head = initial_head(target, settings, vocabulary, layers).float().train()
+        head, widened_from = initial_head(target, settings, vocabulary, layers, train.tokens)
+        head = head.float().train()
         device = head.fc.weight.device
         output_rows = target_output_rows(target)[head.draft_token_ids.cpu()].to(device)  # [draft_vocab, hidden]
         trainable = [p for p in head.parameters() if p.requires_grad]
@@ -107,7 +109,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
             if step % settings.checkpoint_every == 0 or step == settings.steps:
                 save_checkpoint(out, head, optimizer, generator, step, history, settings)
     hours = (time.perf_counter() - started) / 3600
-    card = model_card(target, settings, history, hours, len(train), plan, str(matmuls).removeprefix("torch."))
+    card = model_card(target, settings, history, hours, len(train), plan, str(matmuls).removeprefix("torch."),
+                      widened_from)
     folder = save_head(head.eval(), out / "head", card, dtype=torch.bfloat16)
     # The model card's facts for programs (benchmarks/cpu/head_curve.py): what it was trained on.
     (folder / "training.json").write_text(json.dumps({
@@ -135,16 +138,24 @@ def data_plan(target, settings: HeadTraining) -> DataPlan:
     )
 
 
-def initial_head(target, settings: HeadTraining, vocabulary: torch.Tensor, layers: tuple[int, ...]):
-    """A new head over ``vocabulary`` (the data's most frequent tokens), or the saved one of
-    ``--init-head`` (its own vocabulary and sizes: training goes on from its weights)."""
+def initial_head(target, settings: HeadTraining, vocabulary: torch.Tensor, layers: tuple[int, ...],
+                 tokens: torch.Tensor) -> tuple[DraftHead, int | None]:  # tokens: the training data's, any shape
+    """(head, the draft vocabulary's size before widening, if it was widened). A new head over
+    ``vocabulary`` (the data's most frequent tokens), or the saved one of ``--init-head`` (its own
+    sizes: training goes on from its weights), over its own draft vocabulary or, where
+    ``--draft-vocab`` asks for more tokens, that widened with the data's most frequent others
+    (widened_head)."""
     if settings.init_head is None:
-        return new_head(target, vocabulary, settings.intermediate_size, layers)
+        return new_head(target, vocabulary, settings.intermediate_size, layers), None
     head = load_head(settings.init_head, target)
     if head.config.feature_layers != layers:
         raise ValueError(f"the head at {settings.init_head} reads target layers {head.config.feature_layers}; "
                          f"the features computed here are of layers {layers}")
-    return head
+    size = head.config.draft_vocab_size
+    if settings.draft_vocab <= size:
+        return head, None
+    return widened_head(head, draft_vocabulary(tokens, settings.draft_vocab, target.vocab_size,
+                                               keep=head.draft_token_ids)), size
 
 
 def training_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -208,7 +219,7 @@ def resume(out: Path, head, optimizer, generator, settings: HeadTraining, consol
 
 
 def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan,
-               matmul_dtype: str) -> str:
+               matmul_dtype: str, widened_from: int | None) -> str:
     last = history[-1] if history else {}
     agreement = ", ".join(f"depth {i + 1}: {a:.3f}" for i, a in enumerate(last.get("heldout_top1", [])))
     data = ", ".join(settings.data) or "Python's standard library (this machine's)"
@@ -226,7 +237,9 @@ def model_card(target, settings: HeadTraining, history: list, hours: float, sequ
             + (f" of prompts {settings.continuation_start} on)" if settings.continuation_start else ")"),
             f"- draft vocabulary: {settings.draft_vocab} most frequent tokens; MLP width "
             f"{settings.intermediate_size or 'the target’s'}" if settings.init_head is None else
-            f"- started from the head at {settings.init_head} (its draft vocabulary and sizes)",
+            f"- started from the head at {settings.init_head} (its sizes; its draft vocabulary"
+            + (f" of {widened_from} tokens widened to {settings.draft_vocab} with the data's most frequent others)"
+               if widened_from else ")"),
             f"- steps: {settings.steps} x {settings.batch_size} sequences, "
             f"training-time test {settings.ttt_steps} steps, "
             f"peak learning rate {settings.learning_rate}, matmuls in {matmul_dtype}",
