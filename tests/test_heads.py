@@ -404,15 +404,21 @@ def test_train_head_command_end_to_end(tmp_path, capsys):
     assert outputs[0] == outputs[1]
 
 
+def trained_from(start: DraftHead, target, tmp_path: Path, draft_vocab: int) -> tuple[Path, DraftHead]:
+    """(saved folder, head) of 3 steps of train-head at a zero learning rate from ``start`` saved."""
+    saved_start = save_head(start, tmp_path / "start", dtype=torch.float32)
+    settings = HeadTraining(out=str(tmp_path / "run"), data=(str(Path(specdec.__file__).parent),), steps=3,
+                            draft_vocab=draft_vocab, sequence_length=48, corpus_sequences=8, heldout_sequences=2,
+                            batch_size=4, learning_rate=0.0, eval_every=3, checkpoint_every=3,
+                            init_head=str(saved_start))
+    saved = train_head(target, settings, Console(file=io.StringIO()))
+    return saved, load_head(saved, target, dtype=torch.float64)
+
+
 def test_training_goes_on_from_a_saved_head(float64_target, heads, tmp_path):
     """--init-head: the run starts from the saved head's weights (with a zero learning rate it
     saves them unchanged) and keeps its draft vocabulary (64 tokens, not the data's 32)."""
-    start = save_head(heads["trained"], tmp_path / "start", dtype=torch.float32)
-    settings = HeadTraining(out=str(tmp_path / "run"), data=(str(Path(specdec.__file__).parent),), steps=3,
-                            draft_vocab=32, sequence_length=48, corpus_sequences=8, heldout_sequences=2, batch_size=4,
-                            learning_rate=0.0, eval_every=3, checkpoint_every=3, init_head=str(start))
-    saved = train_head(float64_target, settings, Console(file=io.StringIO()))
-    head = load_head(saved, float64_target, dtype=torch.float64)
+    saved, head = trained_from(heads["trained"], float64_target, tmp_path, draft_vocab=32)
     assert torch.equal(head.draft_token_ids, heads["trained"].draft_token_ids)
     for name, tensor in eagle3_tensors(heads["trained"]).items():
         expected = tensor.float().to(torch.bfloat16) if tensor.is_floating_point() else tensor  # saved as bf16
@@ -443,12 +449,7 @@ def test_a_widened_head_keeps_its_weights_and_rows(heads):
 def test_training_widens_a_saved_heads_draft_vocabulary(float64_target, heads, tmp_path):
     """--init-head with a larger --draft-vocab: the head's 64 tokens and the data's most frequent
     others up to 80; with a zero learning rate the saved rows are the widened head's."""
-    start = save_head(heads["trained"], tmp_path / "start", dtype=torch.float32)
-    settings = HeadTraining(out=str(tmp_path / "run"), data=(str(Path(specdec.__file__).parent),), steps=3,
-                            draft_vocab=80, sequence_length=48, corpus_sequences=8, heldout_sequences=2, batch_size=4,
-                            learning_rate=0.0, eval_every=3, checkpoint_every=3, init_head=str(start))
-    saved = train_head(float64_target, settings, Console(file=io.StringIO()))
-    head = load_head(saved, float64_target, dtype=torch.float64)
+    saved, head = trained_from(heads["trained"], float64_target, tmp_path, draft_vocab=80)
     old_ids = heads["trained"].draft_token_ids
     assert head.config.draft_vocab_size == 80 and torch.isin(old_ids, head.draft_token_ids).all()
     at = torch.searchsorted(head.draft_token_ids, old_ids)
