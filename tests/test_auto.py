@@ -120,6 +120,16 @@ def test_the_steps_each_candidate_drafted_are_counted(models):
     assert "steps" in result.stats.drafter_summary()
 
 
+def test_a_step_with_no_room_to_draft_counts_as_none(models):
+    """The last token of a budget leaves no room for a draft: auto is not asked, and the step
+    counts as no draft (every step under one name; timing once decided whether a run had one)."""
+    target, _ = models
+    result = SpeculativeDecoder(target, make_drafter("auto", target=target), policy="auto").generate(
+        [3, 4, 5, 6, 7] * 6, max_new_tokens=1)
+    assert result.stats.target_forwards == 1
+    assert result.stats.by_drafter == {"none": [1, 0, 0]}
+
+
 def test_auto_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="at least one"):
         AutoDrafter({}, ())

@@ -193,6 +193,9 @@ class ReadsHidden(Protocol):
         """The target's hidden states (the drafter's hidden_layers) at every prompt position but the last."""
 
 
+NO_DRAFT = "none"  # Draft.drafter of a step a drafter that names its drafts' drafter left undrafted
+
+
 class BaseDrafter:
     """The Drafter protocol's defaults, for drafters to inherit: no q of its own (a drafter that
     has one sets vocab_size), reads no hidden states, and a class name as its description.
@@ -200,6 +203,10 @@ class BaseDrafter:
 
     vocab_size: int | None = None
     hidden_layers: tuple[int, ...] = ()
+    #: Its drafts name the candidate that drafted each (Draft.drafter: an auto drafter's choices);
+    #: the engine names a step it does not ask such a drafter to draft (no room left in the
+    #: request's budget, or a server's choice of none) NO_DRAFT, so that every step has a name.
+    names_drafts: bool = False
 
     def describe(self) -> str:
         return type(self).__name__

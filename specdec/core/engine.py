@@ -20,6 +20,7 @@ from typing import cast
 import torch
 
 from specdec.core.drafts import (
+    NO_DRAFT,
     Draft,
     Drafter,
     ReadsHidden,
@@ -411,6 +412,8 @@ class Engine:
                 elif self.drafter is not None and (gamma := self.draft_length(request, chosen, len(requests))) > 0:
                     asking.append(index)
                     gammas.append(gamma)
+                elif getattr(self.drafter, "names_drafts", False):  # not asked: counted as no draft
+                    drafts[index] = replace(drafts[index], drafter=NO_DRAFT)
             seconds[index] += self.costs.clock() - began
         if not asking:
             return drafts, seconds

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from specdec.core.drafts import (
+    NO_DRAFT,
     BaseDrafter,
     Draft,
     Drafter,
@@ -52,7 +53,6 @@ from specdec.core.estimates import AcceptanceByPosition, CostModel, DraftCost, P
 from specdec.drafting.merge import SubRequest
 from specdec.drafting.model import common_prefix
 
-NO_DRAFT = "none"  # what Draft.drafter says of a step auto left undrafted
 # How far every copy reaches this step (its shortest draft) sorts steps into classes, each with its
 # own acceptance: where one copy's match has run out the text is leaving the copy, and a long guess
 # from another is worth less there than where all of them reach far.
@@ -126,6 +126,7 @@ class AutoDrafter(BaseDrafter):
     clock times its candidates' drafts."""
 
     default_policy = "auto"  # it chooses each step's length itself: the policy only caps it
+    names_drafts = True  # each draft says which candidate drafted it, or NO_DRAFT
 
     def __init__(self, candidates: Mapping[str, Drafter], text_drafters: Sequence[str], max_gamma: int = 16,
                  costs: CostModel | None = None) -> None:
