@@ -11,6 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def widen_logits(logits: torch.Tensor,  # [n, subset]
+                 token_ids: torch.Tensor,  # [subset] int64: the token of each column
+                 vocab_size: int) -> torch.Tensor:  # [n, vocab_size]
+    """Logits over a subset of the vocabulary as logits over all of it: -inf for every other token
+    (so q is 0 there and they are never drafted)."""
+    wide = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    return wide.index_copy_(1, token_ids, logits)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

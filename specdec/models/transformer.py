@@ -28,7 +28,7 @@ from specdec.models.attention import AttentionPlan, attend_planned, plan_attenti
 from specdec.models.base import Attention, ForwardOutput, check_forward, check_hidden_layers
 from specdec.models.cache import KVCache
 from specdec.models.paged_cache import BLOCK_SIZE, OwnCache, PagedKVCache
-from specdec.models.primitives import ACTIVATION_NAMES, ACTIVATIONS, RMSNorm, rotate_half
+from specdec.models.primitives import ACTIVATION_NAMES, ACTIVATIONS, RMSNorm, rotate_half, widen_logits
 
 LEAN_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 # Rope kinds a position-indexed cache can follow. "longrope" (Phi-3.5, Phi-4-mini) changes its
@@ -351,9 +351,7 @@ class SubsetHead(nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [n, hidden] -> [n, vocab]
-        subset_logits = self.linear(x)  # [n, subset]
-        logits = subset_logits.new_full((x.shape[0], self.vocab_size), float("-inf"))
-        return logits.index_copy_(1, self.token_ids, subset_logits)
+        return widen_logits(self.linear(x), self.token_ids, self.vocab_size)
 
 
 class LlamaFamilyModel(nn.Module):
