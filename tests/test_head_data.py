@@ -49,8 +49,11 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
     target = float64_target
     layers = default_feature_layers(target.network.config.num_layers)
     files = [Path(specdec.__file__).parent / "core" / "engine.py", Path(specdec.__file__).parent / "decoder.py"]
-    first = FeatureParts(continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)).whole()
+    told: list[tuple[int, bool]] = []
+    first = FeatureParts(continuation_features(target, files, 24, 3, layers, tmp_path, batch=2,
+                                               progress=lambda count, made: told.append((count, made)))).whole()
     assert len(first) >= 1
+    assert told == [(2, True), (1, True)]  # each piece told, as made
     parts = sorted(path.name for path in tmp_path.iterdir())
     assert parts == ["part-000000-2.safetensors", "part-000002-1.safetensors"]  # named by first prompt and count
 
@@ -58,7 +61,9 @@ def test_continuations_go_on_from_the_saved_batches(float64_target, tmp_path, mo
         raise AssertionError("a saved batch was generated again")
 
     monkeypatch.setattr(head_continuations, "record_continuations", no_generation)
-    again = FeatureParts(continuation_features(target, files, 24, 3, layers, tmp_path, batch=2)).whole()
+    again = FeatureParts(continuation_features(target, files, 24, 3, layers, tmp_path, batch=2,
+                                               progress=lambda count, made: told.append((count, made)))).whole()
+    assert told[2:] == [(2, False), (1, False)]  # read back: a progress estimate leaves them out
     assert torch.equal(again.tokens, first.tokens)
     assert torch.equal(again.features, first.features)
     # Fewer: the first whole batch is reused as it is.
@@ -122,7 +127,7 @@ def small_plan(target) -> DataPlan:
 
 
 def quiet_bar(label: str, total: int):
-    return lambda count: None
+    return lambda count, made: None
 
 
 def test_a_run_stopped_by_its_budget_goes_on_to_the_same_data(float64_target, tmp_path):
@@ -295,3 +300,19 @@ def test_a_draft_vocabulary_keeps_a_heads_tokens_then_adds_the_most_frequent():
     # A head's tokens (even unseen ones: 11) stay; the rest go by frequency, ties to the lower id.
     assert draft_vocabulary(tokens, 5, 12, keep=torch.tensor([0, 11])).tolist() == [0, 3, 5, 9, 11]
     assert draft_vocabulary(tokens, 6, 12, keep=torch.tensor([0, 11])).tolist() == [0, 3, 5, 7, 9, 11]
+
+
+def test_the_time_left_counts_only_the_pieces_made_in_this_run():
+    """Pieces read back from an earlier run take no time: an estimate that counted them would say
+    the rest is almost done. Mutation checked: counting read-back pieces in the pace fails it
+    (a pace told before any piece was made)."""
+    from specdec.training.head_train import PiecePace
+
+    now = [0.0]
+    pace = PiecePace(20_000, clock=lambda: now[0])
+    assert pace.told(500, made=False) == ""  # nothing made yet: no pace to tell
+    now[0] += 36.0
+    assert pace.told(100, made=True) == "1.9 h left at this run's 0.36 s a sequence"  # 19,400 x 0.36 s
+    now[0] += 1.0
+    assert pace.told(19_000, made=False) == "2 min left at this run's 0.36 s a sequence"  # 400 x 0.36 s
+    assert pace.told(400, made=True) == ""  # done

@@ -20,7 +20,13 @@ from specdec.core.drafts import BaseDrafter, Draft, DraftRequest, StepOutcome
 from specdec.models.base import LanguageModel
 from specdec.text import chat_prompt_ids
 from specdec.training.budget import UNLIMITED, Budget
-from specdec.training.head_data import HeadFeatures, features_from_states, recorded_layers, saved_piece
+from specdec.training.head_data import (
+    HeadFeatures,
+    PieceProgress,
+    features_from_states,
+    recorded_layers,
+    saved_piece,
+)
 from specdec.training.head_prompts import HeadPrompt, head_prompts
 
 
@@ -90,7 +96,7 @@ def prompt_ids(tokenizer, prompt: HeadPrompt) -> list[int]:
 
 def continuation_features(target: LanguageModel, files: Sequence[Path], length: int, count: int,
                           feature_layers: tuple[int, ...], folder: Path,
-                          progress: Callable[[int], None] | None = None, batch: int = CONTINUATIONS_A_BATCH,
+                          progress: PieceProgress | None = None, batch: int = CONTINUATIONS_A_BATCH,
                           start: int = 0, say: Callable[[str], None] | None = None,
                           budget: Budget = UNLIMITED) -> list[Path]:
     """Up to ``count`` continuations of prompts from ``files`` (head_prompts: completions, docstrings,
@@ -112,11 +118,12 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
     paths = []
     for first in range(start, start + len(prompts), batch):
         group = prompts[first - start : first - start + batch]
-        path = saved_piece(folder / f"part-{first:06d}-{len(group)}.safetensors",  # a short last batch: its own part
-                           functools.partial(record_continuations, target, group, length, feature_layers),
+        piece = folder / f"part-{first:06d}-{len(group)}.safetensors"  # a short last batch: its own part
+        made = not piece.exists()
+        path = saved_piece(piece, functools.partial(record_continuations, target, group, length, feature_layers),
                            budget, f"after {first - start} of {len(prompts)} continuations")
         if path is not None:  # a batch whose every continuation stopped early saves nothing
             paths.append(path)
         if progress is not None:
-            progress(len(group))
+            progress(len(group), made)
     return paths

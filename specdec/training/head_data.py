@@ -163,9 +163,13 @@ def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Bud
 
 WINDOWS_A_PART = 64  # corpus windows saved together (a multiple of extract_features' batch)
 
+# Told after each piece: (sequences in it, whether it was made now rather than read back), so that a
+# progress estimate counts only the time spent making pieces.
+PieceProgress = Callable[[int, bool], None]
+
 
 def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
-                    folder: Path, progress: Callable[[int], None] | None = None, budget: Budget = UNLIMITED,
+                    folder: Path, progress: PieceProgress | None = None, budget: Budget = UNLIMITED,
                     part_size: int | None = None) -> list[Path]:
     """extract_features over ``windows``, ``part_size`` (default WINDOWS_A_PART) at a time, each part a saved_piece in
     ``folder`` (the caller keys the folder by what chose the windows); the parts' paths, in order.
@@ -175,13 +179,14 @@ def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], fea
     paths = []
     for first in range(0, len(windows), part_size):
         chosen = windows[first : first + part_size]
-        path = saved_piece(folder / f"part-{first:06d}-{len(chosen)}.safetensors",
-                           functools.partial(extract_features, target, chosen, feature_layers),
-                           budget, f"after {first} of {len(windows)} windows")
-        assert path is not None, "extract_features always makes a part"
-        paths.append(path)
+        path = folder / f"part-{first:06d}-{len(chosen)}.safetensors"
+        made = not path.exists()
+        saved = saved_piece(path, functools.partial(extract_features, target, chosen, feature_layers),
+                            budget, f"after {first} of {len(windows)} windows")
+        assert saved is not None, "extract_features always makes a part"
+        paths.append(saved)
         if progress is not None:
-            progress(len(chosen))
+            progress(len(chosen), made)
     return paths
 
 

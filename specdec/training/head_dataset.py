@@ -20,6 +20,7 @@ from specdec.training.head_continuations import CONTINUATIONS_A_BATCH, continuat
 from specdec.training.head_data import (
     WINDOWS_A_PART,
     HeadFeatures,
+    PieceProgress,
     corpus_windows,
     draft_vocabulary,
     window_features,
@@ -49,7 +50,7 @@ class DataPlan:
 
 
 def prepare(target: LanguageModel, plan: DataPlan, cache_dir: Path, say: Callable[[str], None],
-            progress_bar: Callable[[str, int], Callable[[int], None]], budget: Budget = UNLIMITED,
+            progress_bar: Callable[[str, int], PieceProgress], budget: Budget = UNLIMITED,
             train_on: tuple[int | None, int | None] = (None, None),
             ) -> tuple[FeatureParts, HeadFeatures, torch.Tensor]:
     """(train features, held-out features, draft vocabulary). Every piece (a batch of continuations,

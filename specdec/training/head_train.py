@@ -7,6 +7,7 @@ import functools
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from specdec.drafting.head_finder import target_identity, write_identity
 from specdec.drafting.head_format import load_head, new_head, save_head, target_shape, widened_head
 from specdec.machine import has_fast_bfloat16, isa_summary
 from specdec.training.budget import Budget
-from specdec.training.head_data import draft_vocabulary
+from specdec.training.head_data import PieceProgress, draft_vocabulary
 from specdec.training.head_dataset import DataPlan
 from specdec.training.head_settings import HeadTraining
 
@@ -37,6 +38,31 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
+class PiecePace:
+    """How long the rest of ``total`` sequences takes at the pace of the pieces made in this run
+    (pieces read back from an earlier run take no time and are left out of the pace)."""
+
+    def __init__(self, total: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total, self.clock = total, clock
+        self.done = self.made = 0
+        self.making_seconds = 0.0
+        self.last = clock()
+
+    def told(self, count: int, made: bool) -> str:
+        """Counts a piece of ``count`` sequences; what is left, in words ('' before one was made)."""
+        now = self.clock()
+        self.done += count
+        if made:
+            self.made += count
+            self.making_seconds += now - self.last
+        self.last = now
+        if not self.made or self.done >= self.total:
+            return ""
+        seconds = (self.total - self.done) * self.making_seconds / self.made
+        left = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+        return f"{left} left at this run's {self.making_seconds / self.made:.2f} s a sequence"
+
+
 def train_head(target, settings: HeadTraining, console: Console | None = None) -> Path:
     """Train (or resume) a head for ``target``; returns the saved EAGLE-3 folder. Raises BudgetSpent
     when ``settings.hours`` run out first (the data generated and the last step saved: the same
@@ -52,14 +78,19 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
     budget = Budget(settings.hours)
     with progress_bar(console) as progress:
 
-        def bar(label: str, total: int):
+        def bar(label: str, total: int) -> PieceProgress:
             task = progress.add_task(label, total=total, info="")
+            pace = PiecePace(total)
 
-            def advance(count: int) -> None:
+            def advance(count: int, made: bool) -> None:
                 before = progress.tasks[task].completed
                 progress.advance(task, count)
+                if not made:  # read back: the bar's own estimate starts again from here
+                    progress.reset(task, completed=int(before + count))
+                left = pace.told(count, made)
                 if not console.is_terminal and int(10 * (before + count) / total) > int(10 * before / total):
-                    console.print(f"{label}: {int(before + count)}/{total}")  # a log gets a line per tenth
+                    # a log gets a line per tenth
+                    console.print(f"{label}: {int(before + count)}/{total}" + (f", {left}" if left else ""))
 
             return advance
 
