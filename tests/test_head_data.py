@@ -2,6 +2,7 @@
 are the ones a teacher-forced pass over the same text computes, and a run goes on from the
 batches it already saved."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -164,13 +165,20 @@ def test_training_stopped_by_its_budget_resumes_to_the_same_weights(float64_targ
                             draft_vocab=32, sequence_length=24, corpus_sequences=8, continuation_sequences=3,
                             heldout_sequences=2, batch_size=4, eval_every=2, checkpoint_every=4, precision="float32")
 
-    head_train.train_head(float64_target, settings(tmp_path / "whole"), Console(file=io.StringIO()))
+    whole_log = io.StringIO()
+    head_train.train_head(float64_target, settings(tmp_path / "whole"), Console(file=whole_log))
+    assert "left at this run's" in " ".join(whole_log.getvalue().split())  # a log's lines say the time left
     monkeypatch.setattr(head_train, "Budget", lambda hours: StopsAfter(4 + 3))
     with pytest.raises(BudgetSpent, match="at step 3 of 6"):
         head_train.train_head(float64_target, settings(tmp_path / "stopped"), Console(file=io.StringIO()))
     assert torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=False)["step"] == 3
     monkeypatch.undo()
-    head_train.train_head(float64_target, settings(tmp_path / "stopped"), Console(file=io.StringIO()))
+    resumed_log = io.StringIO()
+    head_train.train_head(float64_target, settings(tmp_path / "stopped"), Console(file=resumed_log))
+    # Its data read back, the pace is the steps made in this run: none for the data's lines.
+    said = " ".join(resumed_log.getvalue().split())  # the console wraps its lines
+    assert "s a sequence" not in said
+    assert re.search(r"step 4: .* \(0 min left at this run's [0-9.]+ s a step\)", said)
     whole, resumed = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=False) for run in ("whole", "stopped"))
     assert resumed["step"] == whole["step"] == 6 and resumed["history"] == whole["history"]
     for name, tensor in whole["head"].items():

@@ -39,17 +39,17 @@ def progress_bar(console: Console) -> Progress:
 
 
 class PiecePace:
-    """How long the rest of ``total`` sequences takes at the pace of the pieces made in this run
-    (pieces read back from an earlier run take no time and are left out of the pace)."""
+    """How long the rest of ``total`` units (sequences, steps) takes at the pace of the pieces made
+    in this run (pieces read back from an earlier run take no time and are left out of the pace)."""
 
-    def __init__(self, total: int, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.total, self.clock = total, clock
+    def __init__(self, total: int, unit: str = "sequence", clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total, self.unit, self.clock = total, unit, clock
         self.done = self.made = 0
         self.making_seconds = 0.0
         self.last = clock()
 
     def told(self, count: int, made: bool) -> str:
-        """Counts a piece of ``count`` sequences; what is left, in words ('' before one was made)."""
+        """Counts a piece of ``count`` units; what is left, in words ('' before one was made)."""
         now = self.clock()
         self.done += count
         if made:
@@ -60,7 +60,7 @@ class PiecePace:
             return ""
         seconds = (self.total - self.done) * self.making_seconds / self.made
         left = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
-        return f"{left} left at this run's {self.making_seconds / self.made:.2f} s a sequence"
+        return f"{left} left at this run's {self.making_seconds / self.made:.2f} s a {self.unit}"
 
 
 def train_head(target, settings: HeadTraining, console: Console | None = None) -> Path:
@@ -109,6 +109,8 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                                      enabled=matmuls == torch.bfloat16)
         step, history = resume(out, head, optimizer, generator, settings, console)
         task = progress.add_task("head", total=settings.steps, completed=step, info="")
+        pace = PiecePace(settings.steps, "step")
+        pace.told(step, made=False)  # the steps of earlier runs
         while step < settings.steps:
             budget.check(f"at step {step} of {settings.steps} (checkpoint saved)", functools.partial(
                 save_checkpoint, out, head, optimizer, generator, step, history, settings))
@@ -123,6 +125,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
             torch.nn.utils.clip_grad_norm_(trainable, 0.5)
             optimizer.step()
             step += 1
+            left = pace.told(1, made=True)
             info = f"loss {float(result.loss.detach()):.3f} top-1 " + " ".join(f"{a:.2f}" for a in result.agreement)
             if step % settings.eval_every == 0 or step == settings.steps:
                 with autocast():
@@ -135,7 +138,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                     }
                 )
                 info += " | held-out " + " ".join(f"{a:.2f}" for a in held.agreement)
-                progress.console.print(f"step {step}: {info}", highlight=False)
+                progress.console.print(f"step {step}: {info}" + (f" ({left})" if left else ""), highlight=False)
             progress.update(task, completed=step, info=info)
             if step % settings.checkpoint_every == 0 or step == settings.steps:
                 save_checkpoint(out, head, optimizer, generator, step, history, settings)
