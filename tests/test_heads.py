@@ -529,3 +529,26 @@ def test_a_chunked_prefill_leaves_the_same_cache_and_head_however_its_calls_fall
             assert torch.equal(whole_part[:, request.row, :, :length], chunked_part[:, request.row, :, :length])
     for alone, fed in zip(drafter.propose_many(whole, [3] * 3), drafter.propose_many(chunked, [3] * 3), strict=True):
         assert torch.equal(alone.tokens, fed.tokens) and torch.equal(alone.probs, fed.probs)
+
+
+@pytest.mark.parametrize("start", ["new", "saved", "widened"])
+def test_a_runs_checkpoint_holds_the_head_it_saves(float64_target, heads, tmp_path, start):
+    """head_from_checkpoint (what head_heldout.py scores a run by before it ends) rebuilds the
+    head of a new run, of a run from a saved head, and of one that widened it: the same draft
+    vocabulary, sizes and weights as the folder the run saves at its last step."""
+    from specdec.training.head_train import head_from_checkpoint
+
+    if start == "new":
+        settings = HeadTraining(out=str(tmp_path / "run"), data=(str(Path(specdec.__file__).parent),), steps=3,
+                                draft_vocab=40, intermediate_size=24, sequence_length=48, corpus_sequences=8,
+                                heldout_sequences=2, batch_size=4, eval_every=3, checkpoint_every=3)
+        saved = train_head(float64_target, settings, Console(file=io.StringIO()))
+    else:
+        draft_vocab = 80 if start == "widened" else 64
+        saved, _ = trained_from(heads["trained"], float64_target, tmp_path, draft_vocab=draft_vocab)
+    rebuilt = head_from_checkpoint(float64_target, tmp_path / "run" / "checkpoint.pt")
+    expected = load_head(saved, float64_target)
+    assert rebuilt.config == expected.config
+    assert torch.equal(rebuilt.draft_token_ids, expected.draft_token_ids)
+    for name, tensor in eagle3_tensors(expected).items():
+        assert torch.equal(eagle3_tensors(rebuilt)[name].to(torch.bfloat16), tensor.to(torch.bfloat16)), name

@@ -252,6 +252,23 @@ def resume(out: Path, head, optimizer, generator, settings: HeadTraining, consol
     return state["step"], state["history"]
 
 
+def head_from_checkpoint(target, path: str | Path) -> DraftHead:
+    """The head a run's checkpoint holds (``--out/checkpoint.pt``, written every
+    ``--checkpoint-every`` steps), in float32: to score a run before it ends."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    weights, init = state["head"], state["settings"]["init_head"]
+    draft_token_ids = torch.arange(weights["d2t"].numel()) + weights["d2t"]  # target id = draft id + d2t
+    if init is None:
+        head = new_head(target, draft_token_ids, weights["midlayer.down_proj.weight"].shape[1],
+                        default_feature_layers(target_shape(target).num_layers))
+    else:
+        head = load_head(init, target)
+        if head.config.draft_vocab_size != draft_token_ids.numel():
+            head = widened_head(head, draft_token_ids)
+    head.load_state_dict(weights)
+    return head.float()
+
+
 def model_card(target, settings: HeadTraining, history: list, hours: float, sequences: int, plan,
                matmul_dtype: str, widened_from: int | None) -> str:
     last = history[-1] if history else {}
