@@ -87,6 +87,7 @@ def train_head(target, settings: HeadTraining, console: Console | None = None) -
                 progress.advance(task, count)
                 if not made:  # read back: the bar's own estimate starts again from here
                     progress.reset(task, completed=int(before + count))
+                    progress.update(task)  # finished again where it is complete (reset clears that)
                 left = pace.told(count, made)
                 if not console.is_terminal and int(10 * (before + count) / total) > int(10 * before / total):
                     # a log gets a line per tenth
