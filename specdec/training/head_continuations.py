@@ -118,10 +118,10 @@ def continuation_features(target: LanguageModel, files: Sequence[Path], length: 
     paths = []
     for first in range(start, start + len(prompts), batch):
         group = prompts[first - start : first - start + batch]
-        piece = folder / f"part-{first:06d}-{len(group)}.safetensors"  # a short last batch: its own part
-        made = not piece.exists()
-        path = saved_piece(piece, functools.partial(record_continuations, target, group, length, feature_layers),
-                           budget, f"after {first - start} of {len(prompts)} continuations")
+        # A short last batch is its own part.
+        path, made = saved_piece(folder / f"part-{first:06d}-{len(group)}.safetensors",
+                                 functools.partial(record_continuations, target, group, length, feature_layers),
+                                 budget, f"after {first - start} of {len(prompts)} continuations")
         if path is not None:  # a batch whose every continuation stopped early saves nothing
             paths.append(path)
         if progress is not None:

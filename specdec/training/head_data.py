@@ -147,18 +147,19 @@ def features_from_states(target: LanguageModel, states: torch.Tensor,  # [N, S, 
     return features, final.float().half().cpu(), greedy
 
 
-def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Budget, where: str) -> Path | None:
-    """A piece of a head's data (a batch of continuations, a part of windows): ``path`` where a run
-    saved it, else made (once ``budget`` allows it: BudgetSpent names ``where``) and saved there;
-    None where ``make`` gave nothing."""
+def saved_piece(path: Path, make: Callable[[], HeadFeatures | None], budget: Budget,
+                where: str) -> tuple[Path | None, bool]:
+    """A piece of a head's data (a batch of continuations, a part of windows): (``path`` where a run
+    saved it, else made (once ``budget`` allows it: BudgetSpent names ``where``) and saved there, or
+    None where ``make`` gave nothing; whether it was made now rather than read back)."""
     if path.exists():
-        return path
+        return path, False
     budget.check(where)
     part = make()
     if part is None:
-        return None
+        return None, True
     part.save(path)
-    return path
+    return path, True
 
 
 WINDOWS_A_PART = 64  # corpus windows saved together (a multiple of extract_features' batch)
@@ -179,12 +180,11 @@ def window_features(target: LanguageModel, windows: Sequence[Sequence[int]], fea
     paths = []
     for first in range(0, len(windows), part_size):
         chosen = windows[first : first + part_size]
-        path = folder / f"part-{first:06d}-{len(chosen)}.safetensors"
-        made = not path.exists()
-        saved = saved_piece(path, functools.partial(extract_features, target, chosen, feature_layers),
-                            budget, f"after {first} of {len(windows)} windows")
-        assert saved is not None, "extract_features always makes a part"
-        paths.append(saved)
+        path, made = saved_piece(folder / f"part-{first:06d}-{len(chosen)}.safetensors",
+                                 functools.partial(extract_features, target, chosen, feature_layers),
+                                 budget, f"after {first} of {len(windows)} windows")
+        assert path is not None, "extract_features always makes a part"
+        paths.append(path)
         if progress is not None:
             progress(len(chosen), made)
     return paths
