@@ -20,6 +20,7 @@ from specdec.names import (
     AUTO,
     CORPUS_DRAFTERS,
     DRAFTERS,
+    HEAD_FLAG,
     NO_DRAFTER,
     NO_INDEX,
     NO_INDEX_FLAG,
@@ -210,8 +211,9 @@ class SpeculationConfig:
     def from_method(cls, name: str) -> tuple[SpeculationConfig, list[str]]:
         """A bench method "DRAFTER:POLICY@FLAG@..." (e.g. "ngram:cost", "auto", "target-only@unforced"):
         the config, with what its flags say of speculation ("@unforced": a grammar's forced tokens
-        not drafted; "@ACCEPTANCE": a LOSSY acceptance, marked given), and bench's own flags
-        (BENCH_FLAGS), in order. The one parser of method names."""
+        not drafted; "@head=DIR": the head in DIR as draft_head, marked given; "@ACCEPTANCE": a
+        LOSSY acceptance, marked given), and bench's own flags (BENCH_FLAGS), in order. The one
+        parser of method names."""
         from specdec.core.acceptance import canonical_acceptance
 
         method, *flags = name.split("@")
@@ -223,16 +225,20 @@ class SpeculationConfig:
                 bench_flags.append(flag)
             elif flag == "unforced":
                 values["draft_forced"] = False
+            elif flag.startswith(HEAD_FLAG):
+                values["draft_head"] = flag[len(HEAD_FLAG):]
+                if not values["draft_head"]:
+                    raise ValueError(f"@{HEAD_FLAG} in {name!r} names no folder: @{HEAD_FLAG}DIR")
             else:
                 try:
                     values["acceptance"] = canonical_acceptance(flag)
                 except ValueError as error:
                     raise ValueError(f"unknown method flag @{flag} in {name!r}: the flags are @unforced, "
-                                     f"@{', @'.join(BENCH_FLAGS)} and @ACCEPTANCE ({error})") from None
+                                     f"@{HEAD_FLAG}DIR, @{', @'.join(BENCH_FLAGS)} and @ACCEPTANCE ({error})") from None
         given = {"policy"} if policy else set()
         config = cls(drafter=NO_DRAFTER if drafter == TARGET_ONLY else drafter,
                      policy=cast(PolicyName | None, policy or None), **values,
-                     given=frozenset(given | ({"acceptance"} & set(values))))
+                     given=frozenset(given | ({"acceptance", "draft_head"} & set(values))))
         return config, bench_flags
 
 

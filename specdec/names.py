@@ -17,6 +17,9 @@ NO_INDEX_FLAG = "noindex"  # a bench method's flag: "auto@noindex" drafts withou
 # a bench method's flags for a suite with predictions: "auto@noprediction" drafts without the prompt's
 # prediction, "auto@unrelated" with an unrelated file's text in its place (what a wrong prediction costs)
 NO_PREDICTION_FLAG, UNRELATED_PREDICTION_FLAG = "noprediction", "unrelated"
+# a bench method's flag "@head=DIR": this method drafts with the head in DIR, not the run's
+# (two heads side by side in one run: "auto auto@head=OLD")
+HEAD_FLAG = "head="
 # "suffix-or-X": the suffix draft where the match is long, drafter X's elsewhere
 SUFFIX_FIRST = "suffix-or-"
 

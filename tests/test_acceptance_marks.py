@@ -61,7 +61,7 @@ def test_bench_method_flags():
     config, flags = SpeculationConfig.from_method("ngram:cost@unforced@topk:k=2@noindex")
     assert (config.draft_forced, config.acceptance, flags) == (False, "topk:k=2,delta=0.5", ["noindex"])
     assert "acceptance" not in SpeculationConfig.from_method("auto")[0].options_given  # the run's acceptance then
-    with pytest.raises(ValueError, match="the flags are @unforced, @noindex, @noprediction, @unrelated and "
+    with pytest.raises(ValueError, match="the flags are @unforced, @head=DIR, @noindex, @noprediction, @unrelated and "
                                          "@ACCEPTANCE"):
         SpeculationConfig.from_method("ngram:cost@fast")
 

@@ -426,6 +426,32 @@ def test_training_goes_on_from_a_saved_head(float64_target, heads, tmp_path):
     assert "started from the head at" in (saved / "README.md").read_text()
 
 
+def test_a_bench_method_drafts_with_the_head_its_flag_names(float64_target, heads, tmp_path, monkeypatch):
+    """`bench --methods auto auto@head=OLD`: two heads side by side in one run, each method drafting
+    with its own (the flag's folder, else the run's). Mutation: ignoring the flag fails it."""
+    import specdec.bench.suite as suite
+
+    monkeypatch.setattr(suite, "speculative_method", lambda name, decoder, **options: decoder.engine.drafter)
+    other = save_head(heads["random"], tmp_path / "other", dtype=torch.float64)
+    run_head = heads["trained"]
+
+    def head_of(name: str) -> DraftHead:
+        drafter = suite.make_method(name, float64_target, None, None, head=run_head)
+        if name.startswith("auto"):  # auto's head candidate
+            drafter = next(candidate.drafter for candidate in drafter.candidates if candidate.name == "head")
+        return drafter.head
+
+    for kind in ("auto", "head:fixed"):
+        assert head_of(kind) is run_head
+        flagged = head_of(f"{kind}@head={other}")
+        assert torch.equal(flagged.fc.weight, heads["random"].fc.weight), kind
+        assert not torch.equal(flagged.fc.weight, run_head.fc.weight), kind
+    with pytest.raises(ValueError, match="names no folder"):
+        suite.make_method("auto@head=", float64_target, None, None)
+    with pytest.raises(ValueError, match="only auto, head and head-tree draft with a head"):
+        suite.make_method(f"ngram:cost@head={other}", float64_target, None, None)
+
+
 def test_a_widened_head_keeps_its_weights_and_rows(heads):
     head = heads["trained"]  # 64 of the tiny target's 96 tokens
     old_ids = head.draft_token_ids

@@ -184,6 +184,7 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     """"target-only", "DRAFTER:POLICY" (e.g. "model:fixed", "ngram:cost", "staged:threshold"), a
     transformers method (transformers_options) or a llama.cpp tool (specdec.bench.llama_cpp_tools).
     specdec's own methods take flags: "@unforced", "@ACCEPTANCE" ("auto@lossy", "suffix:cost@topk:k=3"),
+    "@head=DIR" (the head in DIR in place of ``head``: "auto auto@head=OLD" sets two heads side by side),
     "@noindex" (auto without the datastores in ``corpus``: "auto@noindex"), and for a suite with
     predictions "@noprediction" (without the prompt's) and "@unrelated" (an unrelated file's text in
     its place: what a wrong prediction costs)."""
@@ -202,6 +203,8 @@ def make_method(name: str, target: LanguageModel, draft: LanguageModel | None, g
     acceptance = config.acceptance if "acceptance" in config.options_given else None  # else the run's
     if config.drafts:  # (the run's settings, for every method alike: not options this method was given)
         config = dataclasses.replace(config, gamma=gamma, ngram_max=ngram_max, ngram_min=ngram_min)
+    if config.draft_head is not None:  # "@head=DIR": this method's own head, loaded from its folder
+        head = None
     decoder = SpeculativeDecoder.from_config(target, config, draft, head, corpus)
     if prediction is None:
         return speculative_method(name, decoder, acceptance=acceptance)

@@ -30,7 +30,8 @@ def add_parser(commands: Any, add_model_options: AddOptions, add_sampling_option
         "transformers-prompt-lookup[:N], llama-target, llama-speculative[:N], llama-lookup[:N], llama-server-spec "
         "(llama-server --spec-default) (default: auto, "
         "ngram:cost, suffix:cost, and head:cost, suffix-or-head:cost where a head is found for the target; "
-        "model:cost with --draft). specdec's methods take flags: @unforced, @ACCEPTANCE (LOSSY), @noindex, and "
+        "model:cost with --draft). specdec's methods take flags: @unforced, @ACCEPTANCE (LOSSY), @noindex, "
+        "@head=DIR (this method's own head: auto auto@head=OLD sets two heads side by side), and "
         "with predictions (--suite predicted-edits) @noprediction and @unrelated (another file's text in its place)",
     )
     llama = bench.add_argument_group("llama.cpp's tools as methods (llama-target is their reference)")
@@ -202,11 +203,13 @@ def load_for_methods(args: argparse.Namespace, errors: Console) -> tuple:
     from specdec.commands.models import load_models, resolve_models
     from specdec.corpus_index import datastores_for
     from specdec.drafting import reads_target
-    from specdec.names import uses_corpus
+    from specdec.names import HEAD_FLAG, uses_corpus
     from specdec.progress import dim_lines
 
     named = [name.partition("@")[0] for name in args.methods or ["auto"]]  # what the methods may need, flags apart
-    reads_hidden = bool(args.draft_head) or any(reads_target(name.partition(":")[0]) for name in named) or (
+    own_heads = any(flag.startswith(HEAD_FLAG) for name in args.methods or [] for flag in name.split("@")[1:])
+    reads_hidden = bool(args.draft_head) or own_heads or any(
+        reads_target(name.partition(":")[0]) for name in named) or (
         "auto" in named and (args.target or "").endswith(".gguf"))
     resolved = resolve_models(args, errors, reads_hidden)
     # A draft model loads when named, or when a method needs one (the default pair's, for model:...);
