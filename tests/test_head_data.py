@@ -324,3 +324,30 @@ def test_the_time_left_counts_only_the_pieces_made_in_this_run():
     now[0] += 1.0
     assert pace.told(19_000, made=False) == "2 min left at this run's 0.36 s a sequence"  # 400 x 0.36 s
     assert pace.told(400, made=True) == ""  # done
+
+
+@pytest.mark.slow
+def test_the_learning_curve_script_trains_and_scores_each_point(tiny_pair, tmp_path):
+    """benchmarks/cpu/head_curve.py on the tiny target: one head per point over a shared feature
+    cache, each scored on the held-out set; the larger share trains on more tokens; the table,
+    curve.json and curve.png written, and a second run reads every point back (resumed, not redone)."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu" / "head_curve.py"
+    command = [sys.executable, str(script), "--target", str(tiny_pair["target"]), "--quantize", "none",
+               "--features", str(tmp_path / "features"), "--out", str(tmp_path / "curve"),
+               "--data", str(Path(specdec.__file__).parent), "--corpus-sequences", "128",
+               "--heldout-sequences", "2", "--sequence-length", "32", "--batch-size", "4", "--draft-vocab", "64",
+               "--steps", "4", "--points", "64:0", "128:0"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    points = json.loads((tmp_path / "curve" / "curve.json").read_text())["points"]
+    assert [point["point"] for point in points] == ["64:0", "128:0"]
+    assert points[0]["tokens"] < points[1]["tokens"]
+    assert all(len(point["library"]) == 4 and all(0 <= a <= 1 for a in point["library"]) for point in points)
+    assert (tmp_path / "curve" / "curve.png").stat().st_size > 0
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stderr.count("resumed from") == 2, again.stderr[-2000:]
+    assert json.loads((tmp_path / "curve" / "curve.json").read_text())["points"] == points

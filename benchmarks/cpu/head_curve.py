@@ -10,7 +10,8 @@ stop (--hours, or a session's end) and it goes on where it stopped, the points d
         --points 1024:0 2048:0 4096:0 0:1024 0:2048 --steps 2000 [--draft-vocab 16384] [--hours H]
 
 A point W:C trains on the first W windows and C continuations' prompts (whole saved parts). Prints
-a table and writes OUT/curve.json.
+a table and writes OUT/curve.json and OUT/curve.png (held-out top-1 by depth against the tokens
+trained on, windows and continuations apart).
 """
 
 from __future__ import annotations
@@ -86,6 +87,41 @@ def main() -> None:
     Console().print(table)
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps({"settings": vars(args), "points": results}, indent=1))
+    if results:
+        plot_curve(results, out / "curve.png", f"{Path(args.target).name}, {args.steps} steps a point")
+
+
+def plot_curve(results: list[dict], path: Path, subtitle: str) -> None:
+    """Held-out top-1 at each depth against the tokens a point trained on, windows and
+    continuations in two panels; each point's W:C beside its marks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(results, key=lambda result: result["tokens"])
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    for axis, (held_out, title) in zip(axes, (("library", "held-out library windows"),
+                                              ("continuations", "held-out target continuations")), strict=True):
+        scored = [result for result in ordered if result.get(held_out)]
+        if not scored:  # (a plan without continuations holds none out)
+            axis.text(0.5, 0.5, "none in this plan", ha="center", va="center", transform=axis.transAxes)
+        for depth in range(max((len(result[held_out]) for result in scored), default=0)):
+            axis.plot([result["tokens"] for result in scored], [result[held_out][depth] for result in scored],
+                      marker="o", label=f"depth {depth + 1}")
+        for result in scored:
+            axis.annotate(result["point"], (result["tokens"], result[held_out][0]), fontsize=7,
+                          textcoords="offset points", xytext=(0, 6), ha="center")
+        axis.set_xscale("log")
+        axis.set_xlabel("tokens trained on")
+        axis.set_title(title, fontsize=10)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("top-1 agreement with the target")
+    axes[0].legend(fontsize=8)
+    figure.suptitle(f"draft head learning curve: {subtitle}", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 if __name__ == "__main__":
