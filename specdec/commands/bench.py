@@ -207,7 +207,7 @@ def load_for_methods(args: argparse.Namespace, errors: Console) -> tuple:
     from specdec.progress import dim_lines
 
     named = [name.partition("@")[0] for name in args.methods or ["auto"]]  # what the methods may need, flags apart
-    own_heads = any(flag.startswith(HEAD_FLAG) for name in args.methods or [] for flag in name.split("@")[1:])
+    own_heads = any(f"@{HEAD_FLAG}" in name for name in args.methods or [])  # "auto@head=DIR"
     reads_hidden = bool(args.draft_head) or own_heads or any(
         reads_target(name.partition(":")[0]) for name in named) or (
         "auto" in named and (args.target or "").endswith(".gguf"))
