@@ -10,8 +10,8 @@ stop (--hours, or a session's end) and it goes on where it stopped, the points d
         --points 1024:0 2048:0 4096:0 0:1024 0:2048 --steps 2000 [--draft-vocab 16384] [--hours H]
 
 A point W:C trains on the first W windows and C continuations' prompts (whole saved parts). Prints
-a table and writes OUT/curve.json and OUT/curve.png (held-out top-1 by depth against the tokens
-trained on, windows and continuations apart).
+a table; after every point, OUT/curve.json and OUT/curve.png (held-out top-1 by depth against the
+tokens trained on, windows and continuations apart) hold the points scored so far.
 """
 
 from __future__ import annotations
@@ -79,16 +79,16 @@ def main() -> None:
         scores = heldout_agreement(target, str(head), str(heldout), rows=rows)
         trained = json.loads((head / "training.json").read_text())  # whole parts: the share rounded up
         results.append({"point": point, "sequences": trained["sequences"], "tokens": trained["tokens"], **scores})
+        console.print(f"point {point}: {json.dumps(results[-1])}")
+        # saved after every point: a curve stopped part way (--hours, a session's end) keeps the points it scored
+        (out / "curve.json").write_text(json.dumps({"settings": vars(args), "points": results}, indent=1))
+        plot_curve(results, out / "curve.png", f"{Path(args.target).name}, {args.steps} steps a point")
     table = Table("point", "tokens trained on", "held-out windows top-1 by depth", "continuations")
     for result in results:
         table.add_row(result["point"], f"{result['tokens']:,}",
                       " / ".join(f"{a:.3f}" for a in result.get("library", [])),
                       " / ".join(f"{a:.3f}" for a in result.get("continuations", [])))
     Console().print(table)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "curve.json").write_text(json.dumps({"settings": vars(args), "points": results}, indent=1))
-    if results:
-        plot_curve(results, out / "curve.png", f"{Path(args.target).name}, {args.steps} steps a point")
 
 
 def plot_curve(results: list[dict], path: Path, subtitle: str) -> None:
