@@ -452,6 +452,25 @@ def test_a_bench_method_drafts_with_the_head_its_flag_names(float64_target, head
         suite.make_method(f"ngram:cost@head={other}", float64_target, None, None)
 
 
+@pytest.mark.slow
+def test_bench_sets_two_heads_side_by_side(tiny_pair, heads, tmp_path):
+    """`specdec bench --draft-head A --methods head:fixed head:fixed@head=B`: one run, each method
+    drafting with its own head (the trained head's drafts accepted, the random head's almost
+    never), both greedy outputs the target's alone."""
+    from specdec.commands.cli import main
+
+    trained = save_head(heads["trained"], tmp_path / "trained", dtype=torch.float32)
+    random = save_head(heads["random"], tmp_path / "random", dtype=torch.float32)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"category": "code", "prompt": "def add(a, b):\n    return", "id": "a"}]))
+    out = tmp_path / "bench"
+    assert main(["bench", "--target", str(tiny_pair["target"]), "--prompts", str(prompts), "--draft-head",
+                 str(trained), "--methods", "head:fixed", f"head:fixed@head={random}", "--max-new-tokens", "32",
+                 "--repeats", "1", "--out", str(out)]) == 0
+    rows = {row["method"]: row for row in json.loads((out / "results.json").read_text())["measurements"]}
+    assert rows["head:fixed"]["alpha"] > 2 * rows[f"head:fixed@head={random}"]["alpha"], rows
+
+
 def test_a_widened_head_keeps_its_weights_and_rows(heads):
     head = heads["trained"]  # 64 of the tiny target's 96 tokens
     old_ids = head.draft_token_ids
