@@ -8,7 +8,13 @@ import torch
 from tiny import save_random_model
 
 from specdec import load, make_drafter
-from specdec.drafting.head_finder import find_head, read_identity, target_identity, write_identity
+from specdec.drafting.head_finder import (
+    find_head,
+    how_auto_finds,
+    read_identity,
+    target_identity,
+    write_identity,
+)
 from specdec.drafting.head_format import load_head, new_head, save_head
 from specdec.models import precision_choice
 
@@ -37,6 +43,28 @@ def test_a_head_is_found_for_its_own_target_only(targets, head_folder):
     assert find_head(targets["target"]) == head_folder
     assert find_head(targets["same shape"]) is None  # same shapes, another embedding
     assert find_head(targets["wider"]) is None
+
+
+def test_a_run_folder_holds_a_head_auto_finds(targets, tmp_path, monkeypatch):
+    """train-head saves a run's head in RUN/head: auto finds it under the cache's heads (the default
+    --out) and under a $SPECDEC_HEADS entry naming the run or its parent; the line train-head
+    prints after saving says which, or how to make auto find it."""
+    target = targets["target"]
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_HEADS", raising=False)
+    torch.manual_seed(0)
+    elsewhere = save_head(new_head(target), tmp_path / "runs" / "first" / "head")
+    write_identity(elsewhere, target_identity(target))
+    assert find_head(target) is None
+    assert "$SPECDEC_HEADS" in how_auto_finds(elsewhere, target)
+    for entry in (tmp_path / "runs", tmp_path / "runs" / "first"):
+        monkeypatch.setenv("SPECDEC_HEADS", str(entry))
+        assert find_head(target) == elsewhere
+        assert how_auto_finds(elsewhere, target) == "--drafter auto finds it for this target"
+    cached = save_head(new_head(target), tmp_path / "cache" / "heads" / "target" / "head")
+    write_identity(cached, target_identity(target))
+    assert find_head(target) == cached  # the cache is looked in before $SPECDEC_HEADS
+    assert f"takes {cached} first" in how_auto_finds(elsewhere, target)
 
 
 def test_a_head_recording_another_target_is_refused(targets, head_folder):

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
         from specdec.machine import cache_root
 
         args.out = str(cache_root() / "heads" / safe_name(target.name))
-        errors.print(f"[dim]training into {args.out} (found there by --drafter auto for this target)[/]",
+        errors.print(f"[dim]training into {args.out} (a folder --drafter auto looks in)[/]",
                      highlight=False, soft_wrap=True)
     # Every setting but these two is the option of the same name.
     options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HeadTraining)
@@ -85,7 +85,9 @@ def run(args: argparse.Namespace, console: Console, errors: Console) -> int:
     except BudgetSpent as stopped:
         errors.print(f"stopped: {stopped}; run the same command again to go on", highlight=False, soft_wrap=True)
         return 0
-    errors.print(f"head saved to {folder}: --drafter auto finds it for this target (or --draft-head {folder})")
+    from specdec.drafting.head_finder import how_auto_finds
+
+    errors.print(f"head saved to {folder}: {how_auto_finds(folder, target)}", highlight=False, soft_wrap=True)
     return 0
 
 

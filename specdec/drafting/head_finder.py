@@ -11,7 +11,8 @@ record is used only when named (``--draft-head DIR``).
 Where heads are looked for, in order: the heads that ship with the package (``specdec/assets``),
 the repository's ``heads/`` folder beside it, the cache (``$SPECDEC_CACHE/heads``, where
 ``specdec train-head`` writes by default) and the folders in ``$SPECDEC_HEADS`` (``os.pathsep``
-separated; each a head or a folder of heads).
+separated; each a head, a folder of heads, or a ``train-head --out`` folder: in every place a
+head is looked for in the place, its subfolders and their ``head`` folder).
 """
 
 from __future__ import annotations
@@ -93,15 +94,19 @@ def read_identity(folder: Path) -> TargetIdentity | None:
 
 
 def head_folders() -> list[Path]:
-    """Every folder that holds an EAGLE-3 head, in the order of the module docstring."""
+    """Every folder that holds an EAGLE-3 head, in the order of the module docstring: a place
+    itself, its subfolders, and the ``head`` folder in each (where ``specdec train-head`` saves a
+    run's head: ``$SPECDEC_CACHE/heads/<target>/head`` by default)."""
     package = Path(__file__).resolve().parent.parent
     places = [package / "assets", package.parent / "heads", cache_root() / "heads"]
     places += [Path(entry) for entry in os.environ.get("SPECDEC_HEADS", "").split(os.pathsep) if entry]
     found = []
     for place in places:
         for folder in [place, *(sorted(place.iterdir()) if place.is_dir() else [])]:
-            if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() and is_head(folder):
-                found.append(folder)
+            for candidate in (folder, folder / "head"):
+                if (candidate / "config.json").is_file() and (candidate / "model.safetensors").is_file() \
+                        and is_head(candidate):
+                    found.append(candidate)
     return list(dict.fromkeys(found))
 
 
@@ -122,6 +127,17 @@ def find_head(target: LanguageModel) -> Path | None:
         if recorded is not None and identity.differs(recorded) is None:
             return folder
     return None
+
+
+def how_auto_finds(folder: Path, target: LanguageModel) -> str:
+    """How a head just saved in ``folder`` for ``target`` is used: found by ``--drafter auto``, or
+    behind the head that auto takes first, or in a folder auto does not look in."""
+    first = find_head(target)
+    if first is not None and first.resolve() == folder.resolve():
+        return "--drafter auto finds it for this target"
+    if first is not None:
+        return f"--drafter auto takes {first} first for this target: name this one with --draft-head {folder}"
+    return f"--draft-head {folder}, or add {folder.parent} to $SPECDEC_HEADS for --drafter auto to find it"
 
 
 def check_fits(folder: str | Path, target: LanguageModel) -> None:
